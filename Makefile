@@ -1,0 +1,29 @@
+# Two entry points: `make demo` (set up + run the main job) and `make test` (set up + run every test).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# On this kind of CPU Linux machine torch==2.13.0 is a local CPU build; on a GPU box or a Mac
+# the same pin takes that platform's wheel.  Override with `make TORCH_SPEC=... install`.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install demo test test-fast clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	$(BIN)/alchemetric-ray env
+
+test: install
+	$(BIN)/python -m pytest tests
+
+test-fast: install
+	$(BIN)/python -m pytest tests -m "not slow"
+
+clean:
+	rm -rf $(VENV) results models .pytest_cache

@@ -1,0 +1,83 @@
+"""`alchemetric-ray <command>`: parse -> config -> one library call. No logic of its own."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Callable, Sequence
+
+from alchemetric_ray.config import RunConfig, load_config
+from alchemetric_ray.errors import UserError
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, RunConfig], int]]] = {}
+
+
+def command(name: str, help_text: str, add_args: Callable[[argparse.ArgumentParser], None] = lambda p: None):
+    def register(fn: Callable[[argparse.Namespace, RunConfig], int]):
+        COMMANDS[name] = (help_text, add_args, fn)
+        return fn
+
+    return register
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The run config: YAML file, then the CLI's named flags, then ``key=value`` overrides."""
+    flags = []
+    if getattr(args, "data", None):
+        flags += [f"data.path={args.data}", "data.source=files"]
+    if getattr(args, "device", None):
+        flags.append(f"device.name={args.device}")
+    if getattr(args, "precision", None):
+        flags.append(f"precision.mode={args.precision}")
+    return load_config(args.config, [*flags, *args.overrides])
+
+
+# ---- commands ------------------------------------------------------------------------------
+
+
+def _env_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+@command("env", "versions, devices, CPU flags, and the device/precision a run would choose", _env_args)
+def _env(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from alchemetric_ray.hardware.report import environment_report, format_report
+
+    report = environment_report(cfg.device.name, cfg.precision.mode, cfg.model.name, cfg.precision.tf32)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    failed = "error" in report["device"] or "error" in report.get("precision", {})
+    return 2 if failed else 0
+
+
+# ---- entry point ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="alchemetric-ray", description="Train financial deep-learning models on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, add_args, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--config", help="YAML run config")
+        p.add_argument("--device", help="auto | cpu | cuda | cuda:N | mps (overrides device.name)")
+        p.add_argument("--precision", help="auto | fp32 | fp16 | bf16 (overrides precision.mode)")
+        add_args(p)
+        p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides, e.g. train.lr=0.001")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args = build_parser().parse_args(argv)
+    _, _, fn = COMMANDS[args.command]
+    try:
+        cfg = config_from_args(args)
+        return fn(args, cfg)
+    except UserError as exc:
+        print(f"alchemetric-ray {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,422 @@
+"""One typed run config: YAML file + ``section.key=value`` overrides, validated up front.
+
+The same object travels from the entry point to every Ray worker (as JSON) and into every
+checkpoint, so a saved model always says how it was trained.
+
+Precedence: defaults < YAML file < command-line overrides.  Every problem is reported as a
+:class:`ConfigError` whose one-line message names the key, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alchemetric_ray.errors import UserError
+
+
+# What a user may write in device.name; the hardware package decides what each one means.
+DEVICE_NAMES = ("auto", "cpu", "mps", "cuda", "xpu")
+INDEXED_DEVICE_NAMES = ("cuda", "xpu")
+
+
+class ConfigError(UserError, ValueError):
+    """A config value, key or file that cannot be used. The message is one line."""
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DataConfig:
+    # Folder (or file) of daily OHLCV; None = the built-in sample data.
+    path: str | None = None
+    # "builtin" | "synthetic" | "files" (inferred from ``path`` when None is given there)
+    source: str = "builtin"
+    tickers: list[str] | None = None  # restrict to these tickers
+    synthetic_tickers: int = 50
+    synthetic_days: int = 1000
+    synthetic_effect: float = 0.0  # strength of the planted momentum effect; 0 = null market
+    seed: int = 0
+
+
+@dataclass
+class FeaturesConfig:
+    names: list[str] | None = None  # None = the default feature set
+    horizon: int = 1  # label horizon in bars
+    label: str = "three_class"  # three_class | binary | triple_barrier
+    threshold: float = 0.0  # flat band for three_class (fixed return, or vol multiple)
+    threshold_mode: str = "vol"  # fixed | vol
+    vol_multiple: float = 0.25
+    barrier_up: float = 2.0  # triple barrier: multiples of rolling vol
+    barrier_down: float = 2.0
+    barrier_bars: int = 10
+    window: int = 20  # sequence length for sequence models
+    normalization: str = "zscore"  # zscore | robust
+    train_frac: float = 0.7
+    val_frac: float = 0.15
+    train_end: str | None = None  # explicit split dates (YYYY-MM-DD) override fractions
+    val_end: str | None = None
+    embargo: int | None = None  # bars between segments; None = the label's reach
+
+
+@dataclass
+class ModelConfig:
+    name: str = "mlp"  # mlp | lstm | gru | transformer | tcn
+    hidden: int = 64
+    layers: int = 2
+    dropout: float = 0.1
+    heads: int = 4  # transformer only
+    kernel_size: int = 3  # tcn only
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    batch_size: int = 512
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    schedule: str = "cosine"  # cosine | onecycle | constant
+    class_weights: bool = False
+    grad_clip: float = 1.0  # max grad norm; 0 = no clipping
+    seed: int = 0
+    patience: int = 5  # epochs without improvement before early stop; 0 = never
+    metric: str = "val_balanced_accuracy"
+    mode: str = "max"  # max | min
+    max_skipped_steps: int = 100  # consecutive skipped (non-finite) steps before failing
+    deterministic: bool = False  # ordered data and seeded shuffles for bitwise reproducibility
+    cache_data: bool = True  # keep a worker's shard in memory after the first epoch
+
+
+@dataclass
+class PrecisionConfig:
+    mode: str = "auto"  # auto | fp32 | fp16 | bf16
+    tf32: bool = False  # allow TF32 matmuls when training fp32 on CUDA
+
+
+@dataclass
+class DeviceConfig:
+    name: str = "auto"  # auto | cpu | cuda | cuda:N | mps | xpu
+    mps_fallback: str = "error"  # error | warn (PYTORCH_ENABLE_MPS_FALLBACK = 0 | 1)
+
+
+@dataclass
+class ScalingConfig:
+    workers: int = 0  # 0 = automatic (one per GPU on CUDA, else one)
+    cpus_per_worker: float = 0.0  # 0 = automatic
+    gpus_per_worker: float = 1.0
+    threads_per_worker: int = 0  # torch threads; 0 = from the CPUs a worker holds
+    max_failures: int = 0  # worker-group restarts before the run fails
+
+
+@dataclass
+class TuneConfig:
+    num_samples: int = 4
+    search: str = "random"  # random | grid | optuna
+    space: dict[str, Any] = field(default_factory=dict)
+    scheduler: str = "asha"  # asha | none
+    grace_period: int = 1
+    max_concurrent_trials: int = 0  # 0 = from the resource plan
+    time_budget_s: float = 0.0  # 0 = no time limit
+
+
+@dataclass
+class StorageConfig:
+    path: str = "results"  # Ray Train/Tune storage (local folder or URI like s3://...)
+    models_dir: str = "models"
+    name: str = "alchemetric"  # run name; also the exported model's folder name
+    num_to_keep: int = 2
+
+
+@dataclass
+class RunConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+    # ----------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "RunConfig":
+        cfg = _build(cls, raw, "")
+        validate(cfg)
+        return cfg
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, *overrides: str) -> "RunConfig":
+        """A copy with ``section.key=value`` overrides applied and validated."""
+        raw = self.to_dict()
+        apply_overrides(raw, overrides)
+        return RunConfig.from_dict(raw)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> RunConfig:
+    """Defaults, then the YAML file (if any), then ``key=value`` overrides; validated."""
+    raw: dict[str, Any] = RunConfig().to_dict()
+    if path is not None:
+        _merge(raw, _read_yaml(Path(path)), "", str(path))
+    apply_overrides(raw, overrides)
+    return RunConfig.from_dict(raw)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"config file {path}: not found")
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"config file {path}: not valid YAML ({first})") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of sections, got {type(loaded).__name__}")
+    return loaded
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any], prefix: str, origin: str) -> None:
+    for key, value in update.items():
+        dotted = f"{prefix}{key}"
+        if key not in base:
+            raise ConfigError(_unknown_key(dotted, list(base), prefix, origin))
+        if isinstance(base[key], dict) and isinstance(value, dict) and prefix == "":
+            _merge(base[key], value, f"{dotted}.", origin)
+        else:
+            base[key] = value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> None:
+    """Apply ``section.key=value`` strings; values are parsed as YAML scalars/lists."""
+    import yaml
+
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected section.key=value")
+        dotted, text = item.split("=", 1)
+        parts = dotted.strip().split(".")
+        if len(parts) != 2:
+            raise ConfigError(f"override {item!r}: expected section.key=value (e.g. train.lr=0.001)")
+        section, key = parts
+        if section not in raw:
+            raise ConfigError(_unknown_key(section, list(raw), "", "override"))
+        if key not in raw[section]:
+            raise ConfigError(_unknown_key(dotted, list(raw[section]), f"{section}.", "override"))
+        try:
+            raw[section][key] = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raw[section][key] = text
+
+
+def _unknown_key(dotted: str, known: list[str], prefix: str, origin: str) -> str:
+    name = dotted[len(prefix):]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known: {', '.join(sorted(known))}"
+    where = f"{origin}: " if origin else ""
+    return f"{where}unknown config key '{dotted}'{hint}"
+
+
+# --------------------------------------------------------------------------------------------
+# Typed construction
+# --------------------------------------------------------------------------------------------
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config '{prefix.rstrip('.') or 'root'}': expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            raise ConfigError(_unknown_key(f"{prefix}{key}", names, prefix, ""))
+    kwargs = {}
+    for name in names:
+        if name not in raw:
+            continue
+        kwargs[name] = _coerce(hints[name], raw[name], f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, f"{key}.")
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, key)
+    if tp is Any:
+        return value
+    if origin is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config '{key}': expected a list, got {value!r}")
+        return [_coerce(args[0], v, key) for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config '{key}': expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config '{key}': expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ConfigError(f"config '{key}': expected an integer, got {value!r}")
+        return int(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, str):
+                try:
+                    return float(value)
+                except ValueError:
+                    pass
+            raise ConfigError(f"config '{key}': expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"config '{key}': expected a string, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Validation (ranges and choices); every message names the key and the value
+# --------------------------------------------------------------------------------------------
+
+
+def _choice(key: str, value: Any, allowed: typing.Iterable[str]) -> None:
+    allowed = list(allowed)
+    if value not in allowed:
+        close = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"config '{key}': {value!r} is not one of {', '.join(allowed)}{hint}")
+
+
+def _check(ok: bool, key: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ConfigError(f"config '{key}': {value!r} is invalid, expected {expected}")
+
+
+def validate(cfg: RunConfig) -> None:
+    d, f, m, t = cfg.data, cfg.features, cfg.model, cfg.train
+    _choice("data.source", d.source, ["builtin", "synthetic", "files"])
+    _check(d.synthetic_tickers >= 1, "data.synthetic_tickers", d.synthetic_tickers, ">= 1")
+    _check(d.synthetic_days >= 10, "data.synthetic_days", d.synthetic_days, ">= 10")
+
+    _check(f.horizon >= 1, "features.horizon", f.horizon, ">= 1")
+    _choice("features.label", f.label, ["three_class", "binary", "triple_barrier"])
+    _choice("features.threshold_mode", f.threshold_mode, ["fixed", "vol"])
+    _check(f.threshold >= 0, "features.threshold", f.threshold, ">= 0")
+    _check(f.vol_multiple >= 0, "features.vol_multiple", f.vol_multiple, ">= 0")
+    _check(f.barrier_up > 0, "features.barrier_up", f.barrier_up, "> 0")
+    _check(f.barrier_down > 0, "features.barrier_down", f.barrier_down, "> 0")
+    _check(f.barrier_bars >= 1, "features.barrier_bars", f.barrier_bars, ">= 1")
+    _check(f.window >= 1, "features.window", f.window, ">= 1")
+    _choice("features.normalization", f.normalization, ["zscore", "robust"])
+    _check(0 < f.train_frac < 1, "features.train_frac", f.train_frac, "between 0 and 1")
+    _check(0 < f.val_frac < 1, "features.val_frac", f.val_frac, "between 0 and 1")
+    _check(f.train_frac + f.val_frac < 1, "features.val_frac", f.val_frac,
+           f"train_frac + val_frac < 1 (train_frac is {f.train_frac})")
+    _check(f.embargo is None or f.embargo >= 0, "features.embargo", f.embargo, ">= 0")
+    for key in ("train_end", "val_end"):
+        value = getattr(f, key)
+        if value is not None:
+            _check(_is_date(value), f"features.{key}", value, "a date YYYY-MM-DD")
+    if f.train_end and f.val_end:
+        _check(f.train_end < f.val_end, "features.val_end", f.val_end, f"a date after train_end ({f.train_end})")
+
+    _check(m.hidden >= 1, "model.hidden", m.hidden, ">= 1")
+    _check(m.layers >= 1, "model.layers", m.layers, ">= 1")
+    _check(0 <= m.dropout < 1, "model.dropout", m.dropout, "in [0, 1)")
+    _check(m.heads >= 1, "model.heads", m.heads, ">= 1")
+    _check(m.kernel_size >= 1, "model.kernel_size", m.kernel_size, ">= 1")
+
+    _check(t.epochs >= 1, "train.epochs", t.epochs, ">= 1")
+    _check(t.batch_size >= 1, "train.batch_size", t.batch_size, ">= 1")
+    _check(t.lr > 0, "train.lr", t.lr, "> 0")
+    _check(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, ">= 0")
+    _choice("train.schedule", t.schedule, ["cosine", "onecycle", "constant"])
+    _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, ">= 0")
+    _check(t.patience >= 0, "train.patience", t.patience, ">= 0")
+    _choice("train.mode", t.mode, ["max", "min"])
+    _check(t.max_skipped_steps >= 1, "train.max_skipped_steps", t.max_skipped_steps, ">= 1")
+
+    _choice("precision.mode", cfg.precision.mode, ["auto", "fp32", "fp16", "bf16"])
+    dev = cfg.device.name
+    _check(dev in DEVICE_NAMES or _indexed(dev), "device.name", dev,
+           "auto, cpu, mps, cuda, cuda:N or xpu")
+    _choice("device.mps_fallback", cfg.device.mps_fallback, ["error", "warn"])
+
+    s = cfg.scaling
+    _check(s.workers >= 0, "scaling.workers", s.workers, ">= 0 (0 = automatic)")
+    _check(s.cpus_per_worker >= 0, "scaling.cpus_per_worker", s.cpus_per_worker, ">= 0 (0 = automatic)")
+    _check(s.gpus_per_worker > 0, "scaling.gpus_per_worker", s.gpus_per_worker, "> 0")
+    _check(s.threads_per_worker >= 0, "scaling.threads_per_worker", s.threads_per_worker, ">= 0")
+    _check(s.max_failures >= -1, "scaling.max_failures", s.max_failures, ">= -1 (-1 = retry forever)")
+
+    tu = cfg.tune
+    _check(tu.num_samples >= 1, "tune.num_samples", tu.num_samples, ">= 1")
+    _choice("tune.search", tu.search, ["random", "grid", "optuna"])
+    _choice("tune.scheduler", tu.scheduler, ["asha", "none"])
+    _check(tu.grace_period >= 1, "tune.grace_period", tu.grace_period, ">= 1")
+    _check(tu.max_concurrent_trials >= 0, "tune.max_concurrent_trials", tu.max_concurrent_trials, ">= 0")
+    _check(tu.time_budget_s >= 0, "tune.time_budget_s", tu.time_budget_s, ">= 0")
+
+    st = cfg.storage
+    _check(bool(st.path), "storage.path", st.path, "a folder or URI")
+    _check(_safe_name(st.name), "storage.name", st.name,
+           "a plain name of letters, digits, '.', '_' or '-' (no path separators or '..')")
+    _check(st.num_to_keep >= 1, "storage.num_to_keep", st.num_to_keep, ">= 1")
+
+
+def _is_date(value: str) -> bool:
+    import datetime
+
+    try:
+        datetime.date.fromisoformat(str(value))
+        return True
+    except ValueError:
+        return False
+
+
+def _indexed(dev: str) -> bool:
+    kind, _, idx = dev.partition(":")
+    return kind in INDEXED_DEVICE_NAMES and idx.isdigit()
+
+
+def _safe_name(name: str) -> bool:
+    import re
+
+    return bool(re.fullmatch(r"[A-Za-z0-9_.-]+", name or "")) and name not in (".", "..")

@@ -1,0 +1,227 @@
+"""The one place that decides which device trains, predicts and is checked.
+
+Precedence: explicit argument > ``ALCHEMETRIC_DEVICE`` > auto.  Auto tries, in order,
+CUDA -> MPS -> XPU -> CPU (``_AUTO_ORDER``; add an accelerator by adding a probe there).
+
+Inside a Ray Train worker that Ray gave a GPU, the CUDA device comes from
+``ray.train.torch.get_device()``: Ray maps its GPU ids through CUDA_VISIBLE_DEVICES, so
+``cuda:<local_rank>`` is wrong with several or fractional GPUs per worker.  Ray advertises an
+Apple GPU as ``GPU: 1`` too, so a Ray GPU count never implies CUDA: CUDA is whatever torch's
+own probe says.
+
+An explicit request for a device that is not there raises :class:`DeviceError` naming what was
+asked and what exists; there is no silent fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from alchemetric_ray.errors import UserError
+
+ENV_VAR = "ALCHEMETRIC_DEVICE"
+log = logging.getLogger("alchemetric_ray.hardware")
+_logged: set[str] = set()
+
+
+class DeviceError(UserError, RuntimeError):
+    """A requested device that this machine does not have."""
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    device: torch.device
+    reason: str
+
+    @property
+    def type(self) -> str:
+        return self.device.type
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def is_mps(self) -> bool:
+        return self.device.type == "mps"
+
+    def __str__(self) -> str:
+        return f"{self.device} ({self.reason})"
+
+
+# ---- probes: the only calls into torch's device back-ends (patched in tests) ----------------
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def cuda_count() -> int:
+    return torch.cuda.device_count() if cuda_available() else 0
+
+
+def cuda_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def cuda_capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))  # type: ignore[return-value]
+
+
+def mps_built() -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_built()
+
+
+def mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def xpu_available() -> bool:
+    xpu = getattr(torch, "xpu", None)
+    return bool(xpu is not None and xpu.is_available())
+
+
+def xpu_count() -> int:
+    return torch.xpu.device_count() if xpu_available() else 0
+
+
+def ray_worker_device() -> torch.device | None:
+    """The CUDA device Ray Train assigned to this worker, or None outside such a worker."""
+    try:
+        import ray
+        import ray.train.torch as rtt
+
+        if not ray.is_initialized() or not ray.get_gpu_ids():
+            return None
+        dev = rtt.get_device()
+    except Exception:  # not inside a Train worker, or Ray not installed (e.g. the GPU check)
+        return None
+    return dev if dev.type == "cuda" else None
+
+
+# ---- describing a device -------------------------------------------------------------------
+
+
+def _describe_cuda(index: int) -> str:
+    major, minor = cuda_capability(index)
+    return f"{cuda_name(index)}, capability {major}.{minor}"
+
+
+def _inventory() -> str:
+    found = []
+    if cuda_available():
+        found.append(f"{cuda_count()} CUDA device(s)")
+    if mps_available():
+        found.append("mps")
+    if xpu_available():
+        found.append(f"{xpu_count()} XPU device(s)")
+    found.append("cpu")
+    return ", ".join(found)
+
+
+# ---- resolution ----------------------------------------------------------------------------
+
+
+def _auto_cuda(in_ray_worker: bool) -> DeviceChoice | None:
+    if not cuda_available():
+        return None
+    dev = ray_worker_device() if in_ray_worker else None
+    if dev is not None:
+        index = dev.index or 0
+        return DeviceChoice(dev, f"{_describe_cuda(index)}; assigned by Ray Train")
+    return DeviceChoice(torch.device("cuda", 0), _describe_cuda(0))
+
+
+def _auto_mps(in_ray_worker: bool) -> DeviceChoice | None:
+    if not mps_available():
+        return None
+    return DeviceChoice(torch.device("mps"), "Apple GPU; no CUDA")
+
+
+def _auto_xpu(in_ray_worker: bool) -> DeviceChoice | None:
+    if not xpu_available():
+        return None
+    return DeviceChoice(torch.device("xpu", 0), "Intel GPU; no CUDA or MPS")
+
+
+_AUTO_ORDER = (_auto_cuda, _auto_mps, _auto_xpu)
+
+
+def _explicit(requested: str, source: str, in_ray_worker: bool) -> DeviceChoice:
+    kind, _, idx_text = requested.partition(":")
+    if idx_text and not idx_text.isdigit():
+        raise DeviceError(f"{source} asked for device {requested!r}: not a device name (try cpu, cuda, cuda:0, mps)")
+    index = int(idx_text) if idx_text else None
+    asked = f"{source} asked for device {requested!r}"
+    if kind == "cpu":
+        return DeviceChoice(torch.device("cpu"), f"requested by {source}")
+    if kind == "cuda":
+        if not cuda_available():
+            raise DeviceError(f"{asked} but CUDA is not available (found: {_inventory()})")
+        if index is None:
+            dev = ray_worker_device() if in_ray_worker else None
+            if dev is not None:
+                return DeviceChoice(dev, f"{_describe_cuda(dev.index or 0)}; requested by {source}, assigned by Ray Train")
+            index = 0
+        if index >= cuda_count():
+            raise DeviceError(f"{asked} but this machine has {cuda_count()} CUDA device(s) (cuda:0..cuda:{cuda_count() - 1})")
+        return DeviceChoice(torch.device("cuda", index), f"{_describe_cuda(index)}; requested by {source}")
+    if kind == "mps":
+        if index:
+            raise DeviceError(f"{asked}: MPS has a single device, use 'mps'")
+        if not mps_available():
+            why = "this torch build has no MPS" if not mps_built() else "MPS is not available on this machine"
+            raise DeviceError(f"{asked} but {why} (found: {_inventory()})")
+        return DeviceChoice(torch.device("mps"), f"Apple GPU; requested by {source}")
+    if kind == "xpu":
+        if not xpu_available():
+            raise DeviceError(f"{asked} but XPU is not available (found: {_inventory()})")
+        index = index or 0
+        if index >= xpu_count():
+            raise DeviceError(f"{asked} but this machine has {xpu_count()} XPU device(s)")
+        return DeviceChoice(torch.device("xpu", index), f"Intel GPU; requested by {source}")
+    raise DeviceError(f"{asked}: unknown device kind (use auto, cpu, cuda, cuda:N, mps or xpu)")
+
+
+def resolve_device(requested: str | None = None, *, in_ray_worker: bool = False) -> DeviceChoice:
+    """Decide the device. ``requested`` is "auto"/None, "cpu", "cuda", "cuda:N", "mps" or "xpu".
+
+    ``in_ray_worker=True`` lets a Ray Train worker take the CUDA device Ray assigned to it.
+    """
+    if requested and requested != "auto":
+        choice = _explicit(requested, "the config", in_ray_worker)
+    elif os.environ.get(ENV_VAR, "auto").strip() not in ("", "auto"):
+        choice = _explicit(os.environ[ENV_VAR].strip(), ENV_VAR, in_ray_worker)
+    else:
+        choice = None
+        for probe in _AUTO_ORDER:
+            choice = probe(in_ray_worker)
+            if choice is not None:
+                break
+        if choice is None:
+            choice = DeviceChoice(torch.device("cpu"), "no CUDA, MPS or XPU available")
+    _log_once(f"device: {choice}")
+    return choice
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        log.info(message)
+
+
+def device_kind_available(kind: str) -> bool:
+    """Whether a device kind exists here (for planners that must not guess from Ray's GPU count)."""
+    return {"cuda": cuda_available, "mps": mps_available, "xpu": xpu_available}.get(kind, lambda: kind == "cpu")()
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued work on ``device`` (for honest timings)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

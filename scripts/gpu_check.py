@@ -1,0 +1,106 @@
+"""Run the real CUDA precision branches without Ray: fp32, fp32+TF32, fp16+GradScaler, bf16.
+
+    python scripts/gpu_check.py                 # on a CUDA machine (torch only, no Ray needed)
+    python scripts/gpu_check.py --device cpu --steps 20    # the same code path on a CPU
+
+For each model and precision it trains a few hundred steps on a fixed synthetic problem through
+the product's own device resolver, precision policy and optimizer step, and prints the first and
+last loss, skipped steps, the final GradScaler scale and samples/s. Refused combinations print
+the policy's reason instead.  ``--json PATH`` also writes the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from alchemetric_ray.config import ModelConfig  # noqa: E402
+from alchemetric_ray.hardware import OptimizerStep, PrecisionError, resolve_device, resolve_precision  # noqa: E402
+from alchemetric_ray.hardware.device import synchronize  # noqa: E402
+from alchemetric_ray.models import build_model, model_spec  # noqa: E402
+
+MODES = [("fp32", False), ("fp32", True), ("fp16", False), ("bf16", False)]
+
+
+def run_one(model_name: str, mode: str, tf32: bool, device: torch.device, steps: int, batch: int,
+            n_features: int = 32, window: int = 32) -> dict:
+    label = f"{mode}+tf32" if tf32 else mode
+    row = {"model": model_name, "precision": label}
+    try:
+        precision = resolve_precision(mode, device, model_name=model_name, tf32=tf32)
+    except PrecisionError as exc:
+        return {**row, "refused": str(exc)}
+    precision.apply_matmul_settings()
+    torch.manual_seed(0)
+    seq = model_spec(model_name).inputs == "sequence"
+    shape = (batch * 4, window, n_features) if seq else (batch * 4, n_features)
+    x_all = torch.randn(*shape, device=device)
+    signal = x_all[:, -1, :4] if seq else x_all[:, :4]
+    y_all = (signal.sum(dim=-1) > 0).long()
+    model = build_model(ModelConfig(name=model_name, hidden=128, layers=2, dropout=0.0, heads=4),
+                        n_features, 2, window=window).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step_fn = OptimizerStep(opt, precision, grad_clip=1.0)
+    losses = []
+    warmup = min(10, steps // 4)
+    start = None
+    for step in range(steps):
+        if step == warmup:
+            synchronize(device)
+            start = time.perf_counter()
+        i = (step % 4) * batch
+        with precision.autocast():
+            loss = nn.functional.cross_entropy(model(x_all[i:i + batch]), y_all[i:i + batch])
+        losses.append(float(loss.detach()))
+        step_fn(loss, epoch=0, step=step)
+    synchronize(device)
+    elapsed = time.perf_counter() - (start or time.perf_counter())
+    return {
+        **row,
+        "first_loss": round(losses[0], 4),
+        "last_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4),
+        "skipped": step_fn.skipped_total,
+        "scale": step_fn.scaler.get_scale() if step_fn.scaler.is_enabled() else None,
+        "samples_per_s": round((steps - warmup) * batch / elapsed) if elapsed > 0 else None,
+        "reason": precision.reason,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--models", default="mlp,transformer,lstm")
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    choice = resolve_device(args.device)
+    print(f"device: {choice}   torch {torch.__version__}")
+    rows = []
+    for model_name in args.models.split(","):
+        for mode, tf32 in MODES:
+            row = run_one(model_name, mode, tf32, choice.device, args.steps, args.batch)
+            rows.append(row)
+            if "refused" in row:
+                print(f"{model_name:12s} {row['precision']:10s} refused: {row['refused']}")
+            else:
+                print(f"{model_name:12s} {row['precision']:10s} loss {row['first_loss']:.4f} -> {row['last_loss']:.4f}  "
+                      f"skipped {row['skipped']:3d}  scale {row['scale']}  {row['samples_per_s']} samples/s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": str(choice), "torch": torch.__version__, "rows": rows}, indent=2))
+    trained = [r for r in rows if "refused" not in r]
+    ok = all(r["last_loss"] < r["first_loss"] for r in trained)
+    print("all trained runs reduced the loss" if ok else "SOME RUNS DID NOT REDUCE THE LOSS")
+    return 0 if ok and trained else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Test harness: one real local Ray per test session, with the dashboard (state API) up."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Each ray.train.report() waits up to this interval; the default 2 s dominates small tests.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.pop("ALCHEMETRIC_DEVICE", None)
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+STOCKNET = REPO.parent / "shared" / "data" / "stocknet"
+# Logical CPUs for the session's Ray: enough that Train workers (fractional CPUs), Tune trial
+# drivers and Ray Data readers never wait on each other on this 2-core machine.
+RAY_LOGICAL_CPUS = 8
+
+
+@pytest.fixture(scope="session")
+def ray_session(tmp_path_factory):
+    """Start Ray once for the whole session (about 4 s here) and always shut it down."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        num_cpus=RAY_LOGICAL_CPUS,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        log_to_driver=True,
+        _temp_dir=str(tmp_path_factory.mktemp("ray")) if len(str(tmp_path_factory.getbasetemp())) < 60 else None,
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def stocknet_dir() -> Path:
+    if not (STOCKNET / "AAPL.csv").is_file():
+        pytest.fail(f"test data missing: {STOCKNET} (the shared stocknet folder must lie beside the repo)")
+    return STOCKNET
