@@ -51,6 +51,29 @@ def _env(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 2 if failed else 0
 
 
+def _features_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", help="folder (or file) of daily OHLCV; default: the built-in sample data")
+    p.add_argument("--out", required=True, help="output folder for the Parquet shards and manifest.json")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+@command("features", "market data -> labelled, normalized Parquet feature shards + manifest", _features_args)
+def _features(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from alchemetric_ray.data.shards import build_shards
+
+    summary = build_shards(cfg, args.out, progress=not args.quiet)
+    m = summary.manifest
+    print(f"wrote {args.out}: {len(m['tickers'])} tickers, {len(m['features'])} features, "
+          f"rows train/val/test = {m['rows']['train']}/{m['rows']['val']}/{m['rows']['test']} "
+          f"in {summary.seconds:.1f}s")
+    if m["skipped_tickers"]:
+        print(f"skipped {len(m['skipped_tickers'])} ticker(s): "
+              + "; ".join(f"{t} ({why})" for t, why in list(m["skipped_tickers"].items())[:5]))
+    if m["ingest"] and m["ingest"]["dropped"]:
+        print("dropped rows: " + ", ".join(f"{k}={v}" for k, v in m["ingest"]["dropped"].items() if v))
+    return 0
+
+
 # ---- entry point ---------------------------------------------------------------------------
 
 

@@ -31,6 +31,9 @@ def ray_session(tmp_path_factory):
         include_dashboard=True,
         dashboard_host="127.0.0.1",
         log_to_driver=True,
+        # Train/Tune loop functions defined in test modules are pickled by reference: the
+        # workers must be able to import the test modules (and the package) too.
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}},
         _temp_dir=str(tmp_path_factory.mktemp("ray")) if len(str(tmp_path_factory.getbasetemp())) < 60 else None,
     )
     try:

@@ -1,0 +1,648 @@
+"""Read daily OHLCV files and turn them into validated, canonical bars, one ticker at a time.
+
+Inputs (``iter_bars(path)``):
+
+* a folder of ``.csv`` / ``.parquet`` / ``.pq`` files, one per ticker (ticker = file stem),
+  read in sorted order; other files, sub-folders and dotfiles are ignored;
+* a single file that is one long table with a ``ticker`` (or ``symbol``) column, grouped by
+  ticker (the whole table is read once; the tickers are still yielded one at a time);
+* a single per-ticker file (ticker = file stem).
+
+Columns are matched ignoring case, spaces, underscores, hyphens and dots (``Adj Close``,
+``adj_close`` and ``AdjClose`` are the same); extra columns are ignored.  Where ``Adj Close`` is
+present, open/high/low/close are multiplied row-wise by ``Adj Close / Close`` (the adjusted close
+is then exactly the ``Adj Close`` column).
+
+Cleaning rules, applied in this order; each dropped row is counted once, under the first rule
+that drops it (``IngestReport.dropped``), and each rule that drops anything adds one warning
+naming the file, the column and the date(s):
+
+``empty_cell``
+    a missing value (blank, ``null``, ``NA``, ``N/A``, ``None``, ``-``) in Date, Open, High, Low,
+    Close, Volume or Adj Close (when that column exists): the row is dropped.
+``nonfinite_price`` / ``nonpositive_price`` / ``nonfinite_volume`` / ``negative_volume``
+    a price (Adj Close included) that is ``inf``/``nan`` *written as a value*, or ``<= 0``; a
+    volume that is non-finite or ``< 0``.  At most ``max(2, 1% of the ticker's rows)`` such rows
+    per rule are dropped; more than that is a :class:`DataError` (a broken file, not noise).
+    (In a column that is already numeric -- Parquet, a DataFrame -- NaN can only mean empty.)
+``high_below_low``
+    High < Low: dropped.
+``ohlc_inconsistent``
+    Open or Close outside [Low, High] by more than a relative 1e-6: dropped.
+``zero_volume``
+    runs of 2 or more consecutive zero-volume days (halted / not yet listed) are dropped.  An
+    isolated zero-volume day is kept: thinly traded names (SPLP in stocknet has ~40) have genuine
+    no-trade days, and dropping them would only punch holes into the series.
+``stale_price``
+    runs of 5 or more consecutive flat bars (open == high == low == close) at exactly the same
+    (unadjusted) close are dropped: pre-listing placeholder rows.  Real days that happen to close
+    at the same price but trade a range are kept (SPLP in stocknet has five such days).  Rows
+    of such a run already dropped as ``zero_volume`` are counted there.
+
+Errors (:class:`DataError`, one line naming the file and the column, date, row or value): a
+path that does not exist or holds no data files, an unreadable file, a missing required column,
+an unparseable date or number, duplicate dates, too many bad values (above), an unsafe ticker
+name, an unknown requested ticker, or no ticker left at all.  Unsorted rows are sorted, with a
+warning.  A ticker with fewer than ``min_history`` clean rows (or none at all) is skipped with a
+warning and a reason in ``IngestReport.skipped_tickers``.
+
+Problems with the path itself (missing, empty folder, unsafe file names, unknown ``tickers=``
+in a folder) are raised when :func:`iter_bars` is called; problems inside files while iterating.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from alchemetric_ray.errors import UserError
+
+DATA_SUFFIXES = (".csv", ".parquet", ".pq")
+# Cell texts that mean "no value" in a CSV.  "nan"/"inf" are deliberately not here: written out,
+# they are values (a broken upstream computation) and fall under the non-finite rules.
+MISSING_MARKERS = ("", "null", "NULL", "Null", "NA", "N/A", "n/a", "#N/A", "None", "none", "-", "--")
+NONFINITE_TEXTS = frozenset({"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity",
+                             "-infinity"})
+
+# Canonical column -> normalized spellings accepted in a file.
+COLUMN_ALIASES = {
+    "date": ("date",),
+    "open": ("open",),
+    "high": ("high",),
+    "low": ("low",),
+    "close": ("close",),
+    "adj_close": ("adjclose", "adjustedclose"),
+    "volume": ("volume",),
+}
+REQUIRED = ("date", "open", "high", "low", "close", "volume")
+DISPLAY = {"date": "Date", "open": "Open", "high": "High", "low": "Low", "close": "Close",
+           "volume": "Volume", "adj_close": "Adj Close"}
+TICKER_COLUMNS = ("ticker", "symbol")  # normalized; the first one present wins
+
+DROP_LIMIT_ROWS = 2  # bad-value rows ingest may always drop per ticker and rule ...
+DROP_LIMIT_FRACTION = 0.01  # ... or this share of the ticker's rows, whichever is larger
+OHLC_TOLERANCE = 1e-6  # relative slack for Open/Close against [Low, High]
+ZERO_VOLUME_RUN = 2  # consecutive zero-volume days that are dropped (a single one is kept)
+STALE_RUN = 5  # consecutive identical closes that are dropped
+
+RULES = ("empty_cell", "nonfinite_price", "nonpositive_price", "nonfinite_volume", "negative_volume",
+         "high_below_low", "ohlc_inconsistent", "zero_volume", "stale_price")
+
+_SAFE_TICKER = re.compile(r"[A-Za-z0-9._^=-]+")
+_LIST_MAX = 5  # dates / runs / names shown in one message
+
+
+class DataError(UserError, ValueError):
+    """Market data that cannot be used. The message is one line naming the file, column, date or value."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(str(message).replace("\r", " ").replace("\n", " "))
+
+
+@dataclass
+class IngestReport:
+    """What ingest read, kept, dropped (by rule) and skipped; filled in while iterating."""
+
+    files: int = 0
+    tickers: int = 0  # tickers yielded
+    rows_read: int = 0
+    rows_kept: int = 0
+    dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RULES, 0))
+    skipped_tickers: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [f"ingested {self.tickers} ticker{'s' if self.tickers != 1 else ''} from {self.files} "
+                 f"file{'s' if self.files != 1 else ''}: "
+                 f"{self.rows_kept:,} of {self.rows_read:,} rows kept"]
+        drops = [f"{rule} {n:,}" for rule, n in self.dropped.items() if n]
+        if drops:
+            lines.append("dropped rows: " + ", ".join(drops))
+        if self.skipped_tickers:
+            shown = [f"{t} ({why})" for t, why in list(self.skipped_tickers.items())[:_LIST_MAX]]
+            more = len(self.skipped_tickers) - len(shown)
+            lines.append(f"skipped {len(self.skipped_tickers)} tickers: " + "; ".join(shown)
+                         + (f"; and {more} more" if more else ""))
+        if self.warnings:
+            lines.append(f"{len(self.warnings)} warnings (first: {self.warnings[0]})")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Files -> (ticker, raw table)
+# --------------------------------------------------------------------------------------------
+
+
+def iter_bars(path: str | Path, *, tickers: list[str] | None = None, min_history: int = 0,
+              report: IngestReport | None = None) -> Iterator[tuple[str, pd.DataFrame]]:
+    """Yield (ticker, bars) one ticker at a time (bounded memory), validated.
+
+    ``tickers`` restricts to those tickers (case-insensitive; an empty list means all).  Tickers
+    left with fewer than ``min_history`` clean rows are skipped; if none is left at the end of
+    the iteration, :class:`DataError` is raised.  ``report`` (if given) is filled in as it goes.
+    """
+    if min_history < 0:
+        raise DataError(f"min_history must be >= 0, got {min_history}")
+    report = IngestReport() if report is None else report
+    root = Path(path)
+    wanted = _wanted(tickers)
+    if not root.exists():
+        raise DataError(f"data path {root}: not found")
+    if root.is_dir():
+        files = _folder_files(root, wanted)
+        pairs: Iterator[tuple[str, pd.DataFrame, str]] = _per_ticker_files(files, report)
+    elif root.is_file():
+        if root.suffix.lower() not in DATA_SUFFIXES:
+            raise DataError(f"{root.name}: not a CSV or Parquet file (expected one of "
+                            f"{', '.join(DATA_SUFFIXES)}, or a folder of them)")
+        pairs = _single_file(root, wanted, report)
+    else:
+        raise DataError(f"data path {root}: not a file or folder")
+    return _validated(pairs, root, min_history, report)
+
+
+def _validated(pairs, root: Path, min_history: int, report: IngestReport):
+    yielded = 0
+    for ticker, raw, source in pairs:
+        bars = validate_bars(raw, ticker=ticker, source=source, report=report, min_history=min_history)
+        del raw
+        if bars is not None:
+            yielded += 1
+            yield ticker, bars
+    if yielded == 0:
+        skipped = "; ".join(f"{t}: {why}" for t, why in list(report.skipped_tickers.items())[:3])
+        raise DataError(f"no ticker has at least {max(min_history, 1)} rows of clean history in {root}"
+                        + (f" (skipped {len(report.skipped_tickers)}, e.g. {skipped})" if skipped else ""))
+
+
+def _wanted(tickers: list[str] | None) -> list[str] | None:
+    if tickers is None:
+        return None
+    if isinstance(tickers, str):
+        tickers = [tickers]
+    names = list(dict.fromkeys(str(t).strip() for t in tickers if str(t).strip()))
+    return names or None
+
+
+def _folder_files(root: Path, wanted: list[str] | None) -> list[tuple[str, Path]]:
+    files = sorted((p for p in root.iterdir()
+                    if p.suffix.lower() in DATA_SUFFIXES and not p.name.startswith(".") and p.is_file()),
+                   key=lambda p: p.name)
+    if not files:
+        raise DataError(f"no CSV or Parquet files in {root}")
+    by_key: dict[str, Path] = {}
+    for p in files:
+        _check_ticker_name(p.stem, p.name)
+        other = by_key.setdefault(p.stem.upper(), p)
+        if other is not p:
+            raise DataError(f"{root}: two files for ticker {p.stem}: {other.name} and {p.name}")
+    if wanted is not None:
+        _check_wanted(wanted, [p.stem for p in files], str(root))
+        keys = {w.upper() for w in wanted}
+        files = [p for p in files if p.stem.upper() in keys]
+    return [(p.stem, p) for p in files]
+
+
+def _per_ticker_files(files: list[tuple[str, Path]], report: IngestReport):
+    for ticker, p in files:
+        raw = _read_file(p)
+        report.files += 1
+        tcol = _ticker_column(raw)
+        if tcol is not None:
+            distinct = raw[tcol].dropna().astype(str).str.strip().unique()
+            if len(distinct) > 1:
+                raise DataError(f"{p.name}: has a '{tcol}' column with {len(distinct)} tickers; a folder "
+                                "must hold one file per ticker (pass a long table as a single file)")
+        yield ticker, raw, p.name
+
+
+def _single_file(p: Path, wanted: list[str] | None, report: IngestReport):
+    raw = _read_file(p, long_table=True)
+    report.files += 1
+    tcol = _ticker_column(raw)
+    if tcol is None:
+        _check_ticker_name(p.stem, p.name)
+        if wanted is not None:
+            _check_wanted(wanted, [p.stem], p.name)
+        yield p.stem, raw, p.name
+        return
+    names = raw[tcol].astype("string").str.strip()
+    empty = names.isna() | (names == "")
+    if empty.any():
+        rows = raw.index[empty.to_numpy()]
+        report.rows_read += int(empty.sum())
+        report.dropped["empty_cell"] += int(empty.sum())
+        report.warnings.append(f"{p.name}: dropped {int(empty.sum())} rows with an empty '{tcol}' cell "
+                               f"({_rows_text(p.name, rows)})")
+        raw, names = raw[~empty.to_numpy()], names[~empty]
+    codes, uniques = pd.factorize(names, sort=True)
+    uniques = [str(u) for u in uniques]
+    seen: dict[str, str] = {}
+    for i, name in enumerate(uniques):
+        if not _is_safe_ticker(name):
+            first = raw.index[np.flatnonzero(codes == i)[0]]
+            _check_ticker_name(name, f"{p.name} ({_row_ref(p.name, first)}, column '{tcol}')")
+        other = seen.setdefault(name.upper(), name)
+        if other != name:
+            raise DataError(f"{p.name}: tickers {other!r} and {name!r} differ only by case")
+    selected = list(range(len(uniques)))
+    if wanted is not None:
+        _check_wanted(wanted, uniques, p.name)
+        keys = {w.upper() for w in wanted}
+        selected = [i for i in selected if uniques[i].upper() in keys]
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
+    for i in selected:
+        rows = order[bounds[i]:bounds[i + 1]]
+        yield uniques[i], raw.iloc[np.sort(rows)], f"{p.name} (ticker {uniques[i]})"
+
+
+def _check_wanted(wanted: list[str], available: list[str], where: str) -> None:
+    have = {a.upper() for a in available}
+    missing = [w for w in wanted if w.upper() not in have]
+    if missing:
+        some = ", ".join(sorted(available)[:8]) + (", ..." if len(available) > 8 else "")
+        raise DataError(f"requested ticker{'s' if len(missing) > 1 else ''} {', '.join(missing)} not in "
+                        f"{where} (it has {len(available)}: {some})")
+
+
+def _is_safe_ticker(name: str) -> bool:
+    return bool(_SAFE_TICKER.fullmatch(name)) and not name.startswith(".") and ".." not in name
+
+
+def _check_ticker_name(name: str, where: str) -> None:
+    if not _is_safe_ticker(name):
+        raise DataError(f"{where}: unsafe ticker name {name!r}: use only letters, digits and . _ ^ = -, "
+                        "not starting with '.' and without '..'")
+
+
+def _ticker_column(raw: pd.DataFrame) -> str | None:
+    keys = {_norm(c): c for c in reversed(list(raw.columns))}
+    for key in TICKER_COLUMNS:
+        if key in keys:
+            return keys[key]
+    return None
+
+
+def _read_file(p: Path, *, long_table: bool = False) -> pd.DataFrame:
+    if p.suffix.lower() == ".csv":
+        return _read_csv(p, long_table)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        df = pq.read_table(p).to_pandas()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise DataError(f"{p.name}: not a readable Parquet file ({_first_line(exc)})") from None
+    if not isinstance(df.index, pd.RangeIndex) or df.index.start != 0 or df.index.step != 1:
+        # a pandas index saved with the table: keep it as a column when named (e.g. Date),
+        # so that row numbers in messages are positions in the file
+        df = df.reset_index(drop=all(name is None for name in df.index.names))
+    return df
+
+
+def _read_csv(p: Path, long_table: bool) -> pd.DataFrame:
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(8192)
+    except OSError as exc:
+        raise DataError(f"{p.name}: cannot read ({_first_line(exc)})") from None
+    if not head.strip():
+        raise DataError(f"{p.name}: empty file")
+    if b"\x00" in head:
+        raise DataError(f"{p.name}: not a text CSV file (binary data)")
+    kwargs: dict = {"keep_default_na": False, "na_values": list(MISSING_MARKERS), "encoding": "utf-8-sig"}
+    try:
+        if long_table:
+            # A ticker column is read as text, verbatim: "NA" and "NONE" are tickers there.
+            header = pd.read_csv(p, nrows=0, encoding="utf-8-sig").columns
+            tcol = _ticker_column(pd.DataFrame(columns=header))
+            if tcol is not None:
+                kwargs["na_values"] = {c: list(MISSING_MARKERS) for c in header if c != tcol}
+                kwargs["dtype"] = {tcol: str}
+        return pd.read_csv(p, **kwargs)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+        raise DataError(f"{p.name}: cannot parse as CSV ({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+# --------------------------------------------------------------------------------------------
+# Raw table -> canonical bars
+# --------------------------------------------------------------------------------------------
+
+
+def validate_bars(raw: pd.DataFrame, *, ticker: str, source: str, report: IngestReport,
+                  min_history: int = 0) -> pd.DataFrame | None:
+    """Turn one ticker's raw table into canonical bars, or None if the ticker is skipped.
+
+    ``source`` names the file in messages (row references are file lines for CSV sources).  The
+    report is updated only when this returns: a :class:`DataError` leaves it untouched.
+    """
+    cols = _resolve_columns(raw, source)
+    if "date" not in cols and _norm(raw.index.name or "") == "date":
+        raw = raw.reset_index()
+        cols = _resolve_columns(raw, source)
+    missing = [DISPLAY[c] for c in REQUIRED if c not in cols]
+    if missing:
+        found = [str(c) for c in raw.columns]
+        shown = ", ".join(found[:12]) + (", ..." if len(found) > 12 else "")
+        raise DataError(f"{source}: missing required column{'s' if len(missing) > 1 else ''} "
+                        f"{', '.join(repr(m) for m in missing)} (found: {shown or 'no columns'})")
+
+    n = len(raw)
+    labels = raw.index.to_numpy() if pd.api.types.is_integer_dtype(raw.index) else np.arange(n)
+    numeric = [c for c in ("open", "high", "low", "close", "adj_close", "volume") if c in cols]
+    prices = [c for c in numeric if c != "volume"]
+    names = {c: str(cols[c]) for c in cols}  # canonical -> the file's spelling, for messages
+    a: dict[str, np.ndarray] = {}  # canonical -> values, all rows; `idx` selects the rows kept
+    empty: dict[str, np.ndarray] = {}
+    for c in numeric:
+        a[c], empty[c] = _to_float(raw[cols[c]], source, cols[c], labels)
+    a["date"], empty["date"] = _to_dates(raw[cols["date"]], source, cols["date"], labels)
+    dates = a["date"]
+
+    drops = dict.fromkeys(RULES, 0)
+    warns: list[str] = []
+
+    _check_duplicates(dates, empty["date"], labels, source)
+
+    # empty cells
+    is_empty = np.logical_or.reduce([empty[c] for c in ("date", *numeric)])
+    idx = np.flatnonzero(~is_empty)
+    if is_empty.any():
+        gone = np.flatnonzero(is_empty)
+        in_cols = [names[c] for c in ("date", *numeric) if empty[c].any()]
+        where = [_row_ref(source, labels[i]) if empty["date"][i] else _day(dates[i])
+                 for i in gone[:_LIST_MAX]]
+        drops["empty_cell"] = len(gone)
+        warns.append(f"{source}: dropped {_rows(len(gone))} with empty cells in column(s) "
+                     f"{', '.join(in_cols)} ({_more(where, len(gone))})")
+
+    if len(idx) > 1 and (np.diff(dates[idx]) < np.timedelta64(0)).any():
+        idx = idx[np.argsort(dates[idx], kind="stable")]
+        warns.append(f"{source}: rows not in date order (column '{names['date']}'); sorted them")
+
+    # bad values: a few are dropped, more are an error
+    limit = max(DROP_LIMIT_ROWS, int(DROP_LIMIT_FRACTION * n))
+    p = np.column_stack([a[c][idx] for c in prices])
+    vol = a["volume"][idx]
+    finite_p, finite_v = np.isfinite(p), np.isfinite(vol)
+    with np.errstate(invalid="ignore"):
+        bad_rules = (
+            ("nonfinite_price", ~finite_p, prices, "a non-finite price"),
+            ("nonpositive_price", finite_p & (p <= 0), prices, "a non-positive price"),
+            ("nonfinite_volume", ~finite_v[:, None], ["volume"], "a non-finite volume"),
+            ("negative_volume", (finite_v & (vol < 0))[:, None], ["volume"], "a negative volume"),
+        )
+    bad_any = np.zeros(len(idx), dtype=bool)
+    for rule, cells, in_cols, what in bad_rules:
+        cells = cells & ~bad_any[:, None]
+        rows = cells.any(axis=1)
+        if not rows.any():
+            continue
+        i, j = np.argwhere(cells)[0]
+        first = f"column '{names[in_cols[j]]}' on {_day(dates[idx[i]])} = {float(a[in_cols[j]][idx[i]])!r}"
+        count = int(rows.sum())
+        if count > limit:
+            raise DataError(f"{source}: {count} rows with {what}, more than ingest may drop "
+                            f"(at most {limit} of {n} rows); first: {first}")
+        bad_cols = [names[in_cols[k]] for k in np.flatnonzero(cells.any(axis=0))]
+        drops[rule] = count
+        warns.append(f"{source}: dropped {_rows(count)} with {what} in column(s) {', '.join(bad_cols)} "
+                     f"({_dates_text(dates[idx[rows]])}); first: {first}")
+        bad_any |= rows
+    idx = idx[~bad_any]
+
+    # OHLC consistency
+    o, h, lo, c = (a[k][idx] for k in ("open", "high", "low", "close"))
+    hbl = h < lo
+    if hbl.any():
+        drops["high_below_low"] = int(hbl.sum())
+        warns.append(f"{source}: dropped {_rows(drops['high_below_low'])} with "
+                     f"'{names['high']}' < '{names['low']}' ({_dates_text(dates[idx[hbl]])})")
+    top, bottom = h * (1 + OHLC_TOLERANCE), lo * (1 - OHLC_TOLERANCE)
+    outside = ~hbl & ((o > top) | (o < bottom) | (c > top) | (c < bottom))
+    if outside.any():
+        drops["ohlc_inconsistent"] = int(outside.sum())
+        warns.append(f"{source}: dropped {_rows(drops['ohlc_inconsistent'])} with '{names['open']}' or "
+                     f"'{names['close']}' outside ['{names['low']}', '{names['high']}'] "
+                     f"({_dates_text(dates[idx[outside]])})")
+    idx = idx[~(hbl | outside)]
+
+    # zero-volume runs, then stale-price runs among the rows left (a trading day next to a
+    # zero-volume run at the same price is not stale by itself)
+    for rule, col, minimum, what in (("zero_volume", "volume", ZERO_VOLUME_RUN, "zero-volume"),
+                                     ("stale_price", "close", STALE_RUN, "unchanged-close")):
+        values = a[col][idx]
+        if rule == "zero_volume":
+            mask = _runs(values == 0, minimum)
+        else:
+            # only flat bars (open == high == low == close) can be placeholders: a real day with
+            # a range breaks the run even when it closes at the same price
+            flat = (a["open"][idx] == a["high"][idx]) & (a["high"][idx] == a["low"][idx]) & (a["low"][idx] == values)
+            mask = _runs_of_equal(np.where(flat, values, -1.0 - np.arange(len(values))), minimum)
+        if mask.any():
+            drops[rule] = int(mask.sum())
+            warns.append(f"{source}: dropped {_rows(drops[rule])} in {what} runs of >= {minimum} days in "
+                         f"column '{names[col]}' ({_runs_text(dates[idx], mask)})")
+            idx = idx[~mask]
+
+    out = pd.DataFrame({"date": dates[idx],
+                        **{k: a[k][idx] for k in ("open", "high", "low", "close", "volume")}})
+    if "adj_close" in cols:
+        adj = a["adj_close"][idx]
+        factor = adj / out["close"].to_numpy()
+        for k in ("open", "high", "low"):
+            out[k] = out[k].to_numpy() * factor
+        out["close"] = adj
+
+    kept = len(out)
+    skip_reason = None
+    if kept == 0 or kept < min_history:
+        lost = ", ".join(f"{r} {k}" for r, k in drops.items() if k)
+        skip_reason = (f"{kept} rows of clean history"
+                       + (f" < min_history {min_history}" if min_history else "")
+                       + (f" ({n} read; dropped {lost})" if lost else f" ({n} read)"))
+        warns.append(f"{source}: skipped ticker {ticker}: {skip_reason}")
+
+    # commit to the report only now: a DataError above leaves it as it was
+    report.rows_read += n
+    for rule, k in drops.items():
+        report.dropped[rule] = report.dropped.get(rule, 0) + k
+    report.warnings.extend(warns)
+    if skip_reason is not None:
+        report.skipped_tickers[ticker] = skip_reason
+        return None
+    report.tickers += 1
+    report.rows_kept += kept
+    return out
+
+
+def _norm(name) -> str:
+    return re.sub(r"[\s_.\-]+", "", str(name).lstrip("\ufeff")).lower()
+
+
+def _resolve_columns(raw: pd.DataFrame, source: str) -> dict[str, str]:
+    lookup = {alias: canon for canon, aliases in COLUMN_ALIASES.items() for alias in aliases}
+    cols: dict[str, str] = {}
+    for col in raw.columns:
+        canon = lookup.get(_norm(col))
+        if canon is None:
+            continue
+        if canon in cols:
+            raise DataError(f"{source}: columns '{cols[canon]}' and '{col}' both mean {DISPLAY[canon]!r}")
+        cols[canon] = col
+    return cols
+
+
+def _to_float(s: pd.Series, source: str, col, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Values as float64 and the mask of empty cells; text that is no number is an error."""
+    if pd.api.types.is_bool_dtype(s) or not (pd.api.types.is_numeric_dtype(s) or _is_text(s)):
+        raise DataError(f"{source}: column '{col}' holds {s.dtype} values, not numbers")
+    if pd.api.types.is_numeric_dtype(s):
+        values = s.to_numpy(dtype="float64", na_value=np.nan)
+        return values, np.isnan(values)
+    empty = s.isna().to_numpy()
+    text = s.astype("string").str.strip()
+    values = pd.to_numeric(text, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    unparsed = np.isnan(values) & ~empty
+    if unparsed.any():
+        spelled = text[unparsed].str.lower().isin(NONFINITE_TEXTS).to_numpy()
+        junk = np.flatnonzero(unparsed)[~spelled]
+        if len(junk):
+            i = junk[0]
+            raise DataError(f"{source}: not a number in column '{col}' at {_row_ref(source, labels[i])}: "
+                            f"{s.iloc[i]!r}")
+    return values, empty
+
+
+def _is_text(s: pd.Series) -> bool:
+    return pd.api.types.is_object_dtype(s) or pd.api.types.is_string_dtype(s)
+
+
+def _to_dates(s: pd.Series, source: str, col, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dates as datetime64[ns] at midnight (NaT where empty) and the mask of empty cells."""
+    if isinstance(s.dtype, pd.DatetimeTZDtype):
+        s = s.dt.tz_localize(None)
+    empty = s.isna().to_numpy()
+    if pd.api.types.is_datetime64_dtype(s):
+        parsed = s
+    else:
+        if pd.api.types.is_numeric_dtype(s):  # 20120904 -> YYYYMMDD
+            try:
+                text = s.astype("Int64").astype("string")
+            except (TypeError, ValueError):  # fractional or non-finite numbers
+                text = s.astype("string")
+            fmt = "%Y%m%d"
+        else:
+            text, fmt = s.astype("string").str.strip(), "ISO8601"
+        parsed = _parse_dates(text, fmt)
+        bad = parsed.isna().to_numpy() & ~empty
+        if bad.any() and fmt == "ISO8601":
+            parsed = _parse_dates(text, None)
+            bad = parsed.isna().to_numpy() & ~empty
+        if bad.any():
+            i = np.flatnonzero(bad)[0]
+            raise DataError(f"{source}: unparseable date in column '{col}' at {_row_ref(source, labels[i])}: "
+                            f"{s.iloc[i]!r}")
+    parsed = parsed.dt.normalize()
+    out = ((parsed < pd.Timestamp.min.ceil("D")) | (parsed > pd.Timestamp.max.floor("D"))).to_numpy()
+    if out.any():  # beyond what datetime64[ns] holds (1677..2262): junk, not history
+        i = np.flatnonzero(out)[0]
+        raise DataError(f"{source}: date out of range in column '{col}' at {_row_ref(source, labels[i])}: "
+                        f"{s.iloc[i]!r}")
+    return parsed.astype("datetime64[ns]").to_numpy(), empty
+
+
+def _parse_dates(text: pd.Series, fmt: str | None) -> pd.Series:
+    try:
+        with warnings.catch_warnings():  # "could not infer format": the caller reports failures
+            warnings.simplefilter("ignore")
+            parsed = pd.to_datetime(text, format=fmt, errors="coerce")
+    except (ValueError, TypeError, OverflowError):
+        return pd.Series(pd.NaT, index=text.index, dtype="datetime64[ns]")
+    if isinstance(parsed.dtype, pd.DatetimeTZDtype):
+        parsed = parsed.dt.tz_localize(None)
+    if not pd.api.types.is_datetime64_dtype(parsed):  # mixed time zones
+        return pd.Series(pd.NaT, index=text.index, dtype="datetime64[ns]")
+    return parsed
+
+
+def _check_duplicates(dates: np.ndarray, empty: np.ndarray, labels: np.ndarray, source: str) -> None:
+    pos = np.flatnonzero(~empty)
+    order = pos[np.argsort(dates[pos], kind="stable")]
+    same = dates[order][1:] == dates[order][:-1]
+    if not same.any():
+        return
+    k = np.flatnonzero(same)[0]  # the earliest duplicated date, and the first two rows holding it
+    first, second = sorted((labels[order[k]], labels[order[k + 1]]))
+    raise DataError(f"{source}: duplicate date {_day(dates[order[k]])} at {_row_ref(source, first)} and "
+                    f"{_row_ref(source, second)}")
+
+
+def _runs(mask: np.ndarray, min_len: int) -> np.ndarray:
+    """Mask of the True elements that lie in runs of at least ``min_len`` consecutive Trues."""
+    if not mask.any():
+        return mask
+    return mask & (_run_lengths(mask) >= min_len)
+
+
+def _runs_of_equal(values: np.ndarray, min_len: int) -> np.ndarray:
+    """Mask of the elements in runs of at least ``min_len`` consecutive equal values."""
+    if len(values) < min_len:
+        return np.zeros(len(values), dtype=bool)
+    return _run_lengths(values) >= min_len
+
+
+def _run_lengths(values: np.ndarray) -> np.ndarray:
+    """For each element, the length of the run of equal consecutive values it belongs to."""
+    starts = np.r_[True, values[1:] != values[:-1]]
+    ids = np.cumsum(starts) - 1
+    return np.bincount(ids)[ids]
+
+
+def _day(value) -> str:
+    return pd.Timestamp(value).strftime("%Y-%m-%d")
+
+
+def _rows(k: int) -> str:
+    return f"{k} row{'s' if k != 1 else ''}"
+
+
+def _dates_text(dates) -> str:
+    return _more([_day(d) for d in np.asarray(dates)[:_LIST_MAX]], len(dates))
+
+
+def _more(parts: list[str], total: int) -> str:
+    return ", ".join(parts) + (f" and {total - len(parts)} more" if total > len(parts) else "")
+
+
+def _runs_text(dates: np.ndarray, mask: np.ndarray) -> str:
+    idx = np.flatnonzero(mask)
+    breaks = np.flatnonzero(np.diff(idx) != 1)
+    starts = np.r_[idx[0], idx[breaks + 1]]
+    ends = np.r_[idx[breaks], idx[-1]]
+    parts = [f"{_day(dates[a])}..{_day(dates[b])}" for a, b in zip(starts[:_LIST_MAX], ends[:_LIST_MAX])]
+    more = len(starts) - len(parts)
+    return ", ".join(parts) + (f" and {more} more runs" if more > 0 else "")
+
+
+def _row_ref(source: str, label) -> str:
+    """'line N' (header = line 1) for CSV sources, else 'row N' (1-based, header not counted)."""
+    if re.search(r"\.csv\b", source, flags=re.IGNORECASE):
+        return f"line {int(label) + 2}"
+    return f"row {int(label) + 1}"
+
+
+def _rows_text(source: str, labels) -> str:
+    return _more([_row_ref(source, r) for r in list(labels)[:_LIST_MAX]], len(labels))

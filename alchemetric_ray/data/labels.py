@@ -1,0 +1,110 @@
+"""Labels from the forward return, aligned to when a signal can actually trade.
+
+A signal computed at the close of bar t is acted on at the open of bar t+1, so the label of
+bar t is about the return from the open of t+1 to the open of t+1+h (``fwd_ret``).  Its *reach*,
+the last bar it looks at, is t+1+h (t+1+barrier_bars for triple-barrier labels); splits keep
+at least that many bars between segments.
+
+Schemes (class ids are stable; the manifest names them):
+  * three_class: 0 down / 1 flat / 2 up, with a flat band of ``threshold`` (fixed) or
+    ``vol_multiple * vol_20 * sqrt(h)`` (vol; the trailing 20-bar volatility at t);
+  * binary: 0 down / 1 up (fwd_ret > 0);
+  * triple_barrier: entry at the open of t+1; up/down barriers at +-barrier * vol_20 in log
+    price; first touch within ``barrier_bars`` bars decides up (2) or down (0), else flat (1).
+    A bar whose high and low touch both barriers counts as down (conservative).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class LabelSpec:
+    scheme: str = "three_class"
+    horizon: int = 1
+    threshold: float = 0.0
+    threshold_mode: str = "vol"
+    vol_multiple: float = 0.25
+    barrier_up: float = 2.0
+    barrier_down: float = 2.0
+    barrier_bars: int = 10
+
+    @classmethod
+    def from_config(cls, f) -> "LabelSpec":
+        return cls(f.label, f.horizon, f.threshold, f.threshold_mode, f.vol_multiple,
+                   f.barrier_up, f.barrier_down, f.barrier_bars)
+
+    @property
+    def classes(self) -> list[str]:
+        return ["down", "up"] if self.scheme == "binary" else ["down", "flat", "up"]
+
+    @property
+    def reach(self) -> int:
+        """Bars after t that the label of t depends on."""
+        return 1 + (self.barrier_bars if self.scheme == "triple_barrier" else self.horizon)
+
+
+def _trailing_vol(bars: pd.DataFrame) -> np.ndarray:
+    return np.log(bars["close"]).diff().rolling(20, min_periods=20).std().to_numpy()
+
+
+def forward_return(bars: pd.DataFrame, horizon: int) -> np.ndarray:
+    """log(open[t+1+h] / open[t+1]); NaN where the future is not there yet."""
+    log_open = np.log(bars["open"].to_numpy())
+    out = np.full(len(bars), np.nan)
+    if len(bars) > 1 + horizon:
+        out[: len(bars) - 1 - horizon] = log_open[1 + horizon:] - log_open[1: len(bars) - horizon]
+    return out
+
+
+def make_labels(bars: pd.DataFrame, spec: LabelSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(label as float with NaN where undefined, forward return) for every bar."""
+    fwd = forward_return(bars, spec.horizon)
+    n = len(bars)
+    if spec.scheme == "binary":
+        label = np.where(fwd > 0, 1.0, 0.0)
+    elif spec.scheme == "three_class":
+        if spec.threshold_mode == "fixed":
+            band = np.full(n, spec.threshold)
+        else:
+            band = spec.vol_multiple * _trailing_vol(bars) * np.sqrt(spec.horizon)
+        label = np.where(fwd > band, 2.0, np.where(fwd < -band, 0.0, 1.0))
+        label[np.isnan(band)] = np.nan
+    else:
+        label = _triple_barrier(bars, spec)
+    label[np.isnan(fwd)] = np.nan
+    # the label is undefined where its reach runs past the data
+    if spec.reach > 0:
+        label[max(0, n - spec.reach):] = np.nan
+    return label, fwd
+
+
+def _triple_barrier(bars: pd.DataFrame, spec: LabelSpec) -> np.ndarray:
+    n = len(bars)
+    vol = _trailing_vol(bars)
+    log_open = np.log(bars["open"].to_numpy())
+    log_high = np.log(bars["high"].to_numpy())
+    log_low = np.log(bars["low"].to_numpy())
+    label = np.full(n, np.nan)
+    undecided = np.ones(n, dtype=bool)
+    entry = np.full(n, np.nan)
+    entry[: n - 1] = log_open[1:]
+    up = entry + spec.barrier_up * vol
+    down = entry - spec.barrier_down * vol
+    for k in range(1, spec.barrier_bars + 1):  # bar t+k, for every t at once
+        hi = np.full(n, np.nan)
+        lo = np.full(n, np.nan)
+        hi[: n - k] = log_high[k:]
+        lo[: n - k] = log_low[k:]
+        hit_down = undecided & (lo <= down)
+        hit_up = undecided & ~hit_down & (hi >= up)
+        label[hit_down] = 0.0
+        label[hit_up] = 2.0
+        undecided &= ~(hit_down | hit_up)
+    label[undecided] = 1.0
+    label[np.isnan(vol)] = np.nan
+    return label

@@ -1,0 +1,114 @@
+"""Ray Data loaders over the feature shards, in two modes.
+
+* tabular: each batch is one float32 tensor (batch, n_features) plus int64 labels; all feature
+  columns are stacked in one step per Arrow batch (:class:`TabularCollate`), not per column
+  through a dict of tensors.
+* sequence: windows of the last ``window`` bars of one ticker, (batch, window, n_features),
+  built with Ray Data's ``groupby("ticker").map_groups``, so a window never crosses tickers; each
+  split is its own dataset, so a window never crosses a split boundary either.
+
+Reproducible order when asked: ``deterministic_context()`` turns on Ray Data's
+``preserve_order`` and the worker passes a seeded local shuffle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from ray.data.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn
+
+from alchemetric_ray.data.shards import ShardError, load_manifest, split_dir
+
+
+def read_split(shards: str | Path, split: str, *, columns: list[str] | None = None):
+    """One split of the shards as a Ray Dataset (``ray.data.read_parquet``)."""
+    import ray.data
+
+    folder = split_dir(shards, split)
+    if not folder.is_dir() or not any(folder.glob("*.parquet")):
+        raise ShardError(f"{shards}: split '{split}' has no Parquet files in {folder}")
+    ds = ray.data.read_parquet(str(folder.resolve()), partitioning=None, file_extensions=["parquet"])
+    return ds.select_columns(columns) if columns else ds
+
+
+def deterministic_context() -> None:
+    """Make Ray Data keep block order (call on the driver before datasets are built)."""
+    from ray.data import DataContext
+
+    DataContext.get_current().execution_options.preserve_order = True
+
+
+class TabularCollate(ArrowBatchCollateFn):
+    """Arrow batch -> (x float32 (batch, n_features), y int64 (batch,))."""
+
+    def __init__(self, features: list[str], label: str = "label"):
+        super().__init__()
+        self.features, self.label = list(features), label
+
+    def __call__(self, batch: pa.Table) -> tuple[torch.Tensor, torch.Tensor]:
+        return arrow_to_xy(batch, self.features, self.label)
+
+
+def arrow_to_xy(batch: pa.Table, features: list[str], label: str = "label") -> tuple[torch.Tensor, torch.Tensor]:
+    # (n_features, batch) filled one contiguous column at a time, then viewed transposed:
+    # one allocation and one memcpy per column.
+    x = np.empty((len(features), batch.num_rows), dtype=np.float32)
+    for j, name in enumerate(features):
+        col = batch.column(name)
+        x[j] = col.to_numpy() if col.num_chunks != 1 else col.chunk(0).to_numpy(zero_copy_only=False)
+    y = batch.column(label).to_numpy()
+    return torch.from_numpy(x).T, torch.from_numpy(np.array(y, dtype=np.int64))
+
+
+class SequenceCollate(NumpyBatchCollateFn):
+    """Numpy batch with an ``x`` tensor column (batch, window, n_features) -> (x, y)."""
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        x = np.array(batch["x"], dtype=np.float32)  # a writable copy
+        return torch.from_numpy(x), torch.from_numpy(np.array(batch["label"], dtype=np.int64))
+
+
+def make_windows(group: dict[str, np.ndarray], features: list[str], window: int) -> dict[str, np.ndarray]:
+    """All full windows of one ticker's rows (sorted by date here): row i ends at bar i + window - 1."""
+    order = np.argsort(group["date"], kind="stable")
+    n = len(order)
+    k = len(features)
+    if n < window:
+        return {"x": np.zeros((0, window, k), np.float32), "label": np.zeros(0, np.int64),
+                "fwd_ret": np.zeros(0, np.float32), "date": group["date"][:0], "ticker": group["ticker"][:0]}
+    feats = np.stack([np.asarray(group[f], dtype=np.float32)[order] for f in features], axis=1)
+    windows = np.lib.stride_tricks.sliding_window_view(feats, (window, k))[:, 0]
+    last = order[window - 1:]
+    return {"x": np.ascontiguousarray(windows), "label": group["label"][last].astype(np.int64),
+            "fwd_ret": group["fwd_ret"][last].astype(np.float32), "date": group["date"][last],
+            "ticker": group["ticker"][last]}
+
+
+_SEQ_PARTITIONS = 4
+
+
+def sequence_dataset(ds, features: list[str], window: int):
+    """Per-ticker sliding windows as a Ray Dataset (columns x, label, fwd_ret, date, ticker)."""
+    return ds.groupby("ticker", num_partitions=_SEQ_PARTITIONS).map_groups(make_windows, fn_args=(features, window), batch_format="numpy")
+
+
+def build_datasets(shards: str | Path, mode: str, window: int, splits=("train", "val")) -> tuple[dict[str, Any], dict]:
+    """The Ray Datasets the trainer hands to its workers, and the manifest."""
+    manifest = load_manifest(shards)
+    features = manifest["features"]
+    cols = ["date", "ticker", *features, "label", "fwd_ret"]
+    datasets = {}
+    for split in splits:
+        ds = read_split(shards, split, columns=cols)
+        if mode == "sequence":
+            ds = sequence_dataset(ds, features, window)
+        datasets[split] = ds
+    return datasets, manifest
+
+
+def collate_for(mode: str, features: list[str]):
+    return SequenceCollate() if mode == "sequence" else TabularCollate(features)

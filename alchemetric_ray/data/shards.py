@@ -1,0 +1,307 @@
+"""Bars -> labelled, normalized Parquet feature shards with a JSON manifest, written atomically.
+
+Layout of ``OUT``::
+
+    OUT/manifest.json
+    OUT/split=train/part-00000.parquet ...   (rows ordered by ticker, then date)
+    OUT/split=val/...
+    OUT/split=test/...
+
+Columns: ``date`` (timestamp), ``ticker``, one float32 column per feature (normalized with the
+train segment's statistics), ``label`` (int64 class id), ``fwd_ret`` (float32 forward log
+return, for evaluation), ``label_end`` (date of the last bar the label looks at).
+
+Memory stays bounded by one ticker: pass 1 computes features and labels ticker by ticker into a
+staging folder and collects the trading calendar; the split plan is then fixed; pass 2 fits the
+normalization on train rows; pass 3 normalizes and writes the final shards.  Everything is
+written under a temporary folder beside ``OUT`` that replaces ``OUT`` only once complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import UserError
+from alchemetric_ray.data import features as feat
+from alchemetric_ray.data.labels import LabelSpec, make_labels
+from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
+from alchemetric_ray.data.splits import SPLITS, SplitPlan, label_end_dates, plan_splits
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+ROWS_PER_FILE = 250_000
+_SAFE_TICKER = re.compile(r"[A-Za-z0-9._^=-]+")
+
+
+class ShardError(UserError, ValueError):
+    pass
+
+
+@dataclass
+class ShardSummary:
+    out: Path
+    manifest: dict[str, Any]
+    seconds: float
+
+
+def split_dir(out: str | Path, split: str) -> Path:
+    return Path(out) / f"split={split}"
+
+
+def load_manifest(shards: str | Path) -> dict[str, Any]:
+    path = Path(shards) / MANIFEST
+    if not path.is_file():
+        raise ShardError(f"{shards}: no {MANIFEST} (not a feature-shard folder; run `alchemetric-ray features` first)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ShardError(f"{path}: not valid JSON ({exc.__class__.__name__})") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ShardError(f"{path}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
+    return manifest
+
+
+def min_history(cfg: RunConfig) -> int:
+    """Bars a ticker needs: the feature warm-up, the label's reach and a little to learn from."""
+    names = feat.resolve_feature_names(cfg.features.names)
+    return feat.warmup_bars(names) + LabelSpec.from_config(cfg.features).reach + max(cfg.features.window, 20)
+
+
+class _Progress:
+    def __init__(self, label: str, enabled: bool):
+        self.label, self.enabled, self.last = label, enabled, 0.0
+
+    def __call__(self, done: int, total: int | None = None, final: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not final and now - self.last < 0.5):
+            return
+        self.last = now
+        of = f"/{total}" if total else ""
+        print(f"\r{self.label}: {done}{of} tickers", end="\n" if final else "", file=sys.stderr, flush=True)
+
+
+def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
+                 source_description: str | None = None, progress: bool = False) -> ShardSummary:
+    """Compute features and labels for every ticker and write the shards + manifest to ``out``."""
+    from alchemetric_ray.data.sources import open_source
+
+    start = time.monotonic()
+    out = Path(out)
+    names = feat.resolve_feature_names(cfg.features.names)
+    spec = LabelSpec.from_config(cfg.features)
+    embargo = spec.reach if cfg.features.embargo is None else cfg.features.embargo
+    if embargo < spec.reach:
+        raise ShardError(f"config 'features.embargo': {embargo} is less than the label's reach ({spec.reach} bars); "
+                         "label windows would cross split boundaries")
+    _check_output(out, cfg)
+    report = None
+    if bars is None:
+        source = open_source(cfg.data, min_history=min_history(cfg))
+        bars, source_description, report = source.bars, source.description, source.report
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    staging = tmp / "_staging"
+    staging.mkdir(parents=True)
+    try:
+        stats = _pass_features(bars, names, spec, staging, min_history(cfg), _Progress("features", progress))
+        plan = plan_splits(stats["calendar"], train_frac=cfg.features.train_frac, val_frac=cfg.features.val_frac,
+                           embargo=embargo, train_end=cfg.features.train_end, val_end=cfg.features.val_end)
+        normalizer = _fit_normalizer(staging, names, plan, cfg)
+        counts = _write_shards(staging, tmp, names, plan, normalizer, len(spec.classes))
+        shutil.rmtree(staging)
+        _check_classes(counts, spec.classes)
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "source": source_description,
+            "input_hash": stats["hash"],
+            "features": names,
+            "label": {**spec.__dict__, "classes": spec.classes, "reach": spec.reach},
+            "window": cfg.features.window,
+            "splits": plan.as_dict(),
+            "normalization": normalizer.as_dict(),
+            "rows": counts["rows"],
+            "class_counts": counts["classes"],
+            "tickers": stats["tickers"],
+            "skipped_tickers": stats["skipped"],
+            "dropped_nonfinite_rows": stats["nonfinite"],
+            "ingest": _ingest_summary(report),
+            "columns": {"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ShardSummary(out, manifest, time.monotonic() - start)
+
+
+def _check_output(out: Path, cfg: RunConfig) -> None:
+    if out.exists() and not (out / MANIFEST).is_file() and any(out.iterdir()):
+        raise ShardError(f"output folder {out} exists and is not a feature-shard folder; refusing to replace it")
+    if cfg.data.path:
+        data = Path(cfg.data.path).resolve()
+        target = out.resolve()
+        if target == data or data in target.parents:
+            raise ShardError(f"output folder {out} is inside the input data folder {cfg.data.path}")
+    parent = out.parent if out.parent != Path("") else Path(".")
+    probe = parent
+    while not probe.exists():
+        probe = probe.parent
+    if not os.access(probe, os.W_OK):
+        raise ShardError(f"output folder {out}: {probe} is not writable")
+
+
+def _pass_features(bars, names, spec: LabelSpec, staging: Path, need: int, progress: Callable) -> dict:
+    digest = hashlib.sha256()
+    calendar = np.array([], dtype="datetime64[D]")
+    tickers, skipped, nonfinite = [], {}, 0
+    for i, (ticker, frame) in enumerate(bars):
+        if not _SAFE_TICKER.fullmatch(ticker) or ticker.startswith("."):
+            raise ShardError(f"ticker {ticker!r} is not a safe name (letters, digits, '.', '_', '^', '=', '-')")
+        digest.update(ticker.encode())
+        digest.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
+        if len(frame) < need:
+            skipped[ticker] = f"{len(frame)} bars, fewer than the {need} the features and labels need"
+            continue
+        values, late_bad = feat.compute_features(frame, names)
+        label, fwd = make_labels(frame, spec)
+        table = pd.DataFrame({"date": frame["date"].to_numpy().astype("datetime64[ns]"), "ticker": ticker})
+        table[names] = values.to_numpy()
+        table["label"] = label
+        table["fwd_ret"] = fwd
+        table["label_end"] = label_end_dates(frame["date"], spec.reach)
+        keep = np.isfinite(table[names].to_numpy()).all(axis=1) & np.isfinite(label)
+        nonfinite += late_bad
+        table = table[keep]
+        if table.empty:
+            skipped[ticker] = "no row with complete features and a label"
+            continue
+        table.to_parquet(staging / f"{ticker}.parquet", index=False)
+        calendar = np.union1d(calendar, table["date"].to_numpy().astype("datetime64[D]"))
+        tickers.append(ticker)
+        progress(i + 1)
+    progress(len(tickers) + len(skipped), final=True)
+    if not tickers:
+        detail = "; ".join(f"{t}: {why}" for t, why in list(skipped.items())[:3])
+        raise ShardError(f"no ticker has enough history for the features and labels ({detail or 'no data'})")
+    return {"calendar": calendar, "hash": digest.hexdigest(), "tickers": tickers, "skipped": skipped, "nonfinite": nonfinite}
+
+
+def _staged(staging: Path) -> list[Path]:
+    return sorted(staging.glob("*.parquet"))
+
+
+def _fit_normalizer(staging: Path, names: list[str], plan: SplitPlan, cfg: RunConfig) -> Normalizer:
+    fit = NormalizerFit(cfg.features.normalization, names, seed=cfg.data.seed)
+    for path in _staged(staging):
+        table = pd.read_parquet(path)
+        split = plan.assign(table["date"].to_numpy(), table["label_end"].to_numpy())
+        fit.add(table.loc[split == 0, names].to_numpy())
+    try:
+        return fit.finish()
+    except ValueError:
+        raise ShardError(f"the train split ({plan.train_start}..{plan.train_end}) has no rows") from None
+
+
+class _RollingWriter:
+    def __init__(self, folder: Path, schema: pa.Schema):
+        self.folder, self.schema = folder, schema
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.part, self.rows_in_part, self.writer = 0, 0, None
+
+    def write(self, table: pa.Table) -> None:
+        while table.num_rows:
+            if self.writer is None:
+                self.writer = pq.ParquetWriter(self.folder / f"part-{self.part:05d}.parquet", self.schema)
+            take = min(table.num_rows, ROWS_PER_FILE - self.rows_in_part)
+            self.writer.write_table(table.slice(0, take))
+            table = table.slice(take)
+            self.rows_in_part += take
+            if self.rows_in_part >= ROWS_PER_FILE:
+                self.close()
+                self.part += 1
+                self.rows_in_part = 0
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def _schema(names: list[str]) -> pa.Schema:
+    return pa.schema([("date", pa.timestamp("ns")), ("ticker", pa.string()),
+                      *[(n, pa.float32()) for n in names],
+                      ("label", pa.int64()), ("fwd_ret", pa.float32()), ("label_end", pa.timestamp("ns"))])
+
+
+def _write_shards(staging: Path, tmp: Path, names: list[str], plan: SplitPlan, normalizer: Normalizer,
+                  n_classes: int) -> dict:
+    schema = _schema(names)
+    writers = {s: _RollingWriter(split_dir(tmp, s), schema) for s in SPLITS}
+    rows = {s: 0 for s in SPLITS}
+    classes = {s: [0] * n_classes for s in SPLITS}
+    for path in _staged(staging):
+        table = pd.read_parquet(path)
+        split = plan.assign(table["date"].to_numpy(), table["label_end"].to_numpy())
+        normed = normalizer.apply(table[names].to_numpy())
+        for idx, name in enumerate(SPLITS):
+            mask = split == idx
+            if not mask.any():
+                continue
+            part = table.loc[mask]
+            cols = {"date": part["date"].to_numpy(), "ticker": part["ticker"].to_numpy()}
+            cols.update({n: normed[mask, j] for j, n in enumerate(names)})
+            labels = part["label"].to_numpy().astype(np.int64)
+            cols.update({"label": labels, "fwd_ret": part["fwd_ret"].to_numpy().astype(np.float32),
+                         "label_end": part["label_end"].to_numpy()})
+            writers[name].write(pa.Table.from_pydict(cols, schema=schema))
+            rows[name] += int(mask.sum())
+            for c, k in zip(*np.unique(labels, return_counts=True)):
+                classes[name][int(c)] += int(k)
+    for w in writers.values():
+        w.close()
+    return {"rows": rows, "classes": classes}
+
+
+def _check_classes(counts: dict, classes: list[str]) -> None:
+    present = [c for c, k in zip(classes, counts["classes"]["train"]) if k > 0]
+    if len(present) < 2:
+        raise ShardError(f"the train split has a single class ({', '.join(present) or 'none'}): "
+                         "nothing to learn; check features.threshold / features.label")
+
+
+def _ingest_summary(report) -> dict | None:
+    if report is None:
+        return None
+    return {"files": report.files, "tickers": report.tickers, "rows_read": report.rows_read,
+            "rows_kept": report.rows_kept, "dropped": dict(report.dropped),
+            "skipped_tickers": dict(report.skipped_tickers), "warnings": len(report.warnings)}
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Replace ``out`` by the finished ``tmp`` folder; a reader never sees a half-written one."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

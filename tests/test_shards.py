@@ -1,0 +1,121 @@
+"""Feature shards end to end: manifest, dtypes, train-only normalization, atomic writes, errors."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from alchemetric_ray.config import load_config
+from alchemetric_ray.data.shards import MANIFEST, ShardError, build_shards, load_manifest, split_dir
+from alchemetric_ray.data.sources import open_source
+
+SYN = ["data.source=synthetic", "data.synthetic_tickers=6", "data.synthetic_days=400"]
+
+
+@pytest.fixture(scope="module")
+def syn_shards(tmp_path_factory):
+    out = tmp_path_factory.mktemp("syn") / "shards"
+    return build_shards(load_config(None, SYN), out)
+
+
+def test_manifest_and_schema(syn_shards):
+    m = load_manifest(syn_shards.out)
+    assert m["features"] == list(m["normalization"]["names"]) and len(m["features"]) == 16
+    assert m["label"]["classes"] == ["down", "flat", "up"] and m["label"]["reach"] == 2
+    assert m["splits"]["embargo"] == 2 and len(m["tickers"]) == 6 and len(m["input_hash"]) == 64
+    assert sum(m["class_counts"]["train"]) == m["rows"]["train"] > 0
+    schema = pq.read_schema(next(split_dir(syn_shards.out, "train").glob("*.parquet")))
+    assert str(schema.field("ret_1").type) == "float" and str(schema.field("label").type) == "int64"
+    assert {"date", "ticker", "fwd_ret", "label_end"} <= set(schema.names)
+
+
+def test_normalization_fitted_on_train_only(syn_shards):
+    m = load_manifest(syn_shards.out)
+    train = pd.read_parquet(split_dir(syn_shards.out, "train"))
+    feats = train[m["features"]].to_numpy(dtype=np.float64)
+    # train is standardized (up to the +-10 clip); val/test reuse the train statistics
+    assert np.abs(feats.mean(axis=0)).max() < 0.05
+    assert np.abs(feats.std(axis=0) - 1).max() < 0.1
+    raw_center = np.asarray(m["normalization"]["center"])
+    assert np.isfinite(raw_center).all()
+
+
+def test_rows_never_cross_split_boundaries(syn_shards):
+    m = load_manifest(syn_shards.out)
+    s = m["splits"]
+    train = pd.read_parquet(split_dir(syn_shards.out, "train"), columns=["date", "label_end"])
+    val = pd.read_parquet(split_dir(syn_shards.out, "val"), columns=["date", "label_end"])
+    test = pd.read_parquet(split_dir(syn_shards.out, "test"), columns=["date", "label_end"])
+    assert train["label_end"].max() < pd.Timestamp(s["val_start"])
+    assert val["label_end"].max() < pd.Timestamp(s["test_start"])
+    assert train["date"].max() < val["date"].min() < val["date"].max() < test["date"].min()
+
+
+def test_same_input_same_hash_and_rows(tmp_path, syn_shards):
+    again = build_shards(load_config(None, SYN), tmp_path / "again")
+    assert again.manifest["input_hash"] == syn_shards.manifest["input_hash"]
+    assert again.manifest["rows"] == syn_shards.manifest["rows"]
+
+
+def test_failure_midway_leaves_previous_output_untouched(tmp_path):
+    out = tmp_path / "shards"
+    cfg = load_config(None, SYN)
+    build_shards(cfg, out)
+    before = (out / MANIFEST).read_text()
+
+    def exploding():
+        for i, pair in enumerate(open_source(cfg.data).bars):
+            if i == 3:
+                raise RuntimeError("disk on fire")
+            yield pair
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        build_shards(cfg, out, bars=exploding(), source_description="x")
+    assert (out / MANIFEST).read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["shards"]  # no temp folder left behind
+
+
+def test_embargo_shorter_than_label_reach_is_refused(tmp_path):
+    with pytest.raises(ShardError, match=r"'features.embargo': 1 is less than the label's reach \(2 bars\)"):
+        build_shards(load_config(None, [*SYN, "features.embargo=1"]), tmp_path / "x")
+
+
+def test_single_class_train_split_is_refused(tmp_path):
+    cfg = load_config(None, [*SYN, "features.threshold_mode=fixed", "features.threshold=5.0"])
+    with pytest.raises(ShardError, match=r"the train split has a single class \(flat\)"):
+        build_shards(cfg, tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_stocknet_folder_to_shards(stocknet_dir, tmp_path):
+    out = tmp_path / "stocknet"
+    s = build_shards(load_config(None, [f"data.path={stocknet_dir}", "data.source=files"]), out)
+    m = s.manifest
+    assert len(m["tickers"]) + len(m["skipped_tickers"]) == 88
+    assert len(m["tickers"]) >= 80
+    assert m["ingest"]["dropped"].get("empty_cell", 0) > 0  # PTR/REX/SNP have empty cells
+    assert m["splits"]["train_start"] >= "2012-09-04" and m["splits"]["test_end"] <= "2017-09-01"
+    assert all(m["rows"][k] > 1000 for k in ("train", "val", "test"))
+
+
+def test_features_cli_on_stocknet_and_bad_input(stocknet_dir, tmp_path):
+    cli = [sys.executable, "-m", "alchemetric_ray.cli", "features"]
+    ok = subprocess.run([*cli, "--data", str(stocknet_dir), "--out", str(tmp_path / "s"), "data.tickers=AAPL,MSFT,GOOG"],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "wrote" in ok.stdout and "3 tickers" in ok.stdout
+    assert json.loads((tmp_path / "s" / MANIFEST).read_text())["tickers"] == ["AAPL", "GOOG", "MSFT"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bad = subprocess.run([*cli, "--data", str(empty), "--out", str(tmp_path / "t")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("alchemetric-ray features: error: ") and str(empty) in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "t").exists()
+    inside = subprocess.run([*cli, "--data", str(stocknet_dir), "--out", str(stocknet_dir / "shards")],
+                            capture_output=True, text=True, timeout=120)
+    assert inside.returncode == 2 and "inside the input data folder" in inside.stderr

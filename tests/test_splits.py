@@ -1,0 +1,94 @@
+"""Splits with an embargo, purging, walk-forward folds, and train-only normalization."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from alchemetric_ray.data.normalize import RESERVOIR, NormalizerFit
+from alchemetric_ray.data.splits import SplitError, label_end_dates, plan_splits, walk_forward_folds
+
+CAL = pd.bdate_range("2015-01-01", periods=1000).to_numpy()
+
+
+def test_fraction_plan_has_embargo_gaps():
+    plan = plan_splits(CAL, train_frac=0.7, val_frac=0.15, embargo=5)
+    d = pd.DatetimeIndex(CAL)
+    i_train_end = d.get_loc(pd.Timestamp(plan.train_end))
+    i_val_start = d.get_loc(pd.Timestamp(plan.val_start))
+    i_val_end = d.get_loc(pd.Timestamp(plan.val_end))
+    i_test_start = d.get_loc(pd.Timestamp(plan.test_start))
+    assert i_val_start == 700 and i_test_start == 850
+    assert i_val_start - i_train_end - 1 == 5 and i_test_start - i_val_end - 1 == 5
+    assert plan.train_start == str(d[0].date()) and plan.test_end == str(d[-1].date())
+
+
+def test_explicit_dates():
+    plan = plan_splits(CAL, train_frac=0.7, val_frac=0.15, embargo=2, train_end="2017-01-02", val_end="2017-06-30")
+    assert plan.val_start > "2017-01-02" and plan.train_end < "2017-01-02"
+    assert plan.test_start > "2017-06-30"
+
+
+def test_assign_purges_rows_whose_label_crosses_a_boundary():
+    plan = plan_splits(CAL, train_frac=0.7, val_frac=0.15, embargo=2)
+    dates = CAL
+    # a ticker with a 10-bar hole: its label windows reach further in calendar time
+    ticker_dates = pd.Series(np.delete(dates, np.s_[690:700]))
+    end = label_end_dates(ticker_dates, 2)
+    split = plan.assign(ticker_dates.to_numpy(), end)
+    val_start = np.datetime64(plan.val_start)
+    test_start = np.datetime64(plan.test_start)
+    assert (end[split == 0] < val_start).all()
+    assert (end[split == 1] < test_start).all()
+    # the last train rows before the hole are purged, not just the calendar gap
+    assert (split[ticker_dates.to_numpy() > np.datetime64(plan.train_end)][:5] != 0).all()
+    assert set(np.unique(split)) == {-1, 0, 1, 2}
+
+
+def test_too_little_data_is_a_clear_error():
+    with pytest.raises(SplitError, match="split 'val' is empty: 20 trading dates"):
+        plan_splits(CAL[:20], train_frac=0.7, val_frac=0.1, embargo=5)
+
+
+def test_walk_forward_folds_expand_and_never_overlap():
+    folds = walk_forward_folds(CAL, 4, embargo=3)
+    assert len(folds) == 4
+    for a, b in zip(folds, folds[1:]):
+        assert a.test_end < b.test_start and a.train_start == b.train_start and a.train_end < b.train_end
+    for f in folds:
+        assert f.train_end < f.val_start < f.val_end < f.test_start
+    assert folds[-1].test_end == str(pd.Timestamp(CAL[-1]).date())
+    with pytest.raises(SplitError):
+        walk_forward_folds(CAL[:50], 10, embargo=5)
+
+
+def test_zscore_streaming_equals_numpy():
+    rng = np.random.default_rng(0)
+    x = rng.normal(1000.0, 3.0, size=(10_000, 3))
+    fit = NormalizerFit("zscore", ["a", "b", "c"])
+    for chunk in np.array_split(x, 7):
+        fit.add(chunk)
+    norm = fit.finish()
+    np.testing.assert_allclose(norm.center, x.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(norm.scale, x.std(axis=0, ddof=1), rtol=1e-9)
+    out = norm.apply(x)
+    assert out.dtype == np.float32 and abs(out.mean()) < 1e-3
+
+
+def test_robust_uses_bounded_reservoir():
+    rng = np.random.default_rng(1)
+    x = rng.standard_cauchy(size=(RESERVOIR * 2 + 123, 2))
+    fit = NormalizerFit("robust", ["a", "b"], seed=3)
+    for chunk in np.array_split(x, 11):
+        fit.add(chunk)
+    assert len(fit.sample) == RESERVOIR
+    norm = fit.finish()
+    np.testing.assert_allclose(norm.center, np.median(x, axis=0), atol=0.02)
+    q75, q25 = np.percentile(x, [75, 25], axis=0)
+    np.testing.assert_allclose(norm.scale, (q75 - q25) / 1.349, rtol=0.03)
+    assert np.abs(norm.apply(x)).max() <= 10.0  # clipped
+
+
+def test_constant_feature_gets_unit_scale():
+    fit = NormalizerFit("zscore", ["a"])
+    fit.add(np.ones((10, 1)))
+    assert fit.finish().scale == [1.0]
