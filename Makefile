@@ -18,6 +18,7 @@ install: $(BIN)/.installed
 
 demo: install
 	$(BIN)/alchemetric-ray env
+	$(BIN)/python jobs/train.py
 
 test: install
 	$(BIN)/python -m pytest tests

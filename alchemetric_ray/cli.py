@@ -74,6 +74,37 @@ def _features(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", help="OHLCV folder/file, or a feature-shard folder; default: the built-in sample data")
+    p.add_argument("--model", dest="model_name", help="mlp | lstm | gru | transformer | tcn (overrides model.name)")
+    p.add_argument("--workers", type=int, help="number of Ray Train workers (overrides scaling.workers)")
+    p.add_argument("--resume", action="store_true", help="continue the latest run of this name from its checkpoint")
+
+
+@command("train", "train a model with Ray Train and export the best checkpoint", _train_args)
+def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from alchemetric_ray.train.trainer import run_training
+
+    extra = []
+    if args.model_name:
+        extra.append(f"model.name={args.model_name}")
+    if args.workers is not None:
+        extra.append(f"scaling.workers={args.workers}")
+    if args.resume:
+        extra.append("storage.resume=true")
+    if extra:
+        cfg = cfg.replace(*extra)
+    outcome = run_training(cfg)
+    best = outcome.summary.get("best")
+    print(f"run {outcome.run_name}: {outcome.summary.get('epochs_run')} epoch(s), best {cfg.train.metric} "
+          f"{best if best is None else round(best, 4)}" + (", stopped early" if outcome.summary.get("stopped_early") else "")
+          + f" in {outcome.seconds:.0f}s")
+    if outcome.model_dir:
+        print(f"saved model: {outcome.model_dir}")
+        print((outcome.model_dir / "model_card.md").read_text())
+    return 0
+
+
 # ---- entry point ---------------------------------------------------------------------------
 
 

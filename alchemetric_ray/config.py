@@ -93,7 +93,8 @@ class TrainConfig:
     mode: str = "max"  # max | min
     max_skipped_steps: int = 100  # consecutive skipped (non-finite) steps before failing
     deterministic: bool = False  # ordered data and seeded shuffles for bitwise reproducibility
-    cache_data: bool = True  # keep a worker's shard in memory after the first epoch
+    cache_data: bool = True  # read a worker's shard into memory once and reuse it every epoch
+    stop_after: int = 0  # stop after this many epochs in this session (resumable); 0 = run all epochs
 
 
 @dataclass
@@ -132,7 +133,9 @@ class TuneConfig:
 class StorageConfig:
     path: str = "results"  # Ray Train/Tune storage (local folder or URI like s3://...)
     models_dir: str = "models"
-    name: str = "alchemetric"  # run name; also the exported model's folder name
+    name: str = "alchemetric"  # model name: the exported model's folder, and the prefix of run names
+    run: str | None = None  # Ray Train run name; None = "<name>-<timestamp>" (a fresh run)
+    resume: bool = False  # continue the latest run of this name (or storage.run) from its checkpoint
     num_to_keep: int = 2
 
 
@@ -371,6 +374,7 @@ def validate(cfg: RunConfig) -> None:
     _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, ">= 0")
     _check(t.patience >= 0, "train.patience", t.patience, ">= 0")
     _choice("train.mode", t.mode, ["max", "min"])
+    _check(t.stop_after >= 0, "train.stop_after", t.stop_after, ">= 0 (0 = run all epochs)")
     _check(t.max_skipped_steps >= 1, "train.max_skipped_steps", t.max_skipped_steps, ">= 1")
 
     _choice("precision.mode", cfg.precision.mode, ["auto", "fp32", "fp16", "bf16"])
@@ -397,6 +401,8 @@ def validate(cfg: RunConfig) -> None:
     st = cfg.storage
     _check(bool(st.path), "storage.path", st.path, "a folder or URI")
     _check(_safe_name(st.name), "storage.name", st.name,
+           "a plain name of letters, digits, '.', '_' or '-' (no path separators or '..')")
+    _check(st.run is None or _safe_name(st.run), "storage.run", st.run,
            "a plain name of letters, digits, '.', '_' or '-' (no path separators or '..')")
     _check(st.num_to_keep >= 1, "storage.num_to_keep", st.num_to_keep, ">= 1")
 

@@ -26,7 +26,6 @@ import re
 import shutil
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -38,6 +37,7 @@ import pyarrow.parquet as pq
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
+from alchemetric_ray.fsutil import atomic_write_json, replace_dir, staging_dir
 from alchemetric_ray.data import features as feat
 from alchemetric_ray.data.labels import LabelSpec, make_labels
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
@@ -115,8 +115,7 @@ def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, p
         source = open_source(cfg.data, min_history=min_history(cfg))
         bars, source_description, report = source.bars, source.description, source.report
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = staging_dir(out)
     staging = tmp / "_staging"
     staging.mkdir(parents=True)
     try:
@@ -145,8 +144,8 @@ def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, p
             "ingest": _ingest_summary(report),
             "columns": {"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        _swap_into_place(tmp, out)
+        atomic_write_json(tmp / MANIFEST, manifest)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -296,12 +295,3 @@ def _ingest_summary(report) -> dict | None:
             "skipped_tickers": dict(report.skipped_tickers), "warnings": len(report.warnings)}
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Replace ``out`` by the finished ``tmp`` folder; a reader never sees a half-written one."""
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

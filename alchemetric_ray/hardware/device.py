@@ -187,13 +187,14 @@ def _explicit(requested: str, source: str, in_ray_worker: bool) -> DeviceChoice:
     raise DeviceError(f"{asked}: unknown device kind (use auto, cpu, cuda, cuda:N, mps or xpu)")
 
 
-def resolve_device(requested: str | None = None, *, in_ray_worker: bool = False) -> DeviceChoice:
+def resolve_device(requested: str | None = None, *, in_ray_worker: bool = False, source: str = "the config") -> DeviceChoice:
     """Decide the device. ``requested`` is "auto"/None, "cpu", "cuda", "cuda:N", "mps" or "xpu".
 
-    ``in_ray_worker=True`` lets a Ray Train worker take the CUDA device Ray assigned to it.
+    ``in_ray_worker=True`` lets a Ray Train worker take the CUDA device Ray assigned to it;
+    ``source`` names who asked, for the reason and for errors.
     """
     if requested and requested != "auto":
-        choice = _explicit(requested, "the config", in_ray_worker)
+        choice = _explicit(requested, source, in_ray_worker)
     elif os.environ.get(ENV_VAR, "auto").strip() not in ("", "auto"):
         choice = _explicit(os.environ[ENV_VAR].strip(), ENV_VAR, in_ray_worker)
     else:
@@ -225,3 +226,52 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+@dataclass(frozen=True)
+class TrainAccelerator:
+    """What a Ray Train run should ask Ray for, decided from torch's probes, never Ray's GPU count."""
+
+    kind: str  # "cuda" | "mps" | "cpu"
+    use_gpu: bool  # ask Ray for GPUs (CUDA only)
+    backend: str  # collective backend: nccl (CUDA) or gloo
+    worker_device: str  # what each worker passes to resolve_device
+    reason: str
+
+
+def train_accelerator(requested: str, cluster_gpus: float, world_size: int) -> TrainAccelerator:
+    """Decide the Train workers' accelerator for a cluster advertising ``cluster_gpus`` GPUs.
+
+    Ray advertises an Apple GPU as ``GPU: 1``, so on a Mac (MPS here, no CUDA) the run takes no
+    Ray GPUs and its single worker picks MPS itself; several workers without CUDA are CPU workers
+    (gloo has no MPS).  A CPU-only head of a GPU cluster (no local CUDA or MPS) trusts the
+    cluster's GPUs to be CUDA: Ray only advertises Apple GPUs on Macs.
+    """
+    req = (requested or "auto").split(":")[0]
+    env = os.environ.get(ENV_VAR, "auto").strip() or "auto"
+    if req == "auto" and env != "auto":
+        req = env.split(":")[0]
+    if req == "cpu":
+        return TrainAccelerator("cpu", False, "gloo", "cpu", "CPU requested")
+    local_mps = mps_available() and not cuda_available()
+    if req in ("auto", "cuda") and cluster_gpus > 0 and not local_mps:
+        return TrainAccelerator("cuda", True, "nccl", "auto",
+                                f"{cluster_gpus:g} GPU(s) in the Ray cluster and no Apple GPU here: CUDA workers")
+    if req == "cuda":
+        raise DeviceError(f"the config asked for device 'cuda' but no node of the Ray cluster has a CUDA GPU "
+                          f"(cluster GPUs: {cluster_gpus:g}{', an Apple GPU' if local_mps else ''})")
+    if req in ("auto", "mps") and local_mps:
+        if world_size > 1:
+            if req == "mps":
+                raise DeviceError(f"device 'mps' with {world_size} workers: DDP on MPS is not supported (gloo has no MPS); "
+                                  "use one worker or device cpu")
+            return TrainAccelerator("cpu", False, "gloo", "cpu",
+                                    f"{world_size} workers without CUDA: CPU workers with gloo (gloo has no MPS)")
+        return TrainAccelerator("mps", False, "gloo", "mps",
+                                "Apple GPU (mps): one worker with use_gpu=False picks MPS itself"
+                                + (" (Ray's GPU: 1 is the Apple GPU, not CUDA)" if cluster_gpus else ""))
+    if req == "mps":
+        raise DeviceError(f"the config asked for device 'mps' but MPS is not available (found: {_inventory()})")
+    if req == "xpu":
+        raise DeviceError("device 'xpu' is not supported for Ray Train runs yet; use cpu")
+    return TrainAccelerator("cpu", False, "gloo", "cpu", "no CUDA GPU in the Ray cluster and no Apple GPU: CPU workers")

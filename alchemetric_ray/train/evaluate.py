@@ -1,0 +1,50 @@
+"""Driver-side evaluation on one split of the shards: arrays in, probabilities out.
+
+Used for the exported model's test score and the baselines; reads Parquet with pyarrow (no Ray),
+builds the same inputs the loaders give the workers (rows, or per-ticker windows).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from alchemetric_ray.data.loaders import make_windows
+from alchemetric_ray.data.shards import split_dir
+from alchemetric_ray.hardware import Precision
+
+
+def split_frame(shards: str | Path, split: str, features: list[str]) -> pd.DataFrame:
+    return pd.read_parquet(split_dir(shards, split), columns=["date", "ticker", *features, "label", "fwd_ret"])
+
+
+def model_inputs(frame: pd.DataFrame, features: list[str], mode: str, window: int) -> tuple[np.ndarray, pd.DataFrame]:
+    """(X, rows) where rows holds date, ticker, label, fwd_ret aligned with X."""
+    if mode == "tabular":
+        rows = frame[["date", "ticker", "label", "fwd_ret"]].reset_index(drop=True)
+        return frame[features].to_numpy(dtype=np.float32), rows
+    xs, parts = [], []
+    for _, group in frame.groupby("ticker", sort=True):
+        out = make_windows({c: group[c].to_numpy() for c in group.columns}, features, window)
+        if len(out["label"]):
+            xs.append(out["x"])
+            parts.append(pd.DataFrame({k: out[k] for k in ("date", "ticker", "label", "fwd_ret")}))
+    if not xs:
+        return np.zeros((0, window, len(features)), np.float32), pd.DataFrame(columns=["date", "ticker", "label", "fwd_ret"])
+    return np.concatenate(xs), pd.concat(parts, ignore_index=True)
+
+
+@torch.no_grad()
+def predict_proba(model: torch.nn.Module, x: np.ndarray, device: torch.device, precision: Precision,
+                  batch_size: int = 8192) -> np.ndarray:
+    model.eval()
+    out = []
+    for i in range(0, len(x), batch_size):
+        xb = torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size])).to(device)
+        with precision.autocast():
+            logits = model(xb)
+        out.append(torch.softmax(logits.float(), dim=1).cpu().numpy())
+    return np.concatenate(out) if out else np.zeros((0, 0), np.float32)

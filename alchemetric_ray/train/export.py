@@ -1,0 +1,172 @@
+"""The saved model: a self-describing folder, written atomically, loadable without Ray.
+
+    MODELS_DIR/<name>/weights.pt     tensors only (loaded with weights_only=True)
+                      config.json    the whole run config
+                      manifest.json  the feature manifest: features, label, splits, normalization
+                      metrics.json   best validation metrics, test metrics, baselines side by side
+                      meta.json      device and precision with reasons, versions, machine, git commit
+                      model_card.md  the same for people
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import UserError
+from alchemetric_ray.fsutil import atomic_torch_save, atomic_write_json, atomic_write_text, replace_dir, safe_child, staging_dir
+from alchemetric_ray.hardware import resolve_device, resolve_precision
+from alchemetric_ray.models import build_model, model_spec
+from alchemetric_ray.train.checkpoint import CheckpointError, load_state, read_meta
+from alchemetric_ray.train.evaluate import model_inputs, predict_proba, split_frame
+from alchemetric_ray.train.metrics import classification_metrics
+
+WEIGHTS, CONFIG, MANIFEST, METRICS, META, CARD = (
+    "weights.pt", "config.json", "manifest.json", "metrics.json", "meta.json", "model_card.md")
+FEW_TICKERS = 10
+
+
+class ModelDirError(UserError, ValueError):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    config: RunConfig
+    manifest: dict[str, Any]
+    meta: dict[str, Any]
+    path: Path
+
+    @property
+    def mode(self) -> str:
+        return model_spec(self.config.model.name).inputs
+
+
+def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict | None = None) -> Path:
+    """Export a Train checkpoint (``ray.train.Checkpoint`` or a folder) as the model ``storage.name``."""
+    from alchemetric_ray.train.baselines import baseline_scores
+
+    if hasattr(checkpoint, "as_directory"):
+        with checkpoint.as_directory() as d:
+            state, meta = load_state(d), read_meta(d)
+    else:
+        state, meta = load_state(checkpoint), read_meta(checkpoint)
+    manifest = meta["manifest"]
+    model = _build(cfg, manifest)
+    model.load_state_dict(state["model"])
+
+    device = resolve_device("cpu", source="the export (scores on the CPU)").device
+    precision = resolve_precision("fp32", device)
+    features = manifest["features"]
+    mode = model_spec(cfg.model.name).inputs
+    test = split_frame(shards, "test", features)
+    x, rows = model_inputs(test, features, mode, cfg.features.window)
+    test_metrics = classification_metrics(rows["label"].to_numpy(), predict_proba(model, x, device, precision), prefix="")
+    baselines = baseline_scores(shards, manifest, seed=cfg.train.seed)
+    metrics = {
+        "best_epoch": meta["epoch"],
+        "selection_metric": cfg.train.metric,
+        "val": {k.removeprefix("val_"): v for k, v in meta["metrics"].items()},
+        "test": test_metrics,
+        "baselines": baselines,
+        "history": meta["loop"]["history"],
+        **(extra or {}),
+    }
+    target = safe_child(Path(cfg.storage.models_dir), cfg.storage.name, "storage.name")
+    _check_writable(target.parent)
+    tmp = staging_dir(target)
+    try:
+        atomic_torch_save({"model": state["model"]}, tmp / WEIGHTS)
+        atomic_write_json(tmp / CONFIG, cfg.to_dict())
+        atomic_write_json(tmp / MANIFEST, manifest)
+        atomic_write_json(tmp / METRICS, metrics)
+        info = {k: meta[k] for k in ("device", "precision", "plan", "world_size", "environment", "epoch")}
+        atomic_write_json(tmp / META, {**info, "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        atomic_write_text(tmp / CARD, model_card(cfg, manifest, metrics, info))
+        replace_dir(tmp, target)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _check_writable(folder: Path) -> None:
+    import os
+
+    probe = folder
+    while not probe.exists():
+        probe = probe.parent
+    if not os.access(probe, os.W_OK):
+        raise ModelDirError(f"models directory {folder}: {probe} is not writable")
+
+
+def _build(cfg: RunConfig, manifest: dict) -> torch.nn.Module:
+    return build_model(cfg.model, len(manifest["features"]), len(manifest["label"]["classes"]), window=cfg.features.window)
+
+
+def load_model(path: str | Path) -> LoadedModel:
+    """Load an exported model on the CPU (move it with ``.to(device)``); refuses incomplete folders."""
+    path = Path(path)
+    for name in (WEIGHTS, CONFIG, MANIFEST, META):
+        if not (path / name).is_file():
+            raise ModelDirError(f"{path}: not a saved model (missing {name})")
+    try:
+        cfg = RunConfig.from_dict(json.loads((path / CONFIG).read_text()))
+        manifest = json.loads((path / MANIFEST).read_text())
+        meta = json.loads((path / META).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelDirError(f"{path}: unreadable model metadata ({exc.__class__.__name__})") from None
+    try:
+        state = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{path / WEIGHTS}: refused to load ({type(exc).__name__})") from None
+    model = _build(cfg, manifest)
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError) as exc:
+        raise ModelDirError(f"{path / WEIGHTS}: weights do not fit model '{cfg.model.name}' "
+                            f"with {len(manifest['features'])} features ({str(exc).splitlines()[0][:160]})") from None
+    model.eval()
+    return LoadedModel(model, cfg, manifest, meta, path)
+
+
+def model_card(cfg: RunConfig, manifest: dict, metrics: dict, info: dict) -> str:
+    n_tickers = len(manifest["tickers"])
+    s = manifest["splits"]
+    label = manifest["label"]
+    lines = [
+        f"# Model card: {cfg.storage.name}",
+        "",
+        f"- model: `{cfg.model.name}` (hidden {cfg.model.hidden}, layers {cfg.model.layers}, dropout {cfg.model.dropout})",
+        f"- data: {manifest['source']}; {n_tickers} tickers; input hash `{manifest['input_hash'][:16]}`",
+        f"- features ({len(manifest['features'])}): {', '.join(manifest['features'])}",
+        f"- label: {label['scheme']}, horizon {label['horizon']} bar(s), classes {', '.join(label['classes'])}; "
+        f"a signal at the close of t trades from the open of t+1",
+        f"- splits: train {s['train_start']}..{s['train_end']}, val {s['val_start']}..{s['val_end']}, "
+        f"test {s['test_start']}..{s['test_end']} (embargo {s['embargo']} bars)",
+        f"- trained on: {info['device']['device']} ({info['device']['reason']}); precision {info['precision']['mode']} "
+        f"({info['precision']['reason']})",
+        f"- best epoch: {metrics['best_epoch'] + 1} by {metrics['selection_metric']}",
+        f"- torch {info['environment']['torch']}, ray {info['environment']['ray']}, git {info['environment']['git_commit']}",
+        "",
+    ]
+    if n_tickers < FEW_TICKERS:
+        lines += [f"> Only {n_tickers} tickers: cross-sectional statistics (IC, long-short) are not meaningful.", ""]
+    lines += ["| model | val balanced acc | test balanced acc | test log loss | test macro F1 |",
+              "|---|---|---|---|---|"]
+    rows = [("deep model", metrics["val"], metrics["test"])]
+    rows += [(name, b.get("val", {}), b.get("test", {})) for name, b in metrics["baselines"].items()]
+    for name, val, test in rows:
+        lines.append(f"| {name} | {val.get('balanced_accuracy', float('nan')):.4f} | "
+                     f"{test.get('balanced_accuracy', float('nan')):.4f} | {test.get('log_loss', float('nan')):.4f} | "
+                     f"{test.get('macro_f1', float('nan')):.4f} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,198 @@
+"""Assemble and run a Ray Train ``TorchTrainer`` for one run config; export the best model.
+
+``run_training(cfg)`` is the whole ``train`` command: Ray (local, or the cluster a job runs in),
+feature shards (built from raw OHLCV when needed), the resource plan, ``fit()``, then the best
+checkpoint exported with baselines and test metrics.  The same call serves the CLI, the
+``ray job submit`` entry point and each Tune trial.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alchemetric_ray.config import RunConfig
+from alchemetric_ray.data.loaders import build_datasets
+from alchemetric_ray.data.shards import MANIFEST, build_shards, load_manifest
+from alchemetric_ray.errors import UserError
+from alchemetric_ray.fsutil import safe_child
+from alchemetric_ray.models import model_spec
+from alchemetric_ray.train.plan import ResourcePlan, plan_resources
+
+# Each ray.train.report() waits up to this interval (Ray's default is 2 s): a deliberate,
+# small value keeps the per-epoch overhead low without busy-polling the workers.
+HEALTH_CHECK_INTERVAL_S = "0.25"
+# How often the controller may fail (e.g. a worker group that cannot start) before the run
+# fails; Ray's default (-1) retries forever.
+CONTROLLER_FAILURE_LIMIT = 2
+WORKER_GROUP_START_TIMEOUT_S = "120"
+
+
+class TrainError(UserError, RuntimeError):
+    pass
+
+
+@dataclass
+class TrainOutcome:
+    run_name: str
+    run_path: str | None
+    shards: Path
+    plan: ResourcePlan
+    summary: dict[str, Any]  # the loop's return value (rank 0)
+    best_checkpoint: Any  # ray.train.Checkpoint | None
+    best_metrics: dict[str, Any] | None
+    model_dir: Path | None
+    seconds: float
+
+
+def worker_env(cfg: RunConfig) -> dict[str, str]:
+    """Environment every Ray worker needs before torch loads."""
+    return {
+        "PYTORCH_ENABLE_MPS_FALLBACK": "1" if cfg.device.mps_fallback == "warn" else "0",
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S),
+    }
+
+
+def ensure_ray(cfg: RunConfig) -> None:
+    """Join the cluster this process runs in (``ray job submit`` sets RAY_ADDRESS), else start a local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S)
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", WORKER_GROUP_START_TIMEOUT_S)
+    env = {**worker_env(cfg), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"]}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, log_to_driver=True)
+        return
+    from alchemetric_ray.hardware.inventory import cpu_count
+
+    # Logical CPUs above the physical count let Train workers and Ray Data readers coexist on a
+    # small laptop without waiting on each other (the plan still keeps one free for Ray Data).
+    ray.init(num_cpus=max(4, cpu_count()), include_dashboard=True, dashboard_host="127.0.0.1",
+             runtime_env={"env_vars": env}, log_to_driver=True)
+
+
+def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Path:
+    """The feature shards for ``cfg``: ``data.path`` itself if it holds shards, else built once."""
+    if cfg.data.path and (Path(cfg.data.path) / MANIFEST).is_file():
+        return Path(cfg.data.path)
+    storage = _local_storage(cfg)
+    out = safe_child(storage / "features", cfg.storage.name, "storage.name")
+    print(f"features: building shards from {cfg.data.path or cfg.data.source} into {out}", flush=True)
+    build_shards(cfg, out, progress=progress)
+    return out
+
+
+def _local_storage(cfg: RunConfig) -> Path:
+    if "://" in cfg.storage.path:
+        raise TrainError(f"config 'storage.path': {cfg.storage.path} is a URI; build the feature shards on shared storage "
+                         "first (`alchemetric-ray features --out ...`) and pass that folder as --data")
+    return Path(cfg.storage.path).resolve()
+
+
+def storage_uri(cfg: RunConfig) -> str:
+    return cfg.storage.path if "://" in cfg.storage.path else str(Path(cfg.storage.path).resolve())
+
+
+def run_name(cfg: RunConfig) -> str:
+    """The Train run's name: storage.run, the latest run of this name (resume), or a fresh one."""
+    if cfg.storage.run:
+        return safe_child(".", cfg.storage.run, "storage.run").name
+    base = safe_child(".", cfg.storage.name, "storage.name").name
+    if cfg.storage.resume and "://" not in cfg.storage.path:
+        runs = sorted(p.name for p in Path(cfg.storage.path).glob(f"{base}-*") if p.is_dir())
+        if runs:
+            return runs[-1]
+        raise TrainError(f"storage.resume=true but there is no earlier run named {base}-* in {cfg.storage.path}")
+    return f"{base}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def check_compatible(cfg: RunConfig, manifest: dict) -> None:
+    metric = cfg.train.metric
+    known = {f"val_{k}" for k in ("accuracy", "balanced_accuracy", "macro_f1", "log_loss", "roc_auc", "mcc")}
+    if metric not in known:
+        raise TrainError(f"config 'train.metric': {metric!r} is not one of {', '.join(sorted(known))}")
+    spec = model_spec(cfg.model.name)
+    if spec.inputs == "sequence":
+        rows = manifest["rows"]["train"]
+        per_ticker = rows / max(1, len(manifest["tickers"]))
+        if per_ticker < cfg.features.window:
+            raise TrainError(f"config 'features.window': {cfg.features.window} bars, but the train split has only "
+                             f"{per_ticker:.0f} rows per ticker: no full sequence window")
+    for split in ("train", "val"):
+        if manifest["rows"][split] == 0:
+            raise TrainError(f"the {split} split of the shards is empty")
+
+
+def build_trainer(cfg: RunConfig, datasets: dict, manifest: dict, plan: ResourcePlan, *, name: str,
+                  callbacks: list | None = None, local_mode: bool = False):
+    from ray.data import ExecutionOptions  # noqa: F401 (type of the options object)
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from alchemetric_ray.train.loop import train_loop_per_worker
+
+    resources = {"CPU": plan.cpus_per_worker}
+    if plan.use_gpu:
+        resources["GPU"] = plan.gpus_per_worker
+    options = DataConfig.default_ingest_options()
+    if cfg.train.deterministic:
+        options.preserve_order = True
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"run": cfg.to_dict(), "manifest": manifest, "plan": plan.as_dict()},
+        scaling_config=ScalingConfig(num_workers=0 if local_mode else plan.num_workers, use_gpu=plan.use_gpu,
+                                     resources_per_worker=None if local_mode else resources),
+        torch_config=TorchConfig(backend=plan.backend),
+        datasets=datasets,
+        dataset_config=DataConfig(execution_options=options),
+        run_config=TrainRunConfig(
+            name=name,
+            storage_path=storage_uri(cfg),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.storage.num_to_keep,
+                                               checkpoint_score_attribute=cfg.train.metric,
+                                               checkpoint_score_order=cfg.train.mode),
+            failure_config=FailureConfig(max_failures=cfg.scaling.max_failures,
+                                         controller_failure_limit=CONTROLLER_FAILURE_LIMIT),
+            worker_runtime_env={"env_vars": worker_env(cfg)},
+            callbacks=callbacks,
+        ),
+    )
+
+
+def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None = None, local_mode: bool = False,
+                 progress: bool = True, name: str | None = None) -> TrainOutcome:
+    import ray
+
+    started = time.monotonic()
+    ensure_ray(cfg)
+    shards = prepare_shards(cfg, progress=progress)
+    manifest = load_manifest(shards)
+    check_compatible(cfg, manifest)
+    plan = plan_resources(cfg, ray.cluster_resources())
+    print("resource plan:\n" + plan.describe(), flush=True)
+    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window)
+    name = name or run_name(cfg)
+    trainer = build_trainer(cfg, datasets, manifest, plan, name=name, callbacks=callbacks, local_mode=local_mode)
+    result = trainer.fit()
+    best_ckpt, best_metrics = _best(result, cfg)
+    outcome = TrainOutcome(name, getattr(result, "path", None), shards, plan, result.return_value or {},
+                           best_ckpt, best_metrics, None, 0.0)
+    if export and best_ckpt is not None:
+        from alchemetric_ray.train.export import export_model
+
+        outcome.model_dir = export_model(best_ckpt, cfg, shards)
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def _best(result, cfg: RunConfig):
+    ranked = [(c, m) for c, m in (getattr(result, "best_checkpoints", None) or []) if cfg.train.metric in m]
+    if not ranked:
+        return result.checkpoint, result.metrics
+    sign = 1 if cfg.train.mode == "max" else -1
+    return max(ranked, key=lambda cm: sign * cm[1][cfg.train.metric])

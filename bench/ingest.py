@@ -1,0 +1,131 @@
+"""Ingest benchmark: Parquet shards -> torch batches, our Ray Data loader vs pyarrow, side by side.
+
+    .venv/bin/python bench/ingest.py --rows 1000000        # quick set
+    .venv/bin/python bench/ingest.py --rows 10000000       # full set
+
+Contenders, in one process, same batch size, after a warm-up pass, median of repeats:
+  pyarrow      pq.read_table -> one (rows, features) float32 tensor -> slices (the floor)
+  ray_ours     ray.data.read_parquet -> iter_torch_batches(collate_fn=TabularCollate)
+  ray_default  ray.data.read_parquet -> iter_torch_batches() -> torch.stack of the columns
+Prints rows/s and the ratio to pyarrow; writes bench/results/ingest-<rows>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+
+ROWS_PER_FILE = 250_000
+
+
+def write_shards(folder: Path, rows: int, n_features: int) -> list[str]:
+    names = [f"f{i:02d}" for i in range(n_features)]
+    rng = np.random.default_rng(0)
+    done = 0
+    part = 0
+    while done < rows:
+        n = min(ROWS_PER_FILE, rows - done)
+        cols = {name: rng.standard_normal(n, dtype=np.float32) for name in names}
+        cols["label"] = rng.integers(0, 3, n)
+        pq.write_table(pa.table(cols), folder / f"part-{part:05d}.parquet")
+        done += n
+        part += 1
+    return names
+
+
+def run_pyarrow(folder: Path, names: list[str], batch: int) -> int:
+    table = pq.read_table(folder)
+    x = torch.from_numpy(np.column_stack([table.column(n).to_numpy() for n in names]))
+    y = torch.from_numpy(table.column("label").to_numpy())
+    seen = 0
+    for i in range(0, len(y), batch):
+        xb, yb = x[i:i + batch], y[i:i + batch]
+        seen += len(yb)
+    return seen
+
+
+def run_ray(ds, names: list[str], batch: int, ours: bool) -> int:
+    from alchemetric_ray.data.loaders import TabularCollate
+
+    seen = 0
+    if ours:
+        for xb, yb in ds.iter_torch_batches(batch_size=batch, collate_fn=TabularCollate(names)):
+            seen += len(yb)
+    else:
+        for b in ds.iter_torch_batches(batch_size=batch):
+            xb = torch.stack([b[n] for n in names], dim=1)
+            seen += len(b["label"])
+    return seen
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--features", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = parser.parse_args(argv)
+
+    import ray
+
+    ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        names = write_shards(folder, args.rows, args.features)
+        ds = ray.data.read_parquet(str(folder))
+        contenders = {
+            "pyarrow": lambda: run_pyarrow(folder, names, args.batch),
+            "ray_ours": lambda: run_ray(ds, names, args.batch, ours=True),
+            "ray_default": lambda: run_ray(ds, names, args.batch, ours=False),
+        }
+        times: dict[str, list[float]] = {k: [] for k in contenders}
+        for fn in contenders.values():  # warm-up: page cache, Ray workers
+            fn()
+        for _ in range(args.repeats):
+            for name, fn in contenders.items():  # interleaved, so drift hits all alike
+                start = time.perf_counter()
+                assert fn() == args.rows
+                times[name].append(time.perf_counter() - start)
+    ray.shutdown()
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rate = {k: args.rows / v for k, v in med.items()}
+    result = {
+        "benchmark": "ingest",
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "versions": {"torch": torch.__version__, "ray": ray.__version__, "pyarrow": pa.__version__},
+        "rows": args.rows, "features": args.features, "batch": args.batch, "repeats": times,
+        "median_s": med, "rows_per_s": rate,
+        "ratio_vs_pyarrow": {k: rate[k] / rate["pyarrow"] for k in rate},
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    print(f"ingest: {args.rows:,} rows x {args.features} features, batch {args.batch}, median of {args.repeats}")
+    print(f"{'contender':12s} {'rows/s':>14s} {'vs pyarrow':>11s}")
+    for k in contenders:
+        print(f"{k:12s} {rate[k]:14,.0f} {rate[k] / rate['pyarrow']:10.2f}x")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"ingest-{args.rows}.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
