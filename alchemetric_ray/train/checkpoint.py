@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import subprocess
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -56,21 +57,19 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not valid JSON") from None
 
 
-def environment_meta() -> dict[str, Any]:
-    """Versions, OS, CPU and git commit: where a checkpoint came from."""
+@lru_cache(maxsize=1)
+def _environment() -> tuple:
     import ray
 
     from alchemetric_ray.hardware.inventory import cpu_model
 
-    return {
-        "torch": torch.__version__,
-        "ray": ray.__version__,
-        "python": platform.python_version(),
-        "os": platform.platform(),
-        "cpu": cpu_model(),
-        "host": platform.node(),
-        "git_commit": git_commit(),
-    }
+    return (("torch", torch.__version__), ("ray", ray.__version__), ("python", platform.python_version()),
+            ("os", platform.platform()), ("cpu", cpu_model()), ("host", platform.node()), ("git_commit", git_commit()))
+
+
+def environment_meta() -> dict[str, Any]:
+    """Versions, OS, CPU and git commit: where a checkpoint came from (read once per process)."""
+    return dict(_environment())
 
 
 def git_commit() -> str | None:

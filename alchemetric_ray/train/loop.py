@@ -88,8 +88,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         best, bad_epochs, history = meta["loop"]["best"], meta["loop"]["bad_epochs"], meta["loop"]["history"]
         _say(rank, f"resumed from the checkpoint of epoch {meta['epoch']}: continuing at epoch {start_epoch}")
 
-    stopped_early = False
+    stopped_early, epochs_here = False, 0
     for epoch in range(start_epoch, t.epochs):
+        epochs_here += 1
         # 4. train one epoch -------------------------------------------------------------------
         model.train()
         torch.manual_seed(t.seed * 1_000_003 + epoch * 1009 + rank)  # dropout: same stream after a resume
@@ -160,6 +161,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         "precision": precision.as_dict(),
         "threads": threads,
         "world_size": world,
+        "epochs_per_rank": _gather_list(epochs_here, world),
         "rows": _gather_list(data.rows_seen, world),
         "fingerprint": _gather_list(data.fingerprint, world),
     }

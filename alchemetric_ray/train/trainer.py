@@ -44,6 +44,7 @@ class TrainOutcome:
     summary: dict[str, Any]  # the loop's return value (rank 0)
     best_checkpoint: Any  # ray.train.Checkpoint | None
     best_metrics: dict[str, Any] | None
+    latest_checkpoint: Any
     model_dir: Path | None
     seconds: float
 
@@ -169,6 +170,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
     import ray
 
     started = time.monotonic()
+    model_spec(cfg.model.name)  # an unknown model fails before anything starts
     ensure_ray(cfg)
     shards = prepare_shards(cfg, progress=progress)
     manifest = load_manifest(shards)
@@ -181,7 +183,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
     result = trainer.fit()
     best_ckpt, best_metrics = _best(result, cfg)
     outcome = TrainOutcome(name, getattr(result, "path", None), shards, plan, result.return_value or {},
-                           best_ckpt, best_metrics, None, 0.0)
+                           best_ckpt, best_metrics, result.checkpoint, None, 0.0)
     if export and best_ckpt is not None:
         from alchemetric_ray.train.export import export_model
 

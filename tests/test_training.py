@@ -1,0 +1,238 @@
+"""Training on a real local Ray: models, DDP, resume, early stopping, the plan, export, CLI."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from alchemetric_ray.config import load_config
+from alchemetric_ray.data.loaders import read_split, sequence_dataset
+from alchemetric_ray.data.shards import build_shards, load_manifest
+from alchemetric_ray.hardware import device as dev
+from alchemetric_ray.models import MODELS, model_spec
+from alchemetric_ray.train.checkpoint import load_state
+from alchemetric_ray.train.export import load_model
+from alchemetric_ray.train.plan import PlanError, plan_resources
+from alchemetric_ray.train.trainer import build_trainer, run_training
+
+WINDOW = 8
+
+
+@pytest.fixture(scope="module")
+def shards(stocknet_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("train") / "shards"
+    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM",
+                             f"features.window={WINDOW}"])
+    return build_shards(cfg, out).out
+
+
+def _cfg(shards, tmp_path, *overrides):
+    return load_config(None, [f"data.path={shards}", f"storage.path={tmp_path / 'results'}",
+                              f"storage.models_dir={tmp_path / 'models'}", f"features.window={WINDOW}",
+                              "model.hidden=16", "train.batch_size=256", *overrides])
+
+
+def _final_state(outcome):
+    with outcome.latest_checkpoint.as_directory() as d:
+        return load_state(d)["model"]
+
+
+# ---- models: each one can memorise 256 rows (Train's local mode: the loop runs in-process) ------
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
+    cfg = _cfg(shards, tmp_path, f"model.name={name}", "model.hidden=128", "model.dropout=0.0", "train.epochs=120",
+               "train.lr=0.003", "train.schedule=constant", "train.batch_size=64", "train.weight_decay=0",
+               "train.patience=0", "train.metric=val_accuracy")
+    manifest = load_manifest(shards)
+    ds = read_split(shards, "train", columns=["date", "ticker", *manifest["features"], "label", "fwd_ret"])
+    if model_spec(name).inputs == "sequence":
+        ds = sequence_dataset(ds, manifest["features"], WINDOW)
+    rows = ds.limit(256).materialize()  # the same 256 rows to train on and to score
+    plan = plan_resources(cfg, ray_session.cluster_resources())
+    result = build_trainer(cfg, {"train": rows, "val": rows}, manifest, plan, name=f"overfit-{name}", local_mode=True).fit()
+    history = result.return_value["history"]
+    assert result.return_value["rows"] == [256]
+    assert max(h["val_accuracy"] for h in history[-5:]) >= 0.95, [round(h["val_accuracy"], 3) for h in history[::10]]
+
+
+# ---- the resource plan ---------------------------------------------------------------------------
+
+
+def test_plan_laptop_cpu_defaults():
+    cfg = load_config()
+    plan = plan_resources(cfg, {"CPU": 2.0})
+    assert (plan.num_workers, plan.use_gpu, plan.backend, plan.cpus_per_worker, plan.cpus_for_data) == (1, False, "gloo", 1.0, 1.0)
+    assert plan.worker_device == "cpu" and "one CPU worker" in plan.reasons["workers"]
+    assert "Ray Data" in plan.describe()
+
+
+def test_plan_two_cpu_workers_share_what_data_leaves():
+    plan = plan_resources(load_config(None, ["scaling.workers=2"]), {"CPU": 2.0})
+    assert plan.num_workers == 2 and plan.cpus_per_worker == 0.5 and plan.cpus_for_data == 1.0
+
+
+def test_plan_refuses_to_starve_ray_data():
+    cfg = load_config(None, ["scaling.workers=2", "scaling.cpus_per_worker=1"])
+    with pytest.raises(PlanError, match=r"2 worker\(s\) x 1 CPU on a cluster of 2 CPUs leave 0 CPU for Ray Data, "
+                                         r"which would wait forever"):
+        plan_resources(cfg, {"CPU": 2.0})
+
+
+def test_plan_gpu_requested_that_no_node_has():
+    with pytest.raises(dev.DeviceError, match="no node of the Ray cluster has a CUDA GPU"):
+        plan_resources(load_config(None, ["device.name=cuda"]), {"CPU": 8.0})
+
+
+def test_plan_cuda_cluster_one_worker_per_gpu(monkeypatch):
+    # a CPU-only head node of a GPU cluster: no local CUDA or MPS, 4 GPUs in the cluster
+    monkeypatch.setattr(dev, "cuda_available", lambda: False)
+    monkeypatch.setattr(dev, "mps_available", lambda: False)
+    plan = plan_resources(load_config(), {"CPU": 32.0, "GPU": 4.0})
+    assert (plan.num_workers, plan.use_gpu, plan.backend, plan.gpus_per_worker) == (4, True, "nccl", 1.0)
+    assert plan.worker_device == "auto" and "one per GPU" in plan.reasons["workers"]
+    with pytest.raises(PlanError, match="need 8 GPUs; the cluster has 4"):
+        plan_resources(load_config(None, ["scaling.workers=8"]), {"CPU": 32.0, "GPU": 4.0})
+
+
+def test_plan_mac_path_on_a_real_ray_with_an_apple_gpu(tmp_path):
+    # Ray 2.60 advertises an Apple GPU as GPU: 1; with the MPS probe patched (no Mac here) the plan
+    # must not ask Ray for GPUs: one worker, gloo, and that worker picks MPS itself.
+    script = textwrap.dedent("""
+        import json, ray
+        from alchemetric_ray.config import load_config
+        from alchemetric_ray.hardware import device as dev
+        from alchemetric_ray.train.plan import plan_resources
+        dev.cuda_available = lambda: False
+        dev.mps_available = lambda: True
+        ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
+        try:
+            plan = plan_resources(load_config(), ray.cluster_resources())
+            two = plan_resources(load_config(None, ["scaling.workers=2"]), ray.cluster_resources())
+            print(json.dumps({"gpus": ray.cluster_resources().get("GPU"), "plan": plan.as_dict(), "two": two.as_dict()}))
+        finally:
+            ray.shutdown()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["gpus"] == 1.0
+    plan = got["plan"]
+    assert (plan["num_workers"], plan["use_gpu"], plan["backend"], plan["worker_device"]) == (1, False, "gloo", "mps")
+    assert "mps" in plan["reasons"]["accelerator"] and "not CUDA" in plan["reasons"]["accelerator"]
+    two = got["two"]
+    assert (two["num_workers"], two["worker_device"], two["backend"]) == (2, "cpu", "gloo")
+
+
+# ---- real multi-worker runs ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def even_shards(stocknet_dir, tmp_path_factory):
+    """Shards whose train split has an even row count: Ray splits it into two equal halves
+    (``equal=True`` drops the odd row out), so both ranks together see every row."""
+    for frac in (0.70, 0.69, 0.71, 0.68, 0.72):
+        out = tmp_path_factory.mktemp("even") / "shards"
+        cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM,GE",
+                                 f"features.train_frac={frac}", "features.val_frac=0.15"])
+        built = build_shards(cfg, out)
+        if built.manifest["rows"]["train"] % 2 == 0:
+            return built.out
+    pytest.fail("no train fraction gave an even train split")
+
+
+@pytest.mark.slow
+def test_ddp_two_workers_equal_one_process_on_the_same_global_batches(ray_session, even_shards, tmp_path):
+    shards = even_shards
+    # Full-batch steps: the global batch of 2 DDP ranks is the whole train split, exactly what the
+    # single worker sees; gradients averaged over two equal halves equal the full mean.
+    common = ["train.batch_size=100000", "model.dropout=0.0", "train.epochs=3", "train.deterministic=true",
+              "train.patience=0", "train.lr=0.01", "train.schedule=constant"]
+    two = run_training(_cfg(shards, tmp_path, *common, "scaling.workers=2", "storage.name=ddp2"), export=False)
+    one = run_training(_cfg(shards, tmp_path, *common, "scaling.workers=1", "storage.name=ddp1"), export=False)
+    total = load_manifest(shards)["rows"]["train"]
+    rows, prints = two.summary["rows"], two.summary["fingerprint"]
+    assert two.summary["world_size"] == 2 and len(rows) == 2
+    # the ranks read disjoint halves that together are the whole split
+    assert rows[0] == rows[1] and sum(rows) == total == one.summary["rows"][0]
+    assert sum(prints) == pytest.approx(one.summary["fingerprint"][0], rel=1e-9)
+    a, b = _final_state(two), _final_state(one)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_ddp_early_stop_is_the_same_epoch_on_every_rank(ray_session, shards, tmp_path):
+    cfg = _cfg(shards, tmp_path, "scaling.workers=2", "train.epochs=6", "train.patience=1", "train.lr=1e-9",
+               "train.metric=val_log_loss", "train.mode=min", "storage.name=es")
+    out = run_training(cfg, export=False)
+    s = out.summary
+    assert s["stopped_early"] and s["epochs_run"] < 6
+    assert s["epochs_per_rank"] == [s["epochs_run"]] * 2
+
+
+@pytest.mark.slow
+def test_resume_continues_at_next_epoch_bitwise_and_same_seed_is_reproducible(ray_session, shards, tmp_path, capfd):
+    common = ["train.epochs=4", "train.deterministic=true", "train.patience=0"]
+    full = run_training(_cfg(shards, tmp_path, *common, "storage.name=full"), export=False)
+    cut = run_training(_cfg(shards, tmp_path, *common, "storage.run=cut", "train.stop_after=2"), export=False)
+    assert cut.summary["epochs_run"] == 2
+    resumed = run_training(_cfg(shards, tmp_path, *common, "storage.run=cut"), export=False)
+    assert "continuing at epoch 2" in capfd.readouterr().out
+    assert resumed.summary["epochs_run"] == 4 and resumed.summary["epochs_per_rank"] == [2]  # epochs 3 and 4 only
+    again = run_training(_cfg(shards, tmp_path, *common, "storage.name=again"), export=False)
+    a, b, c = _final_state(full), _final_state(resumed), _final_state(again)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key  # resumed == uninterrupted, bit for bit
+        assert torch.equal(a[key], c[key]), key  # same seed twice
+    assert [h["train_loss"] for h in full.summary["history"]] == [h["train_loss"] for h in resumed.summary["history"]]
+
+
+# ---- export and the CLI ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_train_cli_exports_a_model_that_predicts_like_its_checkpoint(ray_session, shards, tmp_path, capsys):
+    from alchemetric_ray.cli import main
+    from alchemetric_ray.hardware import resolve_precision
+    from alchemetric_ray.train.evaluate import model_inputs, predict_proba, split_frame
+
+    rc = main(["train", "--data", str(shards), "--model", "gru", f"storage.path={tmp_path / 'results'}",
+               f"storage.models_dir={tmp_path / 'models'}", "storage.name=cli-gru", f"features.window={WINDOW}",
+               "train.epochs=2", "model.hidden=16"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "saved model:" in out and "| hist_gradient_boosting |" in out and "Only 3 tickers" in out
+    model_dir = tmp_path / "models" / "cli-gru"
+    loaded = load_model(model_dir)
+    meta = json.loads((model_dir / "meta.json").read_text())
+    assert meta["device"]["device"] == "cpu" and "resource plan" in meta["device"]["reason"]
+    assert meta["precision"]["mode"] == "fp32" and meta["precision"]["reason"]
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert set(metrics["baselines"]) == {"majority", "logistic_regression", "hist_gradient_boosting"}
+    assert metrics["test"]["balanced_accuracy"] > 0 and metrics["best_epoch"] in (0, 1)
+    # the export predicts exactly what the best checkpoint's weights predict
+    ckpts = sorted((tmp_path / "results").glob(f"cli-gru-*/epoch-{metrics['best_epoch']:04d}"))
+    reference = load_model(model_dir).model
+    reference.load_state_dict(load_state(ckpts[-1])["model"])
+    frame = split_frame(shards, "test", loaded.manifest["features"])
+    x, _ = model_inputs(frame, loaded.manifest["features"], loaded.mode, WINDOW)
+    p = resolve_precision("fp32", torch.device("cpu"))
+    np.testing.assert_array_equal(predict_proba(loaded.model, x, torch.device("cpu"), p),
+                                  predict_proba(reference, x, torch.device("cpu"), p))
+    assert loaded.config.model.name == "gru"
+
+
+def test_train_cli_bad_input_is_one_line(tmp_path, capsys):
+    from alchemetric_ray.cli import main
+
+    assert main(["train", "--model", "resnet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "alchemetric-ray train: error: unknown model 'resnet' (known: gru, lstm, mlp, tcn, transformer)"
+    assert main(["train", "train.lr=0"]) == 2
+    assert capsys.readouterr().err.strip() == "alchemetric-ray train: error: config 'train.lr': 0.0 is invalid, expected > 0"
