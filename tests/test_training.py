@@ -183,7 +183,8 @@ def test_resume_continues_at_next_epoch_bitwise_and_same_seed_is_reproducible(ra
     cut = run_training(_cfg(shards, tmp_path, *common, "storage.run=cut", "train.stop_after=2"), export=False)
     assert cut.summary["epochs_run"] == 2
     resumed = run_training(_cfg(shards, tmp_path, *common, "storage.run=cut"), export=False)
-    assert "continuing at epoch 2" in capfd.readouterr().out
+    captured = capfd.readouterr()
+    assert "continuing at epoch 2" in captured.out + captured.err
     assert resumed.summary["epochs_run"] == 4 and resumed.summary["epochs_per_rank"] == [2]  # epochs 3 and 4 only
     again = run_training(_cfg(shards, tmp_path, *common, "storage.name=again"), export=False)
     a, b, c = _final_state(full), _final_state(resumed), _final_state(again)

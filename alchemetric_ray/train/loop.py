@@ -327,4 +327,4 @@ def _epoch_line(row: dict, t, device, precision_mode: str, metric: str) -> str:
 
 def _say(rank: int, message: str) -> None:
     if rank == 0:
-        print(message, flush=True)
+        log.info(message)

@@ -1,0 +1,153 @@
+"""Loop overhead: our per-worker loop under TorchTrainer + Ray Data vs plain PyTorch loops.
+
+    .venv/bin/python bench/loop_overhead.py                       # MLP, batch 4096
+    .venv/bin/python bench/loop_overhead.py --model lstm --batch 1024
+
+Same shards, model, optimizer step, batch size and torch threads, in one run:
+  streamed  ours with train.cache_data=false (Ray Data every epoch)  vs  plain loop that reads
+            the Parquet with pyarrow each epoch -> one tensor -> batches
+  cached    ours with train.cache_data=true (epochs >= 2)            vs  plain loop over tensors
+            already in memory
+samples/s is measured per epoch over the training steps (the loop's own figure for ours);
+start-up (Ray, worker group, first read) is reported apart.  Writes bench/results/loop-<model>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+
+def plain_loop(cfg, shards: Path, manifest: dict, epochs: int, threads: int, in_memory: bool) -> list[float]:
+    """samples/s per epoch of a hand-written loop over the same data."""
+    from alchemetric_ray.hardware import OptimizerStep, resolve_precision
+    from alchemetric_ray.models import build_model, model_spec
+    from alchemetric_ray.train.evaluate import model_inputs, split_frame
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    features = manifest["features"]
+    mode = model_spec(cfg.model.name).inputs
+    model = build_model(cfg.model, len(features), len(manifest["label"]["classes"]), window=cfg.features.window)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    precision = resolve_precision("fp32", torch.device("cpu"))
+    step_fn = OptimizerStep(opt, precision, grad_clip=cfg.train.grad_clip)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def load():
+        frame = split_frame(shards, "train", features)
+        x, rows = model_inputs(frame, features, mode, cfg.features.window)
+        return torch.from_numpy(x), torch.from_numpy(rows["label"].to_numpy().astype(np.int64))
+
+    cached = load() if in_memory else None
+    rates = []
+    for epoch in range(epochs):
+        start = time.perf_counter()
+        x_all, y_all = cached if in_memory else load()
+        order = torch.randperm(len(y_all))
+        model.train()
+        for step, i in enumerate(range(0, len(order), cfg.train.batch_size)):
+            idx = order[i:i + cfg.train.batch_size]
+            loss = loss_fn(model(x_all[idx]), y_all[idx])
+            step_fn(loss, epoch=epoch, step=step)
+        rates.append(len(y_all) / (time.perf_counter() - start))
+    return rates
+
+
+def ours(cfg, shards: Path, manifest: dict, cache: bool, name: str):
+    import ray
+
+    from alchemetric_ray.data.loaders import build_datasets
+    from alchemetric_ray.models import model_spec
+    from alchemetric_ray.train.plan import plan_resources
+    from alchemetric_ray.train.trainer import build_trainer
+
+    run_cfg = cfg.replace(f"train.cache_data={'true' if cache else 'false'}")
+    plan = plan_resources(run_cfg, ray.cluster_resources())
+    datasets, _ = build_datasets(shards, model_spec(run_cfg.model.name).inputs, run_cfg.features.window)
+    start = time.perf_counter()
+    result = build_trainer(run_cfg, datasets, manifest, plan, name=name).fit()
+    wall = time.perf_counter() - start
+    history = result.return_value["history"]
+    rates = [h["samples_per_s"] for h in history]
+    train_time = sum(manifest["rows"]["train"] / r for r in rates)
+    return rates, wall, wall - train_time, result.return_value["threads"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--batch", type=int, default=None, help="default: 4096 (mlp), 1024 (sequence models)")
+    parser.add_argument("--tickers", type=int, default=100)
+    parser.add_argument("--days", type=int, default=1500)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = parser.parse_args(argv)
+
+    import ray
+
+    from alchemetric_ray.config import load_config
+    from alchemetric_ray.data.shards import build_shards
+    from alchemetric_ray.train.trainer import ensure_ray
+
+    batch = args.batch or (4096 if args.model == "mlp" else 1024)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config(None, ["data.source=synthetic", f"data.synthetic_tickers={args.tickers}",
+                                 f"data.synthetic_days={args.days}", f"model.name={args.model}",
+                                 f"train.batch_size={batch}", f"train.epochs={args.epochs}", "train.patience=0",
+                                 "model.dropout=0.0", f"storage.path={tmp}/results", "features.window=20"])
+        built = build_shards(cfg, Path(tmp) / "shards")
+        shards, manifest = built.out, built.manifest
+        ensure_ray(cfg)
+        import ray.data
+
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        ours_stream, wall_s, startup_s, threads = ours(cfg, shards, manifest, cache=False, name="bench-stream")
+        ours_cache, wall_c, startup_c, _ = ours(cfg, shards, manifest, cache=True, name="bench-cache")
+        plain_stream = plain_loop(cfg, shards, manifest, args.epochs, threads, in_memory=False)
+        plain_cache = plain_loop(cfg, shards, manifest, args.epochs, threads, in_memory=True)
+    ray.shutdown()
+
+    def med(rates, skip_first):
+        rates = rates[1:] if skip_first and len(rates) > 1 else rates
+        return statistics.median(rates)
+
+    rows = {
+        "streamed": (med(ours_stream, True), med(plain_stream, True)),
+        "cached": (med(ours_cache, True), med(plain_cache, True)),
+    }
+    result = {
+        "benchmark": "loop_overhead", "model": args.model, "batch": batch, "threads": threads,
+        "train_rows": manifest["rows"]["train"], "epochs": args.epochs,
+        "per_epoch_samples_per_s": {"ours_streamed": ours_stream, "plain_parquet_each_epoch": plain_stream,
+                                    "ours_cached": ours_cache, "plain_in_memory": plain_cache},
+        "median_epochs_2plus": {k: {"ours": o, "plain": p, "ratio": o / p} for k, (o, p) in rows.items()},
+        "startup_s": {"streamed": startup_s, "cached": startup_c}, "wall_s": {"streamed": wall_s, "cached": wall_c},
+        "versions": {"torch": torch.__version__, "ray": ray.__version__}, "date": time.strftime("%Y-%m-%d"),
+    }
+    print(f"loop overhead: {args.model}, batch {batch}, {manifest['rows']['train']:,} train rows, {threads} torch threads, "
+          f"median of epochs 2..{args.epochs}")
+    print(f"{'mode':10s} {'ours samples/s':>15s} {'plain samples/s':>16s} {'ratio':>7s}")
+    for k, (o, p) in rows.items():
+        print(f"{k:10s} {o:15,.0f} {p:16,.0f} {o / p:7.2f}")
+    print(f"start-up and reporting outside the training steps: streamed {startup_s:.1f}s, cached {startup_c:.1f}s "
+          f"(wall {wall_s:.1f}s / {wall_c:.1f}s)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"loop-{args.model}.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
