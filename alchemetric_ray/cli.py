@@ -105,6 +105,76 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def _tune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", help="OHLCV folder/file, or a feature-shard folder; default: the built-in sample data")
+    p.add_argument("--resume", action="store_true", help="resume the latest sweep of this name (finished trials are kept)")
+
+
+@command("tune", "sweep hyperparameters with Ray Tune (ASHA), report, and export the best trial", _tune_args)
+def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from alchemetric_ray.tune.sweep import run_sweep
+
+    if args.resume:
+        cfg = cfg.replace("storage.resume=true")
+    out = run_sweep(cfg)
+    s = out.summary
+    early = sum(1 for t in s["trials"] if t["stopped_early"])
+    print(f"sweep {out.name}: {s['num_trials']} configurations tried, {early} stopped early; "
+          f"best trial {s['best_trial_id']} {s['metric']} {s['best_value']:.4f} with {s['best_config']}")
+    if s.get("test_metrics"):
+        print(f"best trial on the test split (scored once): balanced accuracy {s['test_metrics']['balanced_accuracy']:.4f}")
+    if out.model_dir:
+        print(f"saved model: {out.model_dir}")
+    if out.report:
+        print(f"report: {out.report}")
+    print(f"TensorBoard: tensorboard --logdir {out.path}")
+    return 0
+
+
+def _predict_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="model_dir", required=True, help="a saved model folder (models/<name>)")
+    p.add_argument("--data", help="OHLCV folder/file to score; default: the built-in sample data")
+    p.add_argument("--out", required=True, help="signals Parquet file to write")
+
+
+def _model_config(args: argparse.Namespace, cfg: RunConfig) -> RunConfig:
+    """The saved model's own config, with this command's overrides (signals, device) on top."""
+    from alchemetric_ray.train.export import load_model
+
+    saved = load_model(args.model_dir).config
+    flags = [f"device.name={args.device}"] if args.device else []
+    return saved.replace(*flags, *args.overrides)
+
+
+@command("predict", "score new OHLCV data with a saved model (Ray Data batch inference) -> signals.parquet",
+         _predict_args)
+def _predict(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from alchemetric_ray.signals.predict import predict
+
+    frame = predict(args.model_dir, args.data, args.out, _model_config(args, cfg))
+    longs, shorts = int((frame["position"] > 0).sum()), int((frame["position"] < 0).sum())
+    print(f"wrote {args.out}: {len(frame)} signals for {frame['ticker'].nunique()} tickers, "
+          f"{frame['date'].min().date()}..{frame['date'].max().date()}; {longs} long, {shorts} short; "
+          f"model {frame['model_id'].iloc[0]} on {frame['device'].iloc[0]} {frame['precision'].iloc[0]}")
+    return 0
+
+
+def _evaluate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="model_dir", required=True, help="a saved model folder (models/<name>)")
+    p.add_argument("--data", help="OHLCV folder/file; default: the built-in sample data")
+    p.add_argument("--out", required=True, help="report folder (report.md, equity.png, evaluation.json, signals.parquet)")
+
+
+@command("evaluate", "the model vs baselines on its test segment: IC, long-short, Sharpe, verdict", _evaluate_args)
+def _evaluate(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from alchemetric_ray.signals.evaluate import evaluate
+
+    result = evaluate(args.model_dir, args.data, args.out, _model_config(args, cfg))
+    print(result["verdict"]["line"])
+    print(f"report: {args.out}/report.md")
+    return 0
+
+
 # ---- entry point ---------------------------------------------------------------------------
 
 

@@ -130,6 +130,17 @@ class TuneConfig:
 
 
 @dataclass
+class SignalsConfig:
+    long_threshold: float = 0.05  # position +1 when score = P(up) - P(down) is above this
+    short_threshold: float = 0.05  # position -1 when the score is below minus this
+    quantile: float = 0.2  # long-short portfolio: top and bottom quantile of scores each day
+    cost_bps: float = 5.0  # transaction cost per unit of turnover, in basis points
+    folds: int = 0  # walk-forward folds for `evaluate` (retrain per fold); 0 = the model's own test split only
+    n_boot: int = 1000  # bootstrap resamples for confidence intervals
+    actors: int = 0  # batch-inference actors; 0 = one per GPU, else one
+
+
+@dataclass
 class StorageConfig:
     path: str = "results"  # Ray Train/Tune storage (local folder or URI like s3://...)
     models_dir: str = "models"
@@ -149,6 +160,7 @@ class RunConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    signals: SignalsConfig = field(default_factory=SignalsConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
 
     # ----------------------------------------------------------------------------------------
@@ -167,6 +179,16 @@ class RunConfig:
     @classmethod
     def from_json(cls, text: str) -> "RunConfig":
         return cls.from_dict(json.loads(text))
+
+    def with_values(self, values: dict[str, Any]) -> "RunConfig":
+        """A copy with ``{"section.key": value}`` set (values already typed, e.g. from a search space)."""
+        raw = self.to_dict()
+        for dotted, value in values.items():
+            section, _, key = dotted.partition(".")
+            if section not in raw or key not in raw[section]:
+                raise ConfigError(_unknown_key(dotted, [f"{s}.{k}" for s in raw for k in raw[s]], "", "search space"))
+            raw[section][key] = value
+        return RunConfig.from_dict(raw)
 
     def replace(self, *overrides: str) -> "RunConfig":
         """A copy with ``section.key=value`` overrides applied and validated."""
@@ -397,6 +419,15 @@ def validate(cfg: RunConfig) -> None:
     _check(tu.grace_period >= 1, "tune.grace_period", tu.grace_period, ">= 1")
     _check(tu.max_concurrent_trials >= 0, "tune.max_concurrent_trials", tu.max_concurrent_trials, ">= 0")
     _check(tu.time_budget_s >= 0, "tune.time_budget_s", tu.time_budget_s, ">= 0")
+
+    sg = cfg.signals
+    _check(sg.long_threshold >= 0, "signals.long_threshold", sg.long_threshold, ">= 0")
+    _check(sg.short_threshold >= 0, "signals.short_threshold", sg.short_threshold, ">= 0")
+    _check(0 < sg.quantile <= 0.5, "signals.quantile", sg.quantile, "in (0, 0.5]")
+    _check(sg.cost_bps >= 0, "signals.cost_bps", sg.cost_bps, ">= 0")
+    _check(sg.folds >= 0, "signals.folds", sg.folds, ">= 0")
+    _check(sg.n_boot >= 100, "signals.n_boot", sg.n_boot, ">= 100")
+    _check(sg.actors >= 0, "signals.actors", sg.actors, ">= 0")
 
     st = cfg.storage
     _check(bool(st.path), "storage.path", st.path, "a folder or URI")

@@ -180,16 +180,9 @@ def _pass_features(bars, names, spec: LabelSpec, staging: Path, need: int, progr
         if len(frame) < need:
             skipped[ticker] = f"{len(frame)} bars, fewer than the {need} the features and labels need"
             continue
-        values, late_bad = feat.compute_features(frame, names)
-        label, fwd = make_labels(frame, spec)
-        table = pd.DataFrame({"date": frame["date"].to_numpy().astype("datetime64[ns]"), "ticker": ticker})
-        table[names] = values.to_numpy()
-        table["label"] = label
-        table["fwd_ret"] = fwd
-        table["label_end"] = label_end_dates(frame["date"], spec.reach)
-        keep = np.isfinite(table[names].to_numpy()).all(axis=1) & np.isfinite(label)
+        table, late_bad = feature_table(ticker, frame, names, spec)
         nonfinite += late_bad
-        table = table[keep]
+        table = table[table["has_features"] & np.isfinite(table["label"].to_numpy())].drop(columns=["has_features", "next_date"])
         if table.empty:
             skipped[ticker] = "no row with complete features and a label"
             continue
@@ -202,6 +195,22 @@ def _pass_features(bars, names, spec: LabelSpec, staging: Path, need: int, progr
         detail = "; ".join(f"{t}: {why}" for t, why in list(skipped.items())[:3])
         raise ShardError(f"no ticker has enough history for the features and labels ({detail or 'no data'})")
     return {"calendar": calendar, "hash": digest.hexdigest(), "tickers": tickers, "skipped": skipped, "nonfinite": nonfinite}
+
+
+def feature_table(ticker: str, frame: pd.DataFrame, names: list[str], spec: LabelSpec) -> tuple[pd.DataFrame, int]:
+    """Every bar of one ticker with its raw features, label, forward return, label end and the
+    date of the next bar (when a signal computed on this bar takes effect; NaT for the last)."""
+    values, late_bad = feat.compute_features(frame, names)
+    label, fwd = make_labels(frame, spec)
+    dates = frame["date"].to_numpy().astype("datetime64[ns]")
+    table = pd.DataFrame({"date": dates, "ticker": ticker})
+    table[names] = values.to_numpy()
+    table["label"] = label
+    table["fwd_ret"] = fwd
+    table["label_end"] = label_end_dates(frame["date"], spec.reach)
+    table["next_date"] = label_end_dates(frame["date"], 1)
+    table["has_features"] = np.isfinite(table[names].to_numpy()).all(axis=1)
+    return table, late_bad
 
 
 def _staged(staging: Path) -> list[Path]:

@@ -238,6 +238,12 @@ class TrainAccelerator:
     worker_device: str  # what each worker passes to resolve_device
     reason: str
 
+    @property
+    def default_workers_reason(self) -> str:
+        if self.kind == "mps":
+            return "one worker on MPS (DDP needs CUDA or CPU workers)"
+        return "one CPU worker (laptop default; --workers N for more)"
+
 
 def train_accelerator(requested: str, cluster_gpus: float, world_size: int) -> TrainAccelerator:
     """Decide the Train workers' accelerator for a cluster advertising ``cluster_gpus`` GPUs.

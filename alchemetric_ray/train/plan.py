@@ -71,8 +71,7 @@ def plan_resources(cfg: RunConfig, cluster: dict[str, float]) -> ResourcePlan:
         reasons["workers"] = "scaling.workers" if s.workers else f"one per GPU ({total_gpus:g} GPU(s) / {s.gpus_per_worker:g} per worker)"
     else:
         workers = s.workers or 1
-        reasons["workers"] = "scaling.workers" if s.workers else (
-            "one worker on MPS" if acc.kind == "mps" else "one CPU worker (laptop default; --workers N for more)")
+        reasons["workers"] = "scaling.workers" if s.workers else acc.default_workers_reason
 
     free = total_cpus - DATA_CPU_RESERVE
     if s.cpus_per_worker:

@@ -1,0 +1,1 @@
+"""Signals: batch prediction with Ray Data, and an honest evaluation against baselines."""

@@ -1,0 +1,277 @@
+"""`alchemetric-ray evaluate`: does the deep model beat simple baselines on this data, honestly?
+
+On the model's test segment (its own split dates, never seen in training or selection):
+classification metrics, daily IC and rank IC of the score vs the realised forward return
+(mean, ICIR, bootstrap interval), a top-minus-bottom quantile long-short portfolio with costs,
+the thresholded positions' returns and hit rate, the probabilistic Sharpe ratio and, for a model
+chosen by a sweep, the Sharpe ratio deflated for the number of configurations tried.  The same
+numbers for logistic regression and HistGradientBoosting on the same features, a 20-day momentum
+rule and buy-and-hold.  Returns are earned only from the bar after the signal (``fwd_ret`` starts
+at the next open).  Optional walk-forward folds retrain the model per fold.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import UserError
+from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text, replace_dir, staging_dir
+from alchemetric_ray.signals import metrics as sm
+from alchemetric_ray.signals.predict import positions, predict
+from alchemetric_ray.train.metrics import classification_metrics
+
+FEW_TICKERS = 10
+
+
+class EvaluationError(UserError, ValueError):
+    pass
+
+
+def _segment(frame: pd.DataFrame, start: str, end: str) -> pd.DataFrame:
+    d = frame["date"]
+    return frame[(d >= pd.Timestamp(start)) & (d <= pd.Timestamp(end))].reset_index(drop=True)
+
+
+def _scored(frame: pd.DataFrame, score: np.ndarray, pos: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"date": frame["date"].to_numpy(), "ticker": frame["ticker"].to_numpy(), "score": score,
+                         "position": pos, "fwd_ret": frame["fwd_ret"].to_numpy(dtype=np.float64)})
+
+
+def contender_stats(name: str, signals: pd.DataFrame, cfg: RunConfig, *, n_trials: int = 1, horizon: int = 1,
+                    proba: np.ndarray | None = None, labels: np.ndarray | None = None) -> dict[str, Any]:
+    """Every number of the side-by-side table for one contender (model or baseline)."""
+    sg = cfg.signals
+    valid = signals.dropna(subset=["fwd_ret"])
+    n_tickers = valid["ticker"].nunique()
+    row: dict[str, Any] = {"name": name, "rows": len(valid), "tickers": int(n_tickers)}
+    ic = sm.ic_stats(valid, rank=False, n_boot=sg.n_boot, seed=cfg.train.seed)
+    ric = sm.ic_stats(valid, rank=True, n_boot=sg.n_boot, seed=cfg.train.seed)
+    row["ic"] = _ic_dict(ic)
+    row["rank_ic"] = _ic_dict(ric)
+    ls = sm.long_short(valid, quantile=sg.quantile, cost_bps=sg.cost_bps, horizon=horizon)
+    row["long_short"] = _port_dict(ls)
+    pr = sm.position_returns(valid, cost_bps=sg.cost_bps, horizon=horizon)
+    row["positions"] = _port_dict(pr)
+    row["hit_rate"] = sm.hit_rate(valid)
+    net = ls.daily["net"].to_numpy() if len(ls.daily) else np.zeros(0)
+    row["psr"] = sm.probabilistic_sharpe(net) if len(net) > 2 else float("nan")
+    row["dsr"] = sm.deflated_sharpe(net, n_trials) if len(net) > 2 and n_trials > 1 else None
+    if proba is not None and labels is not None:
+        ok = labels >= 0
+        row["classification"] = {k: v for k, v in classification_metrics(labels[ok], proba[ok], prefix="").items()}
+    row["_ic"] = ric
+    row["_equity"] = ls.daily[["date", "equity"]] if len(ls.daily) else None
+    row["_pos_equity"] = pr.daily[["date", "equity"]] if len(pr.daily) else None
+    return row
+
+
+def _ic_dict(s) -> dict:
+    return {"mean": s.mean, "std": s.std, "icir": s.icir, "t_stat": s.t_stat, "n_days": s.n_days,
+            "ci_low": s.ci_low, "ci_high": s.ci_high}
+
+
+def _port_dict(p) -> dict:
+    return {"annual_return": p.annual_return, "annual_vol": p.annual_vol, "sharpe": p.sharpe,
+            "max_drawdown": p.max_drawdown, "turnover": p.turnover, "hit_rate": p.hit_rate, "n_days": p.n_days}
+
+
+def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest: dict, cfg: RunConfig,
+                     *, n_trials: int = 1, segment: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The model and every baseline on the test segment of ``inputs`` (rows with features and labels)."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+
+    s = manifest["splits"]
+    start, end = segment or (s["test_start"], s["test_end"])
+    names, classes = manifest["features"], manifest["label"]["classes"]
+    horizon = manifest["label"]["horizon"]
+    up, down = classes.index("up"), classes.index("down")
+    test = _segment(inputs, start, end)
+    if test.empty:
+        raise EvaluationError(f"no rows of the data fall in the test segment {start}..{end}")
+    model_rows = model_signals.merge(test[["date", "ticker", "label"]], on=["date", "ticker"], how="inner")
+    proba_cols = [f"p_{c}" for c in classes]
+    rows = [contender_stats("deep model", model_rows[["date", "ticker", "score", "position", "fwd_ret"]], cfg,
+                            n_trials=n_trials, horizon=horizon, proba=model_rows[proba_cols].to_numpy(),
+                            labels=model_rows["label"].to_numpy())]
+
+    train = inputs[(inputs["date"] <= pd.Timestamp(s["train_end"])) & (inputs["label"] >= 0)]
+    if len(train) > 200_000:
+        train = train.sample(200_000, random_state=cfg.train.seed)
+    th = (cfg.signals.long_threshold, cfg.signals.short_threshold)
+    for name, model in (("logistic regression", LogisticRegression(max_iter=300)),
+                        ("hist gradient boosting", HistGradientBoostingClassifier(max_iter=100, random_state=cfg.train.seed))):
+        model.fit(train[names].to_numpy(), train["label"].to_numpy())
+        p = np.zeros((len(test), len(classes)))
+        p[:, model.classes_.astype(int)] = model.predict_proba(test[names].to_numpy())
+        score = p[:, up] - p[:, down]
+        rows.append(contender_stats(name, _scored(test, score, positions(score, *th)), cfg, horizon=horizon,
+                                    proba=p, labels=test["label"].to_numpy()))
+    mom = test["mom_20"].to_numpy()
+    rows.append(contender_stats("momentum 20d", _scored(test, mom, np.sign(mom).astype(np.int8)), cfg, horizon=horizon))
+    rows.append(contender_stats("buy and hold", _scored(test, np.ones(len(test)), np.ones(len(test), np.int8)), cfg,
+                                horizon=horizon))
+    n_tickers = int(test["ticker"].nunique())
+    baselines_with_ic = [r for r in rows[1:] if r["name"] != "buy and hold" and r["_ic"].n_days > 0]
+    best = max(baselines_with_ic, key=lambda r: r["_ic"].mean if not math.isnan(r["_ic"].mean) else -1, default=None)
+    verdict = sm.edge_verdict(rows[0]["_ic"], best["_ic"] if best else None, n_tickers=n_tickers, few_tickers=FEW_TICKERS)
+    return {"segment": {"start": start, "end": end}, "tickers": n_tickers, "rows": rows,
+            "best_baseline": best["name"] if best else None, "verdict": verdict, "n_trials": n_trials}
+
+
+def _inputs_frame(staging: Path) -> pd.DataFrame:
+    frame = pd.read_parquet(staging)
+    frame["date"] = pd.to_datetime(frame["date"])
+    return frame
+
+
+def evaluate(model_dir: str | Path, data: str | None, out_dir: str | Path, cfg: RunConfig | None = None) -> dict:
+    """Predict, score the test segment against the baselines, and write the report to ``out_dir``."""
+    from alchemetric_ray.signals.predict import stage_inputs
+    from alchemetric_ray.train.export import load_model
+
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    loaded = load_model(model_dir)
+    cfg = cfg or loaded.config
+    metrics = json.loads((model_dir / "metrics.json").read_text()) if (model_dir / "metrics.json").is_file() else {}
+    n_trials = int(metrics.get("sweep", {}).get("num_trials", 1))
+    tmp = staging_dir(out_dir)
+    try:
+        signals = predict(model_dir, data, tmp / "signals.parquet", cfg)
+        with tempfile.TemporaryDirectory(prefix="alchemetric-eval-") as inputs_dir:
+            stage_inputs(loaded, data, Path(inputs_dir))
+            inputs = _inputs_frame(Path(inputs_dir))
+        result = evaluate_signals(signals, inputs, loaded.manifest, cfg, n_trials=n_trials)
+        if cfg.signals.folds:
+            result["walk_forward"] = walk_forward(cfg, data, loaded, cfg.signals.folds, tmp)
+        result["model"] = {"dir": str(model_dir), "id": signals["model_id"].iloc[0] if len(signals) else None,
+                           "name": loaded.config.model.name, "device": loaded.meta.get("device"),
+                           "precision": loaded.meta.get("precision")}
+        _plot_equity(result, tmp / "equity.png")
+        atomic_write_text(tmp / "report.md", render_report(result))
+        atomic_write_json(tmp / "evaluation.json", _public(result))
+        replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
+
+
+def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: Path) -> dict:
+    """Retrain per fold (expanding window) and score each fold's test block; mean and spread."""
+    from alchemetric_ray.data.labels import LabelSpec
+    from alchemetric_ray.data.splits import walk_forward_folds
+    from alchemetric_ray.signals.predict import stage_inputs
+    from alchemetric_ray.train.export import load_model as load
+    from alchemetric_ray.train.trainer import run_training
+
+    with tempfile.TemporaryDirectory(prefix="alchemetric-wf-") as inputs_dir:
+        stage_inputs(loaded, data, Path(inputs_dir))
+        inputs = _inputs_frame(Path(inputs_dir))
+    reach = LabelSpec.from_config(loaded.config.features).reach
+    folds = walk_forward_folds(inputs["date"].to_numpy(), n_folds, embargo=reach)
+    base = loaded.config
+    results = []
+    for k, fold in enumerate(folds):
+        fold_cfg = base.replace(f"features.train_end={fold.train_end}", f"features.val_end={fold.val_end}",
+                                f"storage.name={base.storage.name}-fold{k}", f"storage.models_dir={work / 'folds'}",
+                                f"storage.path={Path(cfg.storage.path).resolve()}", "storage.run=null", "storage.resume=false")
+        if data:
+            fold_cfg = fold_cfg.replace(f"data.path={data}", "data.source=files")
+        outcome = run_training(fold_cfg, progress=False)
+        if outcome.model_dir is None:
+            raise EvaluationError(f"walk-forward fold {k}: training produced no checkpoint")
+        fold_model = load(outcome.model_dir)
+        sig = predict(outcome.model_dir, data, work / "folds" / f"signals-{k}.parquet", fold_cfg)
+        res = evaluate_signals(sig, inputs, fold_model.manifest, fold_cfg, segment=(fold.test_start, fold.test_end))
+        model = res["rows"][0]
+        results.append({"fold": k, "test_start": fold.test_start, "test_end": fold.test_end,
+                        "rank_ic": model["rank_ic"]["mean"], "sharpe": model["long_short"]["sharpe"],
+                        "best_baseline_rank_ic": max((r["rank_ic"]["mean"] for r in res["rows"][1:]
+                                                      if not math.isnan(r["rank_ic"]["mean"])), default=float("nan"))})
+    ics = np.array([r["rank_ic"] for r in results], dtype=float)
+    sharpes = np.array([r["sharpe"] for r in results], dtype=float)
+    return {"folds": results, "rank_ic_mean": float(np.nanmean(ics)), "rank_ic_std": float(np.nanstd(ics)),
+            "sharpe_mean": float(np.nanmean(sharpes)), "sharpe_std": float(np.nanstd(sharpes))}
+
+
+def _public(result: dict) -> dict:
+    out = dict(result)
+    out["rows"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in result["rows"]]
+    return out
+
+
+def _plot_equity(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 4.5), dpi=100)
+    ax = fig.add_subplot(1, 1, 1)
+    cross = result["tickers"] >= FEW_TICKERS
+    key = "_equity" if cross else "_pos_equity"
+    for row in result["rows"]:
+        eq = row.get(key)
+        if eq is not None and len(eq):
+            ax.plot(pd.to_datetime(eq["date"]), eq["equity"], label=row["name"], linewidth=2.2 if row["name"] == "deep model" else 1.2)
+    ax.set_title(("long-short top/bottom quantile" if cross else "thresholded positions") + ", net of costs")
+    ax.set_ylabel("equity (start = 1)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def _f(value, fmt="{:.4f}") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return fmt.format(value)
+
+
+def render_report(result: dict) -> str:
+    seg = result["segment"]
+    v = result["verdict"]
+    lines = [f"# Evaluation: {result['model']['name']} ({result['model']['id']})", "",
+             f"**{v['line']}**", "",
+             f"Test segment {seg['start']}..{seg['end']}, {result['tickers']} tickers; returns are earned from the "
+             "open after each signal; costs are included in the portfolio figures.", ""]
+    if not v.get("cross_section_meaningful", True):
+        lines += [f"> With only {result['tickers']} tickers the cross-sectional numbers (IC, rank IC, long-short) are "
+                  "not meaningful; read the position returns instead.", ""]
+    if result["n_trials"] > 1:
+        lines += [f"The model was chosen among {result['n_trials']} configurations: the deflated Sharpe ratio accounts "
+                  "for that selection.", ""]
+    lines += ["| contender | rank IC [CI] | IC | ICIR | L/S Sharpe | L/S ann. return | max DD | turnover | "
+              "positions Sharpe | hit rate | PSR | DSR | bal. acc |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        ric, ls, pos = r["rank_ic"], r["long_short"], r["positions"]
+        bal = r.get("classification", {}).get("balanced_accuracy")
+        lines.append(f"| {r['name']} | {_f(ric['mean'])} [{_f(ric['ci_low'])}, {_f(ric['ci_high'])}] | {_f(r['ic']['mean'])} | "
+                     f"{_f(ric['icir'], '{:.2f}')} | {_f(ls['sharpe'], '{:.2f}')} | {_f(ls['annual_return'], '{:.2%}')} | "
+                     f"{_f(ls['max_drawdown'], '{:.2%}')} | {_f(ls['turnover'], '{:.2f}')} | {_f(pos['sharpe'], '{:.2f}')} | "
+                     f"{_f(r['hit_rate'], '{:.3f}')} | {_f(r['psr'], '{:.3f}')} | {_f(r['dsr'], '{:.3f}')} | {_f(bal)} |")
+    lines += ["", "![equity curves](equity.png)", ""]
+    wf = result.get("walk_forward")
+    if wf:
+        lines += [f"## Walk-forward ({len(wf['folds'])} folds, retrained per fold)", "",
+                  f"rank IC {wf['rank_ic_mean']:.4f} ± {wf['rank_ic_std']:.4f}; long-short Sharpe "
+                  f"{wf['sharpe_mean']:.2f} ± {wf['sharpe_std']:.2f}", "",
+                  "| fold | test | rank IC | Sharpe | best baseline rank IC |", "|---|---|---|---|---|"]
+        for f in wf["folds"]:
+            lines.append(f"| {f['fold']} | {f['test_start']}..{f['test_end']} | {_f(f['rank_ic'])} | {_f(f['sharpe'], '{:.2f}')} | "
+                         f"{_f(f['best_baseline_rank_ic'])} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+

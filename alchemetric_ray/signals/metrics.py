@@ -1,0 +1,639 @@
+"""Honest evaluation of a trading signal: information coefficient, long-short and per-name P&L.
+
+Input: a DataFrame ``signals`` with one row per (date, ticker) and the columns
+
+* ``date``      decision date t (datetime64; any sortable, hashable value works),
+* ``ticker``    name (str),
+* ``score``     float, higher = more bullish (e.g. P(up) - P(down)),
+* ``fwd_ret``   realised forward *log* return from the open of t+1 to the open of t+1+h.  It is
+  earned only after a position decided at t takes effect at t+1, so it is already aligned: this
+  module never shifts it again,
+* ``position``  optional, -1/0/+1 (any finite float is accepted as a signed size); read only by
+  :func:`position_returns` and :func:`hit_rate`, which fall back to sign(score) without it.
+
+Conventions (shared by every function here):
+
+* Rows with NaN ``score`` or ``fwd_ret`` are dropped first (and, where a position is used, rows
+  with a NaN ``position``).  A duplicated (date, ticker) pair is an error (``ValueError``): it
+  would silently double a name's weight.
+* Simple returns are ``exp(fwd_ret) - 1``: weights multiply simple returns, never log returns.
+* Everything is vectorised numpy (``bincount``/``lexsort``), no per-date Python loop, and
+  deterministic given ``seed``.
+
+Literature: moving-block bootstrap (Kuensch 1989; Liu & Singh 1992); Probabilistic and Deflated
+Sharpe Ratio (Bailey & Lopez de Prado, "The Sharpe Ratio Efficient Frontier", J. of Risk 2012, and
+"The Deflated Sharpe Ratio", J. of Portfolio Management 2014); the skew/kurtosis-adjusted variance of
+the Sharpe estimator is from Mertens (2002) as used by Bailey & Lopez de Prado.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.special import ndtr, ndtri
+
+__all__ = [
+    "ICStats",
+    "PortfolioStats",
+    "daily_ic",
+    "ic_stats",
+    "long_short",
+    "position_returns",
+    "hit_rate",
+    "probabilistic_sharpe",
+    "deflated_sharpe",
+    "edge_verdict",
+]
+
+EULER_GAMMA = 0.5772156649015329  # Euler-Mascheroni constant
+_REQUIRED = ("date", "ticker", "score", "fwd_ret")
+# A cross-section whose std is below this fraction of its mean |value| counts as constant (the
+# residue of computing the mean of identical floats), so its correlation is undefined and dropped.
+_REL_STD_TOL = 1e-10
+_PORTFOLIO_COLUMNS = ["date", "gross", "cost", "net", "equity"]
+
+
+# --------------------------------------------------------------------------------------------
+# result types
+
+
+@dataclass
+class ICStats:
+    """Summary of the daily information coefficient (IC) series.
+
+    ``icir`` is annualised: mean / std * sqrt(annualization).  ``t_stat`` is mean / std * sqrt(n_days)
+    (iid t-statistic; the bootstrap CI is the autocorrelation-robust one).  ``ci_low``/``ci_high``
+    are the moving-block bootstrap percentile interval of the mean daily IC at ``confidence``.
+    ``daily`` is the per-date IC (index: date).  ``rank`` says whether it is a Spearman (rank) IC.
+    """
+
+    mean: float
+    std: float
+    icir: float
+    t_stat: float
+    n_days: int
+    ci_low: float
+    ci_high: float
+    daily: pd.Series
+    rank: bool = False
+    confidence: float = 0.95
+
+
+@dataclass
+class PortfolioStats:
+    """P&L summary of a rebalanced portfolio; one "period" is one rebalance (``n_days`` of them).
+
+    * ``annual_return`` = mean net period return * periods per year (arithmetic, so that
+      ``sharpe == annual_return / annual_vol``); the compounded path is ``daily["equity"]``.
+    * ``annual_vol`` = std (ddof=1) of net period returns * sqrt(periods per year).
+    * ``sharpe`` = mean / std of net period returns * sqrt(periods per year); 0.0 when the returns
+      are identically zero, NaN when undefined (fewer than 2 periods, or zero std with nonzero mean).
+    * ``max_drawdown`` is a POSITIVE fraction: 0.23 means the compounded net equity (starting at 1)
+      fell 23% below its running peak at worst.  0.0 when it never fell.
+    * ``turnover`` = mean over periods of sum_i |w_t,i - w_t-1,i| (the first period pays the entry
+      from flat; the final exit after the last period is not charged).
+    * ``hit_rate`` = share of *active* periods (nonzero exposure or nonzero turnover) with net return
+      > 0; NaN when the strategy never traded (a flat book neither wins nor loses).
+    * ``periods_per_year`` = annualization / horizon.
+    * ``daily``: one row per period, columns ``date`` (decision date t; the position is held from the
+      open of t+1), ``gross``, ``cost``, ``net``, ``equity`` (compounded net, starting from 1).
+    """
+
+    annual_return: float
+    annual_vol: float
+    sharpe: float
+    max_drawdown: float
+    turnover: float
+    hit_rate: float
+    n_days: int
+    daily: pd.DataFrame = field(repr=False)
+    periods_per_year: float = 252.0
+
+
+# --------------------------------------------------------------------------------------------
+# preparation helpers
+
+
+@dataclass
+class _Panel:
+    """The NaN-free rows as flat arrays; dates/tickers factorised (sorted, compact codes)."""
+
+    dcode: np.ndarray  # int64 row -> index into dates
+    dates: np.ndarray  # ascending unique dates that have at least one row
+    tcode: np.ndarray  # int64 row -> index into tickers
+    n_tickers: int
+    score: np.ndarray
+    fwd_ret: np.ndarray
+    position: np.ndarray | None
+
+
+def _numeric(col: pd.Series) -> np.ndarray:
+    return pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _compact_codes(col: pd.Series, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted factorisation of ``col`` restricted to the rows in ``keep`` (codes 0..k-1, no gaps)."""
+    codes, uniques = pd.factorize(col, sort=True)  # on the Series: fast for Arrow strings too
+    codes = codes[keep].astype(np.int64, copy=False)
+    used = np.bincount(codes, minlength=len(uniques)) > 0
+    if not used.all():
+        remap = np.cumsum(used) - 1
+        codes = remap[codes]
+        uniques = uniques[used]
+    return codes, np.asarray(uniques)
+
+
+def _prepare(signals: pd.DataFrame, *, need_position: bool = False) -> _Panel:
+    """Check columns, drop NaN rows, factorise date and ticker, reject duplicated (date, ticker)."""
+    if not isinstance(signals, pd.DataFrame):
+        raise TypeError(f"signals must be a pandas DataFrame, got {type(signals).__name__}")
+    missing = [c for c in _REQUIRED if c not in signals.columns]
+    if missing:
+        raise ValueError(f"signals is missing column(s) {missing}; needs {list(_REQUIRED)}")
+    score = _numeric(signals["score"])
+    fwd = _numeric(signals["fwd_ret"])
+    ok = np.isfinite(score) & np.isfinite(fwd)
+    pos = None
+    if need_position:
+        if "position" in signals.columns:
+            pos = _numeric(signals["position"])
+            ok &= np.isfinite(pos)
+        else:
+            pos = np.sign(score)
+    ok &= signals["date"].notna().to_numpy() & signals["ticker"].notna().to_numpy()
+    dcode, dates = _compact_codes(signals["date"], ok)
+    tcode, tickers = _compact_codes(signals["ticker"], ok)
+    key = dcode * max(len(tickers), 1) + tcode
+    if key.size and not pd.Index(key).is_unique:
+        raise ValueError("signals has duplicated (date, ticker) rows; keep one row per pair")
+    return _Panel(
+        dcode=dcode,
+        dates=dates,
+        tcode=tcode,
+        n_tickers=len(tickers),
+        score=score[ok],
+        fwd_ret=fwd[ok],
+        position=None if pos is None else pos[ok],
+    )
+
+
+def _group_sort_order(values: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Permutation sorting rows by (codes, values): a value argsort, then a stable (radix, for
+    codes < 2**16) argsort by group -- about twice as fast as ``np.lexsort`` at 1M rows."""
+    o1 = np.argsort(values)
+    g = codes[o1]
+    if g.size and g.max() < 2**16:
+        g = g.astype(np.uint16)
+    return o1[np.argsort(g, kind="stable")]
+
+
+def _group_rank(values: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """1-based average ranks (ties share the mean rank) of ``values`` within each group ``codes``."""
+    n = values.size
+    if n == 0:
+        return np.empty(0)
+    order = _group_sort_order(values, codes)
+    v = values[order]
+    g = codes[order]
+    new_group = np.empty(n, dtype=bool)
+    new_group[0] = True
+    new_group[1:] = g[1:] != g[:-1]
+    group_start = np.maximum.accumulate(np.where(new_group, np.arange(n), 0))
+    pos = np.arange(n) - group_start + 1.0  # 1-based position inside the group
+    new_run = new_group.copy()
+    new_run[1:] |= v[1:] != v[:-1]
+    run_id = np.cumsum(new_run) - 1
+    starts = np.flatnonzero(new_run)
+    ends = np.append(starts[1:], n) - 1
+    avg = (pos[starts] + pos[ends]) / 2.0  # mean of consecutive positions
+    ranks = np.empty(n)
+    ranks[order] = avg[run_id]
+    return ranks
+
+
+def _grouped_corr(x: np.ndarray, y: np.ndarray, codes: np.ndarray, n_groups: int):
+    """Per-group Pearson correlation (two-pass, centred) and counts; NaN where a side is constant."""
+    cnt = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    safe = np.where(cnt > 0, cnt, 1.0)
+    mx = np.bincount(codes, x, n_groups) / safe
+    my = np.bincount(codes, y, n_groups) / safe
+    dx = x - mx[codes]
+    dy = y - my[codes]
+    sxx = np.bincount(codes, dx * dx, n_groups)
+    syy = np.bincount(codes, dy * dy, n_groups)
+    sxy = np.bincount(codes, dx * dy, n_groups)
+    ax = np.bincount(codes, np.abs(x), n_groups) / safe
+    ay = np.bincount(codes, np.abs(y), n_groups) / safe
+    const_x = (sxx <= 0) | (sxx / safe <= (_REL_STD_TOL * ax) ** 2)
+    const_y = (syy <= 0) | (syy / safe <= (_REL_STD_TOL * ay) ** 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        corr = sxy / np.sqrt(sxx * syy)
+    corr = np.clip(corr, -1.0, 1.0)
+    corr[const_x | const_y] = np.nan
+    return corr, cnt
+
+
+# --------------------------------------------------------------------------------------------
+# information coefficient
+
+
+def daily_ic(signals: pd.DataFrame, *, rank: bool = False, min_names: int = 3) -> pd.Series:
+    """Per-date cross-sectional correlation of ``score`` with ``fwd_ret``.
+
+    Pearson by default; Spearman (Pearson of within-date average ranks, ties averaged) when
+    ``rank``.  Dates with fewer than ``min_names`` tickers (after dropping NaN rows) or with a
+    constant score or constant return are dropped.  Returns a float Series indexed by date
+    (ascending), named ``"rank_ic"`` or ``"ic"``.
+    """
+    pn = _prepare(signals)
+    name = "rank_ic" if rank else "ic"
+    dcode, dates = pn.dcode, pn.dates
+    x, y = pn.score, pn.fwd_ret
+    if rank:
+        x = _group_rank(x, dcode)
+        y = _group_rank(y, dcode)
+    corr, cnt = _grouped_corr(x, y, dcode, len(dates))
+    keep = (cnt >= max(int(min_names), 2)) & np.isfinite(corr)
+    return pd.Series(corr[keep], index=pd.Index(dates[keep], name="date"), name=name)
+
+
+def _block_bootstrap_means(v: np.ndarray, *, n_boot: int, block: int, seed: int) -> np.ndarray:
+    """Moving-block bootstrap (Kuensch 1989) of the mean of ``v``: overlapping blocks of length
+    ``block`` with uniform random starts, concatenated and cut to len(v).  Vectorised through a
+    cumulative sum (each block's sum is a difference of two prefix sums)."""
+    n = v.size
+    L = int(min(max(int(block), 1), n))
+    k = -(-n // L)  # blocks per resample
+    last = n - (k - 1) * L  # length of the (truncated) final block
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, n - L + 1, size=(int(n_boot), k))
+    cs = np.concatenate(([0.0], np.cumsum(v)))
+    total = (cs[starts[:, :-1] + L] - cs[starts[:, :-1]]).sum(axis=1)
+    total += cs[starts[:, -1] + last] - cs[starts[:, -1]]
+    return total / n
+
+
+def ic_stats(
+    signals: pd.DataFrame,
+    *,
+    rank: bool = False,
+    n_boot: int = 1000,
+    block: int = 10,
+    seed: int = 0,
+    confidence: float = 0.95,
+    annualization: int = 252,
+    min_names: int = 3,
+) -> ICStats:
+    """Daily IC summary with a moving-block bootstrap CI of its mean.
+
+    * mean, std (ddof=1) of the daily IC (see :func:`daily_ic`),
+    * ICIR = mean / std * sqrt(annualization)  (ANNUALISED: a daily IR of 0.1 is 1.59 at 252),
+    * t_stat = mean / std * sqrt(n_days),
+    * [ci_low, ci_high]: percentile interval at ``confidence`` of ``n_boot`` moving-block bootstrap
+      means (blocks of ``block`` consecutive days keep the IC's serial correlation; ``seed``
+      fixes the draws).
+
+    Fewer than 2 days gives NaN std/icir/t_stat/CI (mean is NaN with 0 days).
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    daily = daily_ic(signals, rank=rank, min_names=min_names)
+    v = daily.to_numpy(dtype=np.float64)
+    n = int(v.size)
+    nan = float("nan")
+    mean = float(v.mean()) if n else nan
+    std = float(v.std(ddof=1)) if n >= 2 else nan
+    if n >= 2 and std > 0:
+        icir = mean / std * math.sqrt(annualization)
+        t_stat = mean / std * math.sqrt(n)
+    else:
+        icir = t_stat = nan
+    ci_low = ci_high = nan
+    if n >= 2 and n_boot > 0:
+        means = _block_bootstrap_means(v, n_boot=n_boot, block=block, seed=seed)
+        alpha = (1.0 - confidence) / 2.0
+        ci_low, ci_high = (float(q) for q in np.quantile(means, [alpha, 1.0 - alpha]))
+    return ICStats(mean, std, icir, t_stat, n, ci_low, ci_high, daily, rank=rank, confidence=confidence)
+
+
+# --------------------------------------------------------------------------------------------
+# portfolios
+
+
+def _check_horizon(horizon: int) -> int:
+    if int(horizon) != horizon or horizon < 1:
+        raise ValueError(f"horizon must be an integer >= 1, got {horizon}")
+    return int(horizon)
+
+
+def _rebalance_grid(n_dates: int, horizon: int) -> np.ndarray:
+    """Boolean mask over candidate dates: every ``horizon``-th one, starting with the first."""
+    return (np.arange(n_dates) % horizon) == 0
+
+
+def _portfolio(
+    p: np.ndarray,
+    j: np.ndarray,
+    w: np.ndarray,
+    simple_ret: np.ndarray,
+    period_dates: np.ndarray,
+    *,
+    cost_bps: float,
+    periods_per_year: float,
+) -> PortfolioStats:
+    """P&L of weights ``w`` on rows (period ``p``, ticker code ``j``), one row per (p, j)."""
+    P = int(period_dates.size)
+    gross = np.bincount(p, w * simple_ret, P) if P else np.zeros(0)
+    exposure = np.bincount(p, np.abs(w), P) if P else np.zeros(0)
+
+    # turnover_t = sum_i |w_t,i - w_{t-1},i| with missing weights = 0, from the nonzero entries only
+    nz = w != 0
+    pp, jj, ww = p[nz], j[nz], w[nz]
+    order = np.lexsort((pp, jj))
+    pp, jj, ww = pp[order], jj[order], ww[order]
+    m = pp.size
+    prev_w = np.zeros(m)
+    has_next = np.zeros(m, dtype=bool)
+    if m > 1:
+        linked = (jj[1:] == jj[:-1]) & (pp[1:] == pp[:-1] + 1)  # entry i+1 continues entry i
+        prev_w[1:] = np.where(linked, ww[:-1], 0.0)
+        has_next[:-1] = linked
+    turnover = np.bincount(pp, np.abs(ww - prev_w), P) if P else np.zeros(0)
+    exit_ = ~has_next & (pp + 1 < P)  # position closed at the next rebalance (name flat/absent there)
+    if exit_.any():
+        turnover += np.bincount(pp[exit_] + 1, np.abs(ww[exit_]), P)
+
+    cost = float(cost_bps) * 1e-4 * turnover
+    net = gross - cost
+    equity = np.cumprod(1.0 + net)
+    daily = pd.DataFrame({"date": period_dates, "gross": gross, "cost": cost, "net": net, "equity": equity})
+
+    nan = float("nan")
+    if P >= 2:
+        mu = float(net.mean())
+        sd = float(net.std(ddof=1))
+        annual_return = mu * periods_per_year
+        annual_vol = sd * math.sqrt(periods_per_year)
+        if sd > 0:
+            sharpe = mu / sd * math.sqrt(periods_per_year)
+        else:
+            sharpe = 0.0 if mu == 0 else nan
+    else:
+        annual_return = float(net.mean()) * periods_per_year if P else nan
+        annual_vol = sharpe = nan
+    if P:
+        peak = np.maximum.accumulate(np.concatenate(([1.0], equity)))
+        max_dd = float(np.max(1.0 - np.concatenate(([1.0], equity)) / peak))
+        active = (exposure > 0) | (turnover > 0)
+        hit = float((net[active] > 0).mean()) if active.any() else nan
+        mean_turnover = float(turnover.mean())
+    else:
+        max_dd = hit = mean_turnover = nan
+    return PortfolioStats(
+        annual_return=float(annual_return),
+        annual_vol=float(annual_vol),
+        sharpe=float(sharpe),
+        max_drawdown=max_dd,
+        turnover=mean_turnover,
+        hit_rate=hit,
+        n_days=P,
+        daily=daily,
+        periods_per_year=float(periods_per_year),
+    )
+
+
+def _empty_portfolio(periods_per_year: float) -> PortfolioStats:
+    nan = float("nan")
+    daily = pd.DataFrame({c: pd.Series(dtype=np.float64) for c in _PORTFOLIO_COLUMNS})
+    return PortfolioStats(nan, nan, nan, nan, nan, nan, 0, daily, float(periods_per_year))
+
+
+def long_short(
+    signals: pd.DataFrame,
+    *,
+    quantile: float = 0.2,
+    cost_bps: float = 5.0,
+    horizon: int = 1,
+    annualization: int = 252,
+    min_names: int = 5,
+) -> PortfolioStats:
+    """Equal-weight, dollar-neutral top-minus-bottom quantile portfolio.
+
+    Each rebalance date t with n names (NaN rows dropped; dates with n < ``min_names`` are skipped
+    entirely, as if absent): k = max(1, floor(quantile * n)); rank the scores (ties share their
+    average rank r); LONG the names with r >= n - k + 1, SHORT those with r <= k.  A tie group that
+    straddles a boundary is in or out as a whole, by its average rank, so the result never depends on
+    row order.  If either leg is empty (e.g. a constant score: every name ranks (n+1)/2) the book is
+    flat that date: zero weights, zero return; closing an open book still pays its turnover.
+
+    Gross-exposure convention: GROSS 1, dollar neutral -- each long weighs +0.5 / n_long and each
+    short -0.5 / n_short (long leg sums to +0.5, short leg to -0.5).  The period return is
+    sum_i w_i * (exp(fwd_ret_i) - 1): decided at t, held from the open of t+1 (``fwd_ret`` already
+    starts there).
+
+    Horizon h > 1: NON-OVERLAPPING rebalancing -- only every h-th kept date (the first, the
+    (h+1)-th, ...) is a period, each holding for its h-day ``fwd_ret``; periods per year =
+    annualization / h.  Nothing is counted twice.
+
+    Costs: ``cost_bps`` per unit of turnover, turnover_t = sum_i |w_t,i - w_{t-1},i| over the
+    previous period's book (missing = 0).  Max drawdown is a positive fraction.  See
+    :class:`PortfolioStats` for every field.
+    """
+    if not 0.0 < quantile <= 0.5:
+        raise ValueError(f"quantile must lie in (0, 0.5], got {quantile}")
+    if min_names < 2:
+        raise ValueError(f"min_names must be >= 2 for a long and a short leg, got {min_names}")
+    horizon = _check_horizon(horizon)
+    ppy = annualization / horizon
+    pn = _prepare(signals)
+    dcode, dates, tcode = pn.dcode, pn.dates, pn.tcode
+
+    cnt = np.bincount(dcode, minlength=len(dates))
+    kept = cnt >= min_names
+    kept_idx = np.flatnonzero(kept)
+    on_grid = _rebalance_grid(kept_idx.size, horizon)
+    period_of_date = np.full(len(dates), -1, dtype=np.int64)
+    reb = kept_idx[on_grid]
+    period_of_date[reb] = np.arange(reb.size)
+
+    row_p = period_of_date[dcode]
+    use = row_p >= 0
+    p = row_p[use]
+    j = tcode[use]
+    score = pn.score[use]
+    simple = np.expm1(pn.fwd_ret[use])
+    P = int(reb.size)
+    if P == 0:
+        return _empty_portfolio(ppy)
+
+    n = np.bincount(p, minlength=P).astype(np.float64)
+    k = np.maximum(1.0, np.floor(quantile * n + 1e-9))
+    r = _group_rank(score, p)
+    is_long = r >= (n - k + 1.0)[p]
+    is_short = r <= k[p]
+    n_long = np.bincount(p, is_long, P)
+    n_short = np.bincount(p, is_short, P)
+    trade = (n_long > 0) & (n_short > 0)
+    w = np.zeros(p.size)
+    lw = np.where(trade, 0.5 / np.maximum(n_long, 1), 0.0)
+    sw = np.where(trade, -0.5 / np.maximum(n_short, 1), 0.0)
+    w[is_long] = lw[p[is_long]]
+    w[is_short] = sw[p[is_short]]
+    return _portfolio(p, j, w, simple, dates[reb], cost_bps=cost_bps, periods_per_year=ppy)
+
+
+def position_returns(
+    signals: pd.DataFrame,
+    *,
+    cost_bps: float = 5.0,
+    horizon: int = 1,
+    annualization: int = 252,
+) -> PortfolioStats:
+    """P&L of per-name positions (single names, or too few names for a cross-section; also the
+    momentum and buy-and-hold baselines).
+
+    Uses the ``position`` column (-1/0/+1, any finite float is a signed size); without it the
+    position is sign(score).  On each rebalance date with n names present, weight_i =
+    position_i / n (an equal-weight average over the names: gross exposure = share of names with a
+    position, at most 1; one name -> its position).  Period return sum_i w_i * (exp(fwd_ret_i) - 1),
+    held from the open of t+1.  Costs: ``cost_bps`` per unit of turnover sum_i |w_t,i - w_{t-1},i|.
+    Horizon h > 1: non-overlapping, every h-th date, periods per year = annualization / h (as in
+    :func:`long_short`).  See :class:`PortfolioStats` for every field.
+    """
+    horizon = _check_horizon(horizon)
+    ppy = annualization / horizon
+    pn = _prepare(signals, need_position=True)
+    dcode, dates, tcode = pn.dcode, pn.dates, pn.tcode
+    if dates.size == 0:
+        return _empty_portfolio(ppy)
+    on_grid = _rebalance_grid(len(dates), horizon)
+    reb = np.flatnonzero(on_grid)
+    period_of_date = np.full(len(dates), -1, dtype=np.int64)
+    period_of_date[reb] = np.arange(reb.size)
+    row_p = period_of_date[dcode]
+    use = row_p >= 0
+    p = row_p[use]
+    P = int(reb.size)
+    n = np.bincount(p, minlength=P).astype(np.float64)
+    w = pn.position[use] / n[p]
+    simple = np.expm1(pn.fwd_ret[use])
+    return _portfolio(p, tcode[use], w, simple, dates[reb], cost_bps=cost_bps, periods_per_year=ppy)
+
+
+def hit_rate(signals: pd.DataFrame) -> float:
+    """Share of rows with a nonzero position whose sign matches sign(fwd_ret).
+
+    Uses ``position`` (sign(score) without it); a zero return counts as a miss; NaN rows are dropped;
+    NaN when no row has a position.
+    """
+    pn = _prepare(signals, need_position=True)
+    active = pn.position != 0
+    if not active.any():
+        return float("nan")
+    return float(np.mean(np.sign(pn.position[active]) == np.sign(pn.fwd_ret[active])))
+
+
+# --------------------------------------------------------------------------------------------
+# Sharpe-ratio inference (Bailey & Lopez de Prado)
+
+
+def _sr_moments(returns) -> tuple[float, float, float, int]:
+    """Per-period SR (mean / std, ddof=1), skewness, (non-excess) kurtosis, n of finite returns."""
+    r = np.asarray(returns, dtype=np.float64).ravel()
+    r = r[np.isfinite(r)]
+    n = int(r.size)
+    if n < 2:
+        return float("nan"), float("nan"), float("nan"), n
+    sd = float(r.std(ddof=1))
+    d = r - r.mean()
+    m2 = float(np.mean(d * d))
+    if sd == 0 or m2 == 0:
+        return float("nan"), float("nan"), float("nan"), n
+    sr = float(r.mean()) / sd
+    skew = float(np.mean(d**3)) / m2**1.5
+    kurt = float(np.mean(d**4)) / m2**2  # Pearson kurtosis: 3 for a normal
+    return sr, skew, kurt, n
+
+
+def probabilistic_sharpe(returns: np.ndarray, benchmark_sr: float = 0.0) -> float:
+    """Probabilistic Sharpe Ratio (Bailey & Lopez de Prado 2012): P(true SR > ``benchmark_sr``).
+
+    PSR = Phi( (SR - SR*) * sqrt(n - 1) / sqrt(1 - skew * SR + (kurt - 1) / 4 * SR^2) ), with SR the
+    per-period (NOT annualised) Sharpe ratio mean/std of ``returns``, skew the sample skewness, kurt
+    the (non-excess) kurtosis and n the number of returns; ``benchmark_sr`` is per-period too.
+    NaN for fewer than 2 finite returns or zero variance.
+    """
+    sr, skew, kurt, n = _sr_moments(returns)
+    if not np.isfinite(sr):
+        return float("nan")
+    var = 1.0 - skew * sr + (kurt - 1.0) / 4.0 * sr * sr
+    var = max(var, 1e-12)
+    return float(ndtr((sr - float(benchmark_sr)) * math.sqrt(n - 1) / math.sqrt(var)))
+
+
+def deflated_sharpe(returns: np.ndarray, n_trials: int, trial_sr_std: float | None = None) -> float:
+    """Deflated Sharpe Ratio (Bailey & Lopez de Prado 2014): PSR against the expected maximum SR of
+    ``n_trials`` unskilled strategies,
+
+        SR0 = std_SR * ((1 - gamma) * Phi^-1(1 - 1/N) + gamma * Phi^-1(1 - 1/(N e))),
+
+    gamma the Euler-Mascheroni constant, N = ``n_trials``.  ``trial_sr_std`` is the std of the
+    (per-period) SR across the trials; if None it is estimated by the std of the SR estimator of
+    ``returns``, sqrt((1 - skew * SR + (kurt - 1) / 4 * SR^2) / (n - 1)).  N = 1 gives SR0 = 0, so
+    DSR equals PSR(0).  Decreases as N grows.
+    """
+    n_trials = int(n_trials)
+    if n_trials < 1:
+        raise ValueError(f"n_trials must be >= 1, got {n_trials}")
+    sr, skew, kurt, n = _sr_moments(returns)
+    if not np.isfinite(sr):
+        return float("nan")
+    if n_trials == 1:
+        return probabilistic_sharpe(returns, 0.0)
+    if trial_sr_std is None:
+        trial_sr_std = math.sqrt(max(1.0 - skew * sr + (kurt - 1.0) / 4.0 * sr * sr, 1e-12) / (n - 1))
+    sr0 = float(trial_sr_std) * (
+        (1.0 - EULER_GAMMA) * float(ndtri(1.0 - 1.0 / n_trials))
+        + EULER_GAMMA * float(ndtri(1.0 - 1.0 / (n_trials * math.e)))
+    )
+    return probabilistic_sharpe(returns, sr0)
+
+
+# --------------------------------------------------------------------------------------------
+# verdict
+
+
+def edge_verdict(
+    model_ic: ICStats,
+    best_baseline_ic: ICStats | None,
+    *,
+    n_tickers: int,
+    few_tickers: int = 10,
+) -> dict:
+    """One-line answer to "does the model beat its best baseline on the cross-section?".
+
+    edge = model CI low > 0 AND model mean IC > best baseline mean IC (when a baseline is given).
+    With ``n_tickers < few_tickers`` the cross-sectional numbers are not meaningful: edge is False
+    and the line says so.  Returns {"edge", "line", "cross_section_meaningful"}.
+    """
+    kind = "mean rank IC" if model_ic.rank else "mean IC"
+    pct = f"{round(100 * model_ic.confidence):d}%"
+    if n_tickers < few_tickers:
+        line = (
+            f"edge over the best baseline: no (cross-sectional numbers are not meaningful with "
+            f"{n_tickers} ticker{'s' if n_tickers != 1 else ''}; need at least {few_tickers})"
+        )
+        return {"edge": False, "line": line, "cross_section_meaningful": False}
+    base = None if best_baseline_ic is None else best_baseline_ic.mean
+    ci_ok = bool(np.isfinite(model_ic.ci_low) and model_ic.ci_low > 0)
+    beats = base is None or bool(np.isfinite(model_ic.mean) and np.isfinite(base) and model_ic.mean > base)
+    edge = ci_ok and beats
+    detail = f"{kind} {model_ic.mean:.3f}, {pct} CI [{model_ic.ci_low:.3f}, {model_ic.ci_high:.3f}]"
+    if base is None:
+        line = f"edge (no baseline given): {'yes' if edge else 'no'} ({detail})"
+    else:
+        line = f"edge over the best baseline: {'yes' if edge else 'no'} ({detail} vs {base:.3f})"
+    return {"edge": edge, "line": line, "cross_section_meaningful": True}

@@ -1,0 +1,202 @@
+"""Batch prediction with Ray Data: a saved model over new OHLCV data -> a signals file.
+
+The model's own manifest decides everything about the inputs: its feature set, its label's
+horizon, its window and its training normalization.  Features are computed ticker by ticker into
+a staging folder, then ``ray.data.read_parquet(...).map_batches(ModelPredictor, concurrency=N)``
+runs a pool of actors that each load the model once (on a GPU each when the cluster has them).
+
+One row per (date, ticker) with enough history: class probabilities, the predicted class, the
+score P(up) - P(down), a position (-1/0/+1) from the thresholds, the date the position takes
+effect (the ticker's next bar: never the signal's own bar), the model id, and the device and
+precision it was computed on.  The file is written beside its final name and renamed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from alchemetric_ray.config import DataConfig, RunConfig
+from alchemetric_ray.data.labels import LabelSpec
+from alchemetric_ray.data.normalize import Normalizer
+from alchemetric_ray.data.shards import MANIFEST, feature_table, load_manifest, split_dir
+from alchemetric_ray.errors import UserError
+from alchemetric_ray.fsutil import staging_dir
+
+SIGNAL_COLUMNS = ("date", "ticker", "score", "position", "pred_class", "effective_date", "fwd_ret")
+
+
+class SignalError(UserError, ValueError):
+    pass
+
+
+class ModelPredictor:
+    """A Ray Data actor: loads the model once, then scores numpy batches."""
+
+    def __init__(self, model_dir: str, device_name: str, features: list[str], mode: str):
+        import torch
+
+        from alchemetric_ray.hardware import resolve_device, resolve_precision
+        from alchemetric_ray.train.export import load_model
+
+        self.torch = torch
+        self.loaded = load_model(model_dir)
+        self.device = resolve_device(device_name, in_ray_worker=True).device
+        self.precision = resolve_precision("fp32", self.device)  # scoring in fp32: no rounding in the decision
+        self.model = self.loaded.model.to(self.device)
+        self.features, self.mode = features, mode
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from alchemetric_ray.train.evaluate import predict_proba
+
+        if self.mode == "sequence":
+            x = np.asarray(batch["x"], dtype=np.float32)
+        else:
+            x = np.stack([np.asarray(batch[f], dtype=np.float32) for f in self.features], axis=1)
+        proba = predict_proba(self.model, x, self.device, self.precision)
+        out = {k: batch[k] for k in ("date", "ticker", "fwd_ret", "effective_date")}
+        out["proba"] = proba.astype(np.float32)
+        out["device"] = np.full(len(proba), str(self.device))
+        out["precision"] = np.full(len(proba), self.precision.mode)
+        return out
+
+
+def model_id(model_dir: Path) -> str:
+    digest = hashlib.sha256((model_dir / "weights.pt").read_bytes()).hexdigest()[:12]
+    return f"{model_dir.name}@{digest}"
+
+
+def positions(score: np.ndarray, long_threshold: float, short_threshold: float) -> np.ndarray:
+    return np.where(score > long_threshold, 1, np.where(score < -short_threshold, -1, 0)).astype(np.int8)
+
+
+def _check_paths(data: str | None, out: Path) -> None:
+    if data:
+        src = Path(data).resolve()
+        target = out.resolve()
+        if target == src or src in target.parents:
+            raise SignalError(f"signals output {out} is inside the input folder {data}; write it somewhere else")
+
+
+def stage_inputs(loaded, data: str | None, staging: Path) -> dict:
+    """Features for every bar of the data, normalized with the model's training statistics.
+
+    ``data`` is an OHLCV folder/file; None means the data the model was trained on (its config's
+    data section: the built-in sample, the same synthetic market, or the same files)."""
+    from alchemetric_ray.data.sources import open_source
+
+    manifest = loaded.manifest
+    names = manifest["features"]
+    source_cfg = DataConfig(path=data, source="files") if data else loaded.config.data
+    if source_cfg.path and (Path(source_cfg.path) / MANIFEST).is_file():
+        shard_manifest = load_manifest(source_cfg.path)
+        if shard_manifest["features"] != names:
+            raise SignalError(f"{source_cfg.path}: its features {shard_manifest['features']} do not match the "
+                              f"model's {names}")
+        raise SignalError(f"{source_cfg.path}: is a feature-shard folder; pass the raw OHLCV data (--data) so the "
+                          "model's own features and normalization are applied")
+    label = manifest["label"]
+    spec = LabelSpec(label["scheme"], label["horizon"], label["threshold"], label["threshold_mode"],
+                     label["vol_multiple"], label["barrier_up"], label["barrier_down"], label["barrier_bars"])
+    norm = Normalizer.from_dict(manifest["normalization"])
+    if norm.names != names:
+        raise SignalError(f"model manifest: normalization covers {norm.names}, features are {names}")
+    source = open_source(source_cfg)
+    tickers = []
+    for ticker, bars in source.bars:
+        table, _ = feature_table(ticker, bars, names, spec)
+        table = table[table["has_features"]]
+        if table.empty:
+            continue
+        x = norm.apply(table[names].to_numpy())
+        effective = table["next_date"].to_numpy()
+        last = pd.Timestamp(bars["date"].iloc[-1])
+        effective = np.where(pd.isna(effective), np.datetime64(last + pd.offsets.BDay(1), "ns"), effective)
+        cols = {"date": table["date"].to_numpy(), "ticker": table["ticker"].to_numpy(),
+                **{n: x[:, j] for j, n in enumerate(names)},
+                "label": np.nan_to_num(table["label"].to_numpy(), nan=-1).astype(np.int64),  # -1: not known yet
+                "mom_20": np.log(bars["close"]).diff(20).to_numpy()[table.index.to_numpy()].astype(np.float32),
+                "fwd_ret": table["fwd_ret"].to_numpy().astype(np.float32),
+                "effective_date": effective.astype("datetime64[ns]")}
+        pq.write_table(pa.table(cols), staging / f"{ticker}.parquet")
+        tickers.append(ticker)
+    if not tickers:
+        raise SignalError(f"{data or 'the training data'}: no ticker has enough history for the model's features")
+    return {"tickers": tickers}
+
+
+def predict(model_dir: str | Path, data: str | None, out: str | Path, cfg: RunConfig | None = None) -> pd.DataFrame:
+    """Score ``data`` (OHLCV folder/file; None = the model's training data) with a saved model into ``out``."""
+    import ray
+
+    from alchemetric_ray.data.loaders import sequence_dataset
+    from alchemetric_ray.train.export import load_model
+    from alchemetric_ray.train.trainer import ensure_ray
+
+    model_dir, out = Path(model_dir), Path(out)
+    loaded = load_model(model_dir)
+    cfg = cfg or loaded.config
+    _check_paths(data, out)
+    ensure_ray(cfg)
+    with tempfile.TemporaryDirectory(prefix="alchemetric-predict-") as tmp:
+        staging = Path(tmp)
+        stage_inputs(loaded, data, staging)
+        ds = ray.data.read_parquet(str(staging), file_extensions=["parquet"])
+        names = loaded.manifest["features"]
+        if loaded.mode == "sequence":
+            ds = sequence_dataset(ds, names, loaded.config.features.window)
+            ds = ds.map_batches(_attach_effective_dates, fn_args=(str(staging),), batch_format="pandas")
+        gpus = ray.cluster_resources().get("GPU", 0)
+        actors, per_actor_gpu = _actor_plan(cfg, gpus)
+        scored = ds.map_batches(
+            ModelPredictor,
+            fn_constructor_kwargs={"model_dir": str(model_dir.resolve()), "device_name": cfg.device.name,
+                                   "features": names, "mode": loaded.mode},
+            batch_size=4096, batch_format="numpy", concurrency=actors, num_gpus=per_actor_gpu or None,
+        ).to_pandas()
+    return _write_signals(scored, loaded, model_dir, out, cfg)
+
+
+def _actor_plan(cfg: RunConfig, gpus: float) -> tuple[int, float]:
+    from alchemetric_ray.hardware.device import train_accelerator
+
+    acc = train_accelerator(cfg.device.name, gpus, 1)
+    if acc.use_gpu:
+        return cfg.signals.actors or max(1, int(gpus)), 1.0
+    return cfg.signals.actors or 1, 0.0
+
+
+def _attach_effective_dates(batch: pd.DataFrame, staging: str) -> pd.DataFrame:
+    # windows keep date, ticker, fwd_ret; the effective date comes from the staged rows
+    keys = pd.read_parquet(staging, columns=["date", "ticker", "effective_date"])
+    return batch.merge(keys, on=["date", "ticker"], how="left")
+
+
+def _write_signals(scored: pd.DataFrame, loaded, model_dir: Path, out: Path, cfg: RunConfig) -> pd.DataFrame:
+    classes = loaded.manifest["label"]["classes"]
+    proba = np.stack(scored["proba"].to_numpy()) if len(scored) else np.zeros((0, len(classes)))
+    frame = pd.DataFrame({"date": pd.to_datetime(scored["date"]), "ticker": scored["ticker"].astype(str)})
+    for j, name in enumerate(classes):
+        frame[f"p_{name}"] = proba[:, j]
+    frame["pred_class"] = np.asarray(classes, dtype=object)[proba.argmax(axis=1)] if len(frame) else []
+    frame["score"] = proba[:, classes.index("up")] - proba[:, classes.index("down")]
+    frame["position"] = positions(frame["score"].to_numpy(), cfg.signals.long_threshold, cfg.signals.short_threshold)
+    frame["effective_date"] = pd.to_datetime(scored["effective_date"])
+    frame["fwd_ret"] = scored["fwd_ret"].astype("float32")
+    frame["model_id"] = model_id(model_dir)
+    frame["device"] = scored["device"].astype(str)
+    frame["precision"] = scored["precision"].astype(str)
+    frame = frame.sort_values(["date", "ticker"]).reset_index(drop=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp"
+    frame.to_parquet(tmp, index=False)
+    tmp.replace(out)
+    return frame

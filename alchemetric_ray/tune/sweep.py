@@ -1,0 +1,292 @@
+"""Hyperparameter sweeps with Ray Tune: every trial runs the same TorchTrainer and loop as `train`.
+
+Ray 2.60 (Train V2) pattern: a trial is a small driver function that builds a ``TorchTrainer``
+and calls ``fit()``, with Tune's ``TuneReportCallback`` in the Train run config forwarding each
+epoch's report to Tune.  The Train run is named after the trial id, so a restored trial resumes
+from its own checkpoint instead of starting over.  The Train workers get their own placement
+group outside the trial's, so the trial itself holds only a sliver of a CPU.
+
+Trials see the train and val splits only; the test split is scored once, for the chosen trial,
+when it is exported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alchemetric_ray.config import ConfigError, RunConfig
+from alchemetric_ray.data.loaders import build_datasets
+from alchemetric_ray.data.shards import load_manifest
+from alchemetric_ray.errors import UserError
+from alchemetric_ray.fsutil import atomic_write_json, safe_child
+from alchemetric_ray.models import model_spec
+from alchemetric_ray.train.checkpoint import read_meta
+from alchemetric_ray.train.plan import DATA_CPU_RESERVE, plan_resources
+from alchemetric_ray.train.trainer import (
+    build_trainer,
+    check_compatible,
+    ensure_ray,
+    prepare_shards,
+    storage_uri,
+)
+
+TRIAL_DRIVER_CPU = 0.1  # the trial function only waits on its TorchTrainer
+SPEC_KINDS = ("loguniform", "uniform", "choice", "grid", "randint", "quniform")
+
+
+class SweepError(UserError, RuntimeError):
+    pass
+
+
+@dataclass
+class SweepOutcome:
+    name: str
+    path: str
+    summary: dict[str, Any]
+    model_dir: Path | None
+    report: Path | None
+
+
+# ---- the search space ----------------------------------------------------------------------
+
+
+def build_space(cfg: RunConfig) -> dict[str, Any]:
+    """Turn ``tune.space`` ({"train.lr": {"loguniform": [1e-4, 1e-2]}, ...}) into Tune's param space."""
+    from ray import tune
+
+    space = cfg.tune.space
+    if not space:
+        raise ConfigError("config 'tune.space' is empty: name at least one hyperparameter, "
+                          "e.g. tune.space={train.lr: {loguniform: [0.0001, 0.01]}}")
+    out: dict[str, Any] = {}
+    for key, spec in space.items():
+        _known_key(cfg, key)
+        if isinstance(spec, list):
+            spec = {"grid" if cfg.tune.search == "grid" else "choice": spec}
+        if not isinstance(spec, dict):
+            cfg.with_values({key: spec})
+            out[key] = spec  # a fixed value
+            continue
+        if len(spec) != 1 or next(iter(spec)) not in SPEC_KINDS:
+            raise ConfigError(f"config 'tune.space.{key}': {spec!r} must be one of "
+                              + ", ".join(f"{{{k}: ...}}" for k in SPEC_KINDS))
+        kind, args = next(iter(spec.items()))
+        if cfg.tune.search == "grid" and kind not in ("grid", "choice"):
+            raise ConfigError(f"config 'tune.space.{key}': tune.search=grid needs a list of values, got {kind}")
+        if kind in ("grid", "choice"):
+            if not isinstance(args, list) or not args:
+                raise ConfigError(f"config 'tune.space.{key}': {kind} needs a non-empty list")
+            for value in args:
+                cfg.with_values({key: value})
+            out[key] = tune.grid_search(args) if kind == "grid" or cfg.tune.search == "grid" else tune.choice(args)
+            continue
+        if not (isinstance(args, list) and len(args) in (2, 3) and all(isinstance(a, (int, float)) for a in args)):
+            raise ConfigError(f"config 'tune.space.{key}': {kind} needs [low, high], got {args!r}")
+        lo, hi = args[0], args[1]
+        if not lo < hi or (kind == "loguniform" and lo <= 0):
+            raise ConfigError(f"config 'tune.space.{key}': {kind} [{lo}, {hi}] needs 0 < low < high" if kind == "loguniform"
+                              else f"config 'tune.space.{key}': {kind} [{lo}, {hi}] needs low < high")
+        cfg.with_values({key: lo})
+        cfg.with_values({key: hi})
+        out[key] = {"loguniform": tune.loguniform, "uniform": tune.uniform, "randint": tune.randint,
+                    "quniform": lambda a, b, q=args[2] if len(args) == 3 else 1: tune.quniform(a, b, q)}[kind](lo, hi)
+    return out
+
+
+def _known_key(cfg: RunConfig, key: str) -> None:
+    section, _, name = key.partition(".")
+    current = cfg.to_dict().get(section, {}).get(name, None) if section in cfg.to_dict() else None
+    cfg.with_values({key: current})  # raises the did-you-mean error for an unknown key
+
+
+def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
+    """Trials at once: each needs its workers' CPUs plus a sliver for the trial driver, and Ray
+    Data keeps ``DATA_CPU_RESERVE`` CPUs, so a 2-CPU laptop neither deadlocks nor idles."""
+    if cfg.tune.max_concurrent_trials:
+        return cfg.tune.max_concurrent_trials
+    per_trial = plan.num_workers * plan.cpus_per_worker + TRIAL_DRIVER_CPU
+    return max(1, int((cluster_cpus - DATA_CPU_RESERVE) // per_trial))
+
+
+# ---- one trial -----------------------------------------------------------------------------
+
+
+def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: dict, plan: dict, sweep: str) -> None:
+    import ray.tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from alchemetric_ray.train.plan import ResourcePlan
+
+    cfg = RunConfig.from_dict(base).with_values(config)
+    check_compatible(cfg, manifest)
+    trial_id = ray.tune.get_context().get_trial_id()
+    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window)
+    trainer = build_trainer(cfg, datasets, manifest, ResourcePlan(**plan), name=f"{sweep}-{trial_id}",
+                            callbacks=[TuneReportCallback()])
+    trainer.fit()
+
+
+# ---- the sweep -----------------------------------------------------------------------------
+
+
+def sweep_name(cfg: RunConfig) -> str:
+    base = safe_child(".", cfg.storage.name, "storage.name").name
+    if cfg.storage.run:
+        return safe_child(".", cfg.storage.run, "storage.run").name
+    if cfg.storage.resume:
+        runs = sorted(p.name for p in Path(cfg.storage.path).glob(f"sweep-{base}-*") if p.is_dir())
+        if not runs:
+            raise SweepError(f"--resume: no earlier sweep named sweep-{base}-* in {cfg.storage.path}")
+        return runs[-1]
+    return f"sweep-{base}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> SweepOutcome:
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    space = build_space(cfg)
+    for name in _values_of(cfg.tune.space.get("model.name"), cfg.model.name):
+        model_spec(name)
+    ensure_ray(cfg)
+    shards = prepare_shards(cfg, progress=progress)
+    manifest = load_manifest(shards)
+    check_compatible(cfg, manifest)
+    cluster = ray.cluster_resources()
+    trial_cfg = cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
+    plan = plan_resources(trial_cfg, cluster)
+    name = sweep_name(cfg)
+    path = f"{storage_uri(cfg).rstrip('/')}/{name}"
+    limit = concurrency(cfg, plan, cluster.get("CPU", 1))
+    print(f"sweep {name}: up to {limit} trial(s) at once; per trial:\n{plan.describe()}", flush=True)
+
+    trainable = tune.with_resources(
+        tune.with_parameters(_trial, base=trial_cfg.to_dict(), shards=str(shards), manifest=manifest,
+                             plan=plan.as_dict(), sweep=name),
+        {"CPU": TRIAL_DRIVER_CPU})
+    if cfg.storage.resume or (cfg.storage.run and tune.Tuner.can_restore(path)):
+        if not tune.Tuner.can_restore(path):
+            raise SweepError(f"--resume: {path} holds no sweep state to restore")
+        print(f"resuming sweep {name}: finished trials are kept, unfinished ones continue", flush=True)
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        scheduler = None
+        if cfg.tune.scheduler == "asha":
+            scheduler = ASHAScheduler(time_attr="training_iteration", max_t=cfg.train.epochs,
+                                      grace_period=min(cfg.tune.grace_period, cfg.train.epochs), reduction_factor=2)
+        tuner = tune.Tuner(
+            trainable,
+            param_space=space,
+            tune_config=tune.TuneConfig(
+                metric=cfg.train.metric, mode=cfg.train.mode, scheduler=scheduler,
+                search_alg=_searcher(cfg),
+                num_samples=1 if cfg.tune.search == "grid" else cfg.tune.num_samples,
+                max_concurrent_trials=limit,
+                time_budget_s=cfg.tune.time_budget_s or None,
+            ),
+            run_config=tune.RunConfig(name=name, storage_path=storage_uri(cfg), verbose=1),
+        )
+    grid = tuner.fit()
+    summary, best_ckpt, best_cfg = summarize(grid, trial_cfg, manifest, name)
+    model_dir = None
+    if export and best_ckpt:
+        from alchemetric_ray.train.export import export_model
+
+        model_dir = export_model(best_ckpt, best_cfg, shards, extra={"sweep": {
+            "name": name, "num_trials": summary["num_trials"], "best_trial_id": summary["best_trial_id"],
+            "selection_metric": cfg.train.metric}})
+        summary["test_metrics"] = json.loads((model_dir / "metrics.json").read_text())["test"]
+        summary["model_dir"] = str(model_dir)
+    report = None
+    if "://" not in path:
+        from alchemetric_ray.tune.report import write_sweep_report
+
+        atomic_write_json(Path(path) / "sweep_summary.json", summary)
+        report = write_sweep_report(Path(path) / "report", summary)
+    return SweepOutcome(name, path, summary, model_dir, report)
+
+
+def _values_of(spec: Any, default: str) -> list[str]:
+    if spec is None:
+        return [default]
+    if isinstance(spec, list):
+        return [str(v) for v in spec]
+    if isinstance(spec, dict):
+        return [str(v) for v in next(iter(spec.values()))]
+    return [str(spec)]
+
+
+def _searcher(cfg: RunConfig):
+    if cfg.tune.search != "optuna":
+        return None
+    try:
+        from ray.tune.search.optuna import OptunaSearch
+    except ImportError as exc:
+        raise SweepError(f"tune.search=optuna needs the optuna package ({exc}); pip install optuna") from None
+    return OptunaSearch(seed=cfg.train.seed)
+
+
+def summarize(grid, cfg: RunConfig, manifest: dict, name: str) -> tuple[dict, str | None, RunConfig | None]:
+    """Rank trials on validation only; find the best trial's best checkpoint (reported path)."""
+    metric, mode = cfg.train.metric, cfg.train.mode
+    sign = 1 if mode == "max" else -1
+    trials, best = [], None
+    for result in grid:
+        df = result.metrics_dataframe
+        history = [] if df is None else [
+            {k: _plain(v) for k, v in row.items() if k == "epoch" or k == "train_loss" or k.startswith("val_")}
+            for row in df.to_dict("records")]
+        values = [] if df is None or metric not in df else [v for v in df[metric].tolist() if v == v]
+        best_value = (max(values) if mode == "max" else min(values)) if values else None
+        trial_id = (result.metrics or {}).get("trial_id") or (Path(result.path).name if result.path else str(len(trials)))
+        config = {k: _plain(v) for k, v in (result.config or {}).items()}
+        epochs = len(history)
+        trial = {"trial_id": trial_id, "config": config, "status": "ERROR" if result.error else "TERMINATED",
+                 "best_value": best_value, "epochs_run": epochs,
+                 "stopped_early": (not result.error) and epochs < cfg.train.epochs and not _early_stopped_by_patience(df, cfg),
+                 "history": history, "error": str(result.error).splitlines()[0][:300] if result.error else None}
+        trials.append(trial)
+        if best_value is not None and (best is None or sign * best_value > sign * best[0]):
+            ckpt = None
+            if df is not None and "checkpoint_path" in df:
+                ranked = df[df[metric] == best_value]
+                ckpt = ranked["checkpoint_path"].dropna().iloc[0] if len(ranked["checkpoint_path"].dropna()) else None
+            best = (best_value, trial_id, ckpt, config)
+    if best is None:
+        errors = "; ".join(t["error"] for t in trials if t["error"])[:500]
+        raise SweepError(f"sweep {name}: no trial reported {metric}" + (f" ({errors})" if errors else ""))
+    _, best_id, best_ckpt, best_config = best
+    best_cfg = cfg.with_values(best_config)
+    confusion = None
+    if best_ckpt and Path(best_ckpt).is_dir():
+        confusion = read_meta(best_ckpt)["metrics"].get("val_confusion")
+    summary = {
+        "name": name, "metric": metric, "mode": mode, "num_trials": len(trials), "space": cfg.tune.space,
+        "scheduler": cfg.tune.scheduler, "search": cfg.tune.search, "trials": trials, "best_trial_id": best_id,
+        "best_value": best[0], "best_config": best_config, "best_checkpoint": best_ckpt,
+        "classes": manifest["label"]["classes"], "best_confusion": confusion, "test_metrics": None,
+        "model_dir": None, "max_epochs": cfg.train.epochs,
+    }
+    return summary, best_ckpt, best_cfg
+
+
+def _early_stopped_by_patience(df, cfg: RunConfig) -> bool:
+    """True when the loop's own early stopping (patience) ended the trial, not the scheduler."""
+    if df is None or not cfg.train.patience or "improved" not in df:
+        return False
+    improved = df["improved"].tolist()
+    return len(improved) >= cfg.train.patience and not any(improved[-cfg.train.patience:])
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value

@@ -1,0 +1,405 @@
+"""Known answers for the signal metrics: IC, bootstrap CI, long-short and per-name P&L, PSR/DSR, verdict."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import norm
+
+from alchemetric_ray.signals.metrics import (
+    ICStats,
+    daily_ic,
+    deflated_sharpe,
+    edge_verdict,
+    hit_rate,
+    ic_stats,
+    long_short,
+    position_returns,
+    probabilistic_sharpe,
+)
+
+GAMMA = 0.5772156649015329
+
+
+def panel(n_days: int, n_names: int, *, seed: int = 0, noise: float | None = None, vol: float = 0.02) -> pd.DataFrame:
+    """Synthetic (date, ticker) panel; score = fwd_ret + noise * N(0, vol) (pure noise when noise is None)."""
+    rng = np.random.default_rng(seed)
+    fwd = rng.normal(0.0, vol, (n_days, n_names))
+    if noise is None:
+        score = rng.normal(0.0, 1.0, (n_days, n_names))
+    else:
+        score = fwd + noise * rng.normal(0.0, vol, (n_days, n_names))
+    dates = pd.bdate_range("2020-01-01", periods=n_days)
+    return pd.DataFrame(
+        {
+            "date": np.repeat(dates, n_names),
+            "ticker": np.tile([f"T{i:03d}" for i in range(n_names)], n_days),
+            "score": score.ravel(),
+            "fwd_ret": fwd.ravel(),
+        }
+    )
+
+
+def tiny(rows: list[tuple[str, str, float, float]], **extra) -> pd.DataFrame:
+    """(date, ticker, score, simple return) -> frame with fwd_ret = log(1 + simple return)."""
+    df = pd.DataFrame(rows, columns=["date", "ticker", "score", "simple"])
+    df["date"] = pd.to_datetime(df["date"])
+    df["fwd_ret"] = np.log1p(df.pop("simple"))
+    for k, v in extra.items():
+        df[k] = v
+    return df
+
+
+# Two dates, five names.  Date 1: A best ... E worst; date 2 reversed.
+TWO_DATES = tiny(
+    [
+        ("2024-01-02", "A", 5, 0.10),
+        ("2024-01-02", "B", 4, 0.02),
+        ("2024-01-02", "C", 3, 0.00),
+        ("2024-01-02", "D", 2, -0.04),
+        ("2024-01-02", "E", 1, -0.06),
+        ("2024-01-03", "A", 1, -0.02),
+        ("2024-01-03", "B", 2, 0.00),
+        ("2024-01-03", "C", 3, 0.01),
+        ("2024-01-03", "D", 4, 0.03),
+        ("2024-01-03", "E", 5, 0.05),
+    ]
+)
+
+
+# ------------------------------------------------------------------------------------------ IC
+
+
+def test_perfect_and_inverted_score_give_ic_plus_minus_one():
+    df = panel(50, 20, seed=1)
+    df["score"] = df["fwd_ret"]
+    for rank in (False, True):
+        ic = daily_ic(df, rank=rank)
+        assert len(ic) == 50
+        np.testing.assert_allclose(ic.to_numpy(), 1.0, atol=1e-12)
+        inv = daily_ic(df.assign(score=-df["fwd_ret"]), rank=rank)
+        np.testing.assert_allclose(inv.to_numpy(), -1.0, atol=1e-12)
+    # a monotone, non-linear transform: rank IC stays exactly 1, Pearson IC drops below 1
+    mono = df.assign(score=np.exp(60 * df["fwd_ret"]))
+    np.testing.assert_allclose(daily_ic(mono, rank=True).to_numpy(), 1.0, atol=1e-12)
+    assert daily_ic(mono).mean() < 0.999
+    st = ic_stats(df, rank=True)
+    assert st.mean == pytest.approx(1.0) and st.ci_low == pytest.approx(1.0) and st.rank
+
+
+def test_rank_ic_handles_ties_like_spearman():
+    from scipy.stats import spearmanr
+
+    df = tiny([("2024-01-02", t, s, r) for t, s, r in zip("ABCDEF", [1, 1, 2, 3, 3, 3], [0.01, -0.02, 0.0, 0.03, 0.01, 0.02])])
+    expected = spearmanr(df["score"], df["fwd_ret"]).statistic
+    assert daily_ic(df, rank=True).iloc[0] == pytest.approx(expected, abs=1e-12)
+
+
+def test_daily_ic_drops_small_and_constant_dates():
+    df = panel(4, 6, seed=2, noise=1.0)
+    d = df["date"].unique()
+    df = df[~((df["date"] == d[0]) & (df["ticker"] > "T001"))]  # date 0 keeps 2 names only
+    df.loc[df["date"] == d[1], "score"] = 0.3  # constant score
+    df.loc[df["date"] == d[2], "fwd_ret"] = -0.01  # constant return
+    ic = daily_ic(df, min_names=3)
+    assert list(ic.index) == [d[3]]
+    assert list(daily_ic(df, rank=True).index) == [d[3]]
+
+
+def test_pure_noise_ic_is_zero_with_ci_containing_zero():
+    st = ic_stats(panel(600, 50, seed=3), n_boot=1000, block=10, seed=0)
+    assert st.n_days == 600
+    assert abs(st.mean) < 0.015
+    assert st.ci_low < 0.0 < st.ci_high
+    assert abs(st.t_stat) < 3
+
+
+def test_weak_planted_signal_ci_excludes_zero_and_stats_formulas():
+    df = panel(1000, 50, seed=4, noise=30.0)  # true corr 1/sqrt(901) ~ 0.033 per day
+    st = ic_stats(df, rank=True, n_boot=1000, block=10, seed=0, annualization=252)
+    assert 0.015 < st.mean < 0.06
+    assert st.ci_low > 0.0 and st.ci_high > st.mean > st.ci_low
+    v = st.daily.to_numpy()
+    assert st.std == pytest.approx(v.std(ddof=1))
+    assert st.icir == pytest.approx(v.mean() / v.std(ddof=1) * math.sqrt(252))
+    assert st.t_stat == pytest.approx(v.mean() / v.std(ddof=1) * math.sqrt(len(v)))
+    assert ic_stats(df, rank=True, annualization=52).icir == pytest.approx(st.icir * math.sqrt(52 / 252))
+
+
+def test_bootstrap_is_seeded_and_blocks_widen_ci_for_autocorrelated_ic():
+    df = panel(400, 30, seed=5, noise=10.0)
+    a = ic_stats(df, seed=7)
+    b = ic_stats(df, seed=7)
+    c = ic_stats(df, seed=8)
+    assert (a.ci_low, a.ci_high) == (b.ci_low, b.ci_high)
+    assert (a.ci_low, a.ci_high) != (c.ci_low, c.ci_high)
+    # block = 1 is the iid bootstrap: CI ~ mean +- 1.96 * std / sqrt(n)
+    iid = ic_stats(df, block=1, n_boot=4000, seed=0)
+    half = 1.96 * iid.std / math.sqrt(iid.n_days)
+    assert (iid.ci_high - iid.ci_low) / 2 == pytest.approx(half, rel=0.1)
+
+    # persistent signal strength (AR(1) in the planted weight) -> serially correlated daily IC
+    rng = np.random.default_rng(9)
+    n_days, n_names = 1000, 40
+    w = np.zeros(n_days)
+    for t in range(1, n_days):
+        w[t] = 0.97 * w[t - 1] + rng.normal(0, 0.25)
+    fwd = rng.normal(0, 1, (n_days, n_names))
+    score = w[:, None] * fwd + rng.normal(0, 1, (n_days, n_names))
+    dates = pd.bdate_range("2015-01-01", periods=n_days)
+    ar = pd.DataFrame(
+        {"date": np.repeat(dates, n_names), "ticker": np.tile(np.arange(n_names).astype(str), n_days),
+         "score": score.ravel(), "fwd_ret": fwd.ravel() * 0.01}
+    )
+    narrow = ic_stats(ar, block=1, seed=0)
+    wide = ic_stats(ar, block=50, seed=0)
+    assert (wide.ci_high - wide.ci_low) > 2 * (narrow.ci_high - narrow.ci_low)
+
+
+def test_ic_stats_degenerate_inputs():
+    st = ic_stats(panel(1, 10, seed=0))
+    assert st.n_days == 1 and math.isnan(st.std) and math.isnan(st.ci_low) and math.isnan(st.icir)
+    empty = ic_stats(panel(3, 10).assign(score=np.nan))
+    assert empty.n_days == 0 and math.isnan(empty.mean) and empty.daily.empty
+    with pytest.raises(ValueError):
+        ic_stats(panel(3, 10), confidence=1.5)
+
+
+# ----------------------------------------------------------------------------------- long-short
+
+
+def test_long_short_tiny_example_exact_numbers():
+    ls = long_short(TWO_DATES, quantile=0.4, cost_bps=10.0, min_names=5)  # k = 2 per leg, weights +-0.25
+    d = ls.daily
+    assert list(d.columns) == ["date", "gross", "cost", "net", "equity"]
+    # date 1: long A, B; short D, E.  0.25*(0.10+0.02) - 0.25*(-0.04-0.06) = 0.055
+    # date 2: long E, D; short A, B.  0.25*(0.05+0.03) - 0.25*(-0.02+0.00) = 0.025
+    np.testing.assert_allclose(d["gross"], [0.055, 0.025], atol=1e-15)
+    # turnover: 1.0 entering from flat, then every leg flips: 4 * |0.25 - (-0.25)| = 2.0
+    np.testing.assert_allclose(d["cost"], [10e-4 * 1.0, 10e-4 * 2.0], atol=1e-15)
+    np.testing.assert_allclose(d["net"], [0.054, 0.023], atol=1e-15)
+    np.testing.assert_allclose(d["equity"], [1.054, 1.054 * 1.023], atol=1e-15)
+    assert ls.turnover == pytest.approx(1.5)
+    assert ls.n_days == 2 and ls.hit_rate == 1.0 and ls.max_drawdown == 0.0
+    assert ls.annual_return == pytest.approx((0.054 + 0.023) / 2 * 252)
+    assert ls.sharpe == pytest.approx(np.mean([0.054, 0.023]) / np.std([0.054, 0.023], ddof=1) * math.sqrt(252))
+
+    k1 = long_short(TWO_DATES, quantile=0.2, cost_bps=0.0)  # k = 1: weights +-0.5
+    np.testing.assert_allclose(k1.daily["gross"], [0.5 * 0.10 + 0.5 * 0.06, 0.5 * 0.05 + 0.5 * 0.02], atol=1e-15)
+
+
+def test_costs_reduce_net_by_exactly_bps_times_turnover():
+    free = long_short(TWO_DATES, quantile=0.4, cost_bps=0.0)
+    paid = long_short(TWO_DATES, quantile=0.4, cost_bps=25.0)
+    np.testing.assert_allclose(free.daily["gross"], paid.daily["gross"], atol=0)
+    np.testing.assert_allclose(free.daily["net"] - paid.daily["net"], 25e-4 * np.array([1.0, 2.0]), atol=1e-15)
+    assert free.turnover == paid.turnover == pytest.approx(1.5)
+
+    big = panel(60, 30, seed=6, noise=2.0)
+    f, p = long_short(big, cost_bps=0.0), long_short(big, cost_bps=5.0)
+    assert (f.daily["net"] - p.daily["net"]).sum() == pytest.approx(5e-4 * f.turnover * f.n_days)
+
+
+def test_perfect_score_long_short_is_profitable():
+    ls = long_short(panel(250, 50, seed=7).pipe(lambda d: d.assign(score=d["fwd_ret"])))
+    assert ls.sharpe > 5 and ls.annual_return > 0 and ls.hit_rate == 1.0
+    assert (ls.daily["gross"] > 0).all()
+    assert 0 < ls.turnover <= 2.0
+    assert ls.max_drawdown < 0.01
+
+
+def test_constant_score_makes_no_trades():
+    df = panel(40, 20, seed=8).assign(score=0.7)
+    ls = long_short(df)
+    assert ls.n_days == 40
+    assert ls.turnover == 0.0
+    assert (ls.daily[["gross", "cost", "net"]].to_numpy() == 0).all()
+    assert (ls.daily["equity"] == 1.0).all()
+    assert ls.annual_return == 0.0 and ls.annual_vol == 0.0 and ls.sharpe == 0.0 and ls.max_drawdown == 0.0
+    assert math.isnan(ls.hit_rate)  # never traded: neither a hit nor a miss
+    # flat positions likewise trade nothing; hit_rate of rows without a position is undefined
+    flat = position_returns(df.assign(position=0))
+    assert flat.turnover == 0.0 and (flat.daily["net"] == 0).all() and math.isnan(flat.hit_rate)
+    assert math.isnan(hit_rate(df.assign(position=0)))
+
+
+def test_ties_straddling_the_cut_are_in_or_out_as_a_group():
+    # k = 1; the top two names tie (average rank 4.5 < 5) -> no long leg -> flat that date
+    df = tiny([("2024-01-02", t, s, 0.01) for t, s in zip("ABCDE", [3, 3, 2, 1, 0])])
+    ls = long_short(df, quantile=0.2, cost_bps=0)
+    assert ls.turnover == 0.0 and ls.daily["gross"].iloc[0] == 0.0
+    # quantile 0.4 (k = 2): the tied pair is exactly the top two -> long both
+    rets = [0.04, 0.02, 0.0, -0.01, -0.03]
+    df = tiny([("2024-01-02", t, s, r) for t, s, r in zip("ABCDE", [3, 3, 2, 1, 0], rets)])
+    g = long_short(df, quantile=0.4, cost_bps=0).daily["gross"].iloc[0]
+    assert g == pytest.approx(0.25 * (0.04 + 0.02) - 0.25 * (-0.01 - 0.03))
+
+
+def test_horizon_rebalances_without_double_counting():
+    df = panel(12, 10, seed=10, noise=1.0)
+    daily = long_short(df, cost_bps=0.0, horizon=1)
+    h4 = long_short(df, cost_bps=0.0, horizon=4)
+    assert h4.n_days == 3 and h4.periods_per_year == 252 / 4
+    dates = np.sort(df["date"].unique())
+    assert list(h4.daily["date"]) == list(dates[[0, 4, 8]])
+    # the same books, only every 4th date: each 4-day forward return is earned exactly once
+    np.testing.assert_allclose(h4.daily["gross"], daily.daily["gross"].to_numpy()[[0, 4, 8]])
+    net = h4.daily["net"].to_numpy()
+    assert h4.annual_return == pytest.approx(net.mean() * 63)
+    assert h4.sharpe == pytest.approx(net.mean() / net.std(ddof=1) * math.sqrt(63))
+    # a date with too few names is skipped outright; the grid runs over the kept dates
+    thin = df[~((df["date"] == dates[4]) & (df["ticker"] > "T002"))]
+    assert list(long_short(thin, horizon=4).daily["date"]) == list(dates[[0, 5, 9]])
+    with pytest.raises(ValueError):
+        long_short(df, horizon=0)
+
+
+def test_min_names_and_validation():
+    df = panel(5, 4, seed=11)
+    assert long_short(df, min_names=5).n_days == 0
+    assert long_short(df, min_names=4).n_days == 5
+    with pytest.raises(ValueError):
+        long_short(df, quantile=0.6)
+    with pytest.raises(ValueError, match="duplicated"):
+        long_short(pd.concat([df, df.iloc[:1]]))
+    with pytest.raises(ValueError, match="missing"):
+        daily_ic(df.drop(columns="fwd_ret"))
+
+
+# -------------------------------------------------------------------------- per-name positions
+
+
+def test_max_drawdown_of_a_known_equity_path():
+    rets = [0.10, -0.20, 0.10, 0.30, -0.10]  # equity 1.1, 0.88, 0.968, 1.2584, 1.13256
+    df = tiny([(f"2024-01-{i + 2:02d}", "X", 1.0, r) for i, r in enumerate(rets)], position=1)
+    st = position_returns(df, cost_bps=0.0)
+    np.testing.assert_allclose(st.daily["equity"], np.cumprod(1 + np.array(rets)))
+    assert st.max_drawdown == pytest.approx(0.2)  # 1.1 -> 0.88
+    first_loss = tiny([("2024-01-02", "X", 1.0, -0.1), ("2024-01-03", "X", 1.0, 0.05)], position=1)
+    assert position_returns(first_loss, cost_bps=0).max_drawdown == pytest.approx(0.1)  # from the start at 1
+    assert st.hit_rate == pytest.approx(3 / 5)
+
+
+def test_position_returns_weights_and_turnover():
+    pos = [1, 1, -1, 0, 1]
+    df = tiny([(f"2024-01-{i + 2:02d}", "X", 0.0, 0.01) for i in range(5)], position=pos)
+    st = position_returns(df, cost_bps=10.0)
+    np.testing.assert_allclose(st.daily["cost"], 1e-3 * np.array([1, 0, 2, 1, 1]))
+    np.testing.assert_allclose(st.daily["gross"], 0.01 * np.array(pos, dtype=float))
+    assert st.turnover == pytest.approx(1.0)
+    # two names: equal weight 1/2 each; B absent on day 2 -> its position is closed (turnover 0.5)
+    two = tiny(
+        [("2024-01-02", "A", 0, 0.02), ("2024-01-02", "B", 0, -0.04), ("2024-01-03", "A", 0, 0.01)],
+        position=[1, -1, 1],
+    )
+    st2 = position_returns(two, cost_bps=0.0)
+    np.testing.assert_allclose(st2.daily["gross"], [0.5 * 0.02 + 0.5 * 0.04, 0.01])
+    np.testing.assert_allclose(st2.daily["cost"], [0, 0])
+    assert st2.turnover == pytest.approx((1.0 + 0.5 + 0.5) / 2)  # day 2: A 0.5 -> 1 (0.5), B -0.5 -> 0 (0.5)
+    # without a position column the position is sign(score)
+    no_pos = two.drop(columns="position").assign(score=[0.3, -0.2, 0.1])
+    np.testing.assert_allclose(position_returns(no_pos, cost_bps=0).daily["net"], st2.daily["net"])
+
+
+def test_hit_rate_counts_only_rows_with_a_position():
+    df = tiny(
+        [(f"2024-01-0{i + 2}", "X", 0.0, r) for i, r in enumerate([0.01, -0.02, 0.03, -0.01, 0.0])],
+        position=[1, 1, -1, 0, 1],
+    )
+    assert hit_rate(df) == pytest.approx(1 / 4)  # hit, miss, miss, (skipped), zero return = miss
+    assert hit_rate(df.assign(position=[1, -1, 0, 0, 0])) == 1.0
+
+
+# -------------------------------------------------------------------------------- NaN handling
+
+
+def test_nan_rows_are_ignored_everywhere():
+    clean = panel(30, 12, seed=12, noise=3.0)
+    clean["position"] = np.sign(clean["score"])
+    junk = clean.sample(40, random_state=1).copy()
+    junk["ticker"] = junk["ticker"] + "_nan"
+    junk.loc[junk.index[:20], "score"] = np.nan
+    junk.loc[junk.index[20:], "fwd_ret"] = np.nan
+    dirty = pd.concat([clean, junk]).sample(frac=1.0, random_state=2)  # also shuffles the rows
+    pd.testing.assert_series_equal(daily_ic(clean), daily_ic(dirty))
+    pd.testing.assert_series_equal(daily_ic(clean, rank=True), daily_ic(dirty, rank=True))
+    a, b = ic_stats(clean), ic_stats(dirty)
+    assert (a.mean, a.ci_low, a.ci_high) == pytest.approx((b.mean, b.ci_low, b.ci_high))
+    pd.testing.assert_frame_equal(long_short(clean).daily, long_short(dirty).daily)
+    assert long_short(dirty).n_days == 30
+    pr_clean = position_returns(clean.drop(columns="position"))
+    pr_dirty = position_returns(dirty.drop(columns="position"))
+    pd.testing.assert_frame_equal(pr_clean.daily, pr_dirty.daily)
+    assert hit_rate(clean.drop(columns="position")) == hit_rate(dirty.drop(columns="position"))
+    # a NaN position drops its row from the position-based metrics (and only there)
+    holed = clean.copy()
+    holed.loc[holed.index[7], "position"] = np.nan
+    without = clean.drop(index=clean.index[7])
+    pd.testing.assert_frame_equal(position_returns(holed).daily, position_returns(without).daily)
+    assert hit_rate(holed) == hit_rate(without)
+    pd.testing.assert_frame_equal(long_short(holed).daily, long_short(clean).daily)
+
+
+# ------------------------------------------------------------------------------------ PSR / DSR
+
+
+def test_probabilistic_sharpe_known_values():
+    rng = np.random.default_rng(13)
+    r = rng.normal(0.001, 0.01, 2000)
+    assert probabilistic_sharpe(r) > 0.5
+    assert probabilistic_sharpe(-r) < 0.5
+    zero = r - r.mean()
+    assert probabilistic_sharpe(zero) == pytest.approx(0.5, abs=1e-12)
+    # against its own SR -> 0.5; a higher benchmark -> lower probability
+    sr = r.mean() / r.std(ddof=1)
+    assert probabilistic_sharpe(r, benchmark_sr=sr) == pytest.approx(0.5, abs=1e-12)
+    assert probabilistic_sharpe(r, benchmark_sr=sr / 2) > probabilistic_sharpe(r, benchmark_sr=sr)
+    # hand formula with sample skewness and (Pearson) kurtosis
+    d = r - r.mean()
+    m2 = np.mean(d**2)
+    skew, kurt = np.mean(d**3) / m2**1.5, np.mean(d**4) / m2**2
+    z = sr * math.sqrt(len(r) - 1) / math.sqrt(1 - skew * sr + (kurt - 1) / 4 * sr**2)
+    assert probabilistic_sharpe(r) == pytest.approx(norm.cdf(z), rel=1e-12)
+    assert math.isnan(probabilistic_sharpe(np.array([0.01]))) and math.isnan(probabilistic_sharpe(np.zeros(10)))
+
+
+def test_deflated_sharpe_decreases_with_trials_and_matches_formula():
+    rng = np.random.default_rng(14)
+    r = rng.normal(0.002, 0.01, 1000)
+    assert deflated_sharpe(r, 1) == pytest.approx(probabilistic_sharpe(r, 0.0), abs=1e-15)
+    vals = [deflated_sharpe(r, n) for n in (1, 2, 5, 10, 100, 1000)]
+    assert all(a > b for a, b in zip(vals, vals[1:]))
+    n, sd = 50, 0.03
+    sr0 = sd * ((1 - GAMMA) * norm.ppf(1 - 1 / n) + GAMMA * norm.ppf(1 - 1 / (n * math.e)))
+    assert deflated_sharpe(r, n, trial_sr_std=sd) == pytest.approx(probabilistic_sharpe(r, sr0), rel=1e-12)
+    with pytest.raises(ValueError):
+        deflated_sharpe(r, 0)
+
+
+# ------------------------------------------------------------------------------------- verdict
+
+
+def _ic(mean: float, lo: float, hi: float, rank: bool = True) -> ICStats:
+    return ICStats(mean, 0.1, 1.0, 3.0, 500, lo, hi, pd.Series(dtype=float), rank=rank)
+
+
+def test_edge_verdict_lines():
+    yes = edge_verdict(_ic(0.041, 0.012, 0.070), _ic(0.010, -0.01, 0.03), n_tickers=50)
+    assert yes == {
+        "edge": True,
+        "line": "edge over the best baseline: yes (mean rank IC 0.041, 95% CI [0.012, 0.070] vs 0.010)",
+        "cross_section_meaningful": True,
+    }
+    ci_spans_zero = edge_verdict(_ic(0.041, -0.002, 0.080), _ic(0.010, -0.01, 0.03), n_tickers=50)
+    assert ci_spans_zero["edge"] is False
+    assert ci_spans_zero["line"].startswith("edge over the best baseline: no (mean rank IC 0.041")
+    baseline_better = edge_verdict(_ic(0.041, 0.012, 0.070), _ic(0.050, 0.02, 0.08), n_tickers=50)
+    assert baseline_better["edge"] is False and baseline_better["line"].endswith("vs 0.050)")
+    alone = edge_verdict(_ic(0.03, 0.01, 0.05, rank=False), None, n_tickers=50)
+    assert alone["edge"] is True and "mean IC 0.030" in alone["line"]
+    few = edge_verdict(_ic(0.2, 0.1, 0.3), _ic(0.0, -0.1, 0.1), n_tickers=3)
+    assert few["edge"] is False and few["cross_section_meaningful"] is False
+    assert "not meaningful with 3 tickers" in few["line"]

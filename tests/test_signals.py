@@ -1,0 +1,114 @@
+"""Signals: batch prediction with Ray Data on real data, and the evaluation's known answers."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from alchemetric_ray.config import load_config
+from alchemetric_ray.data.shards import build_shards
+from alchemetric_ray.hardware import resolve_precision
+from alchemetric_ray.signals.predict import SignalError, predict, stage_inputs
+from alchemetric_ray.train.evaluate import predict_proba
+from alchemetric_ray.train.export import load_model
+from alchemetric_ray.train.trainer import run_training
+
+TICKERS = "AAPL,MSFT,XOM"
+
+
+@pytest.fixture(scope="module")
+def stock_model(ray_session, stocknet_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("signals")
+    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", f"data.tickers={TICKERS}",
+                             f"storage.path={root / 'results'}", f"storage.models_dir={root / 'models'}",
+                             "storage.name=sig", "train.epochs=2", "model.hidden=16"])
+    out = run_training(cfg, progress=False)
+    return out.model_dir
+
+
+def _slice(stocknet_dir, tmp_path, tickers=("AAPL", "MSFT", "XOM")):
+    folder = tmp_path / "ohlcv"
+    folder.mkdir()
+    for t in tickers:
+        (folder / f"{t}.csv").write_bytes((stocknet_dir / f"{t}.csv").read_bytes())
+    return folder
+
+
+def test_predict_on_a_stocknet_slice(ray_session, stock_model, stocknet_dir, tmp_path):
+    data = _slice(stocknet_dir, tmp_path)
+    out = tmp_path / "signals.parquet"
+    frame = predict(stock_model, str(data), out)
+    assert out.is_file() and not list(tmp_path.glob(".signals.parquet.tmp*"))
+    loaded = load_model(stock_model)
+    # one row per (date, ticker) with full feature history
+    assert not frame.duplicated(["date", "ticker"]).any()
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    stage_inputs(loaded, str(data), staged)
+    inputs = pd.read_parquet(staged).sort_values(["date", "ticker"]).reset_index(drop=True)
+    assert len(frame) == len(inputs)
+    raw = pd.read_csv(data / "AAPL.csv")
+    assert (frame["ticker"] == "AAPL").sum() == len(raw) - 60  # the longest warm-up (vol_60) needs 60 bars
+    # probabilities sum to one, positions follow the thresholds, score = P(up) - P(down)
+    p = frame[["p_down", "p_flat", "p_up"]].to_numpy()
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(frame["score"], frame["p_up"] - frame["p_down"], atol=1e-6)
+    th = loaded.config.signals
+    assert (frame.loc[frame["score"] > th.long_threshold, "position"] == 1).all()
+    assert (frame.loc[frame["score"] < -th.short_threshold, "position"] == -1).all()
+    assert (frame.loc[frame["score"].abs() <= min(th.long_threshold, th.short_threshold), "position"] == 0).all()
+    # no position takes effect on its signal's bar
+    assert (frame["effective_date"] > frame["date"]).all()
+    aapl_dates = pd.to_datetime(raw["Date"])
+    nxt = dict(zip(aapl_dates.iloc[:-1], aapl_dates.iloc[1:]))
+    a = frame[frame["ticker"] == "AAPL"].iloc[:-1]
+    assert (a["effective_date"].to_numpy() == a["date"].map(nxt).to_numpy()).all()
+    # the same numbers as the in-process model on the same rows
+    x = inputs[loaded.manifest["features"]].to_numpy(dtype=np.float32)
+    expect = predict_proba(loaded.model, x, torch.device("cpu"), resolve_precision("fp32", torch.device("cpu")))
+    np.testing.assert_allclose(p, expect, rtol=1e-5, atol=1e-6)
+    assert set(frame["device"]) == {"cpu"} and set(frame["precision"]) == {"fp32"}
+    assert frame["model_id"].iloc[0].startswith("sig@")
+
+
+def test_model_refuses_shards_of_another_feature_set(ray_session, stock_model, stocknet_dir, tmp_path):
+    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT",
+                             "features.names=ret_1,ret_5,rsi_14"])
+    other = build_shards(cfg, tmp_path / "other").out
+    with pytest.raises(SignalError, match=r"its features \['ret_1', 'ret_5', 'rsi_14'\] do not match the model's"):
+        predict(stock_model, str(other), tmp_path / "s.parquet")
+    assert not (tmp_path / "s.parquet").exists()
+
+
+def test_signals_output_inside_the_input_is_refused(stock_model, stocknet_dir, tmp_path):
+    data = _slice(stocknet_dir, tmp_path, ("AAPL",))
+    with pytest.raises(SignalError, match="is inside the input folder"):
+        predict(stock_model, str(data), data / "signals.parquet")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("effect, edge", [(1.0, True), (0.0, False)])
+def test_verdict_on_synthetic_markets(ray_session, tmp_path, effect, edge):
+    from alchemetric_ray.signals.evaluate import evaluate
+
+    cfg = load_config(None, ["data.source=synthetic", "data.synthetic_tickers=40", "data.synthetic_days=900",
+                             f"data.synthetic_effect={effect}", "data.seed=3", f"storage.path={tmp_path / 'results'}",
+                             f"storage.models_dir={tmp_path / 'models'}", "storage.name=syn", "train.epochs=4",
+                             "model.hidden=32", "features.label=binary", "train.metric=val_log_loss", "train.mode=min"])
+    model_dir = run_training(cfg, progress=False).model_dir
+    result = evaluate(model_dir, None, tmp_path / "report")
+    model = result["rows"][0]
+    assert result["verdict"]["edge"] is edge, result["verdict"]["line"]
+    if edge:
+        assert model["rank_ic"]["ci_low"] > 0
+        assert result["verdict"]["line"].startswith("edge over the best baseline: yes")
+    else:
+        assert result["verdict"]["line"].startswith("edge over the best baseline: no")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert result["verdict"]["line"] in report and "| buy and hold |" in report and "| momentum 20d |" in report
+    assert (tmp_path / "report" / "equity.png").stat().st_size > 5000
+    saved = json.loads((tmp_path / "report" / "evaluation.json").read_text())
+    assert [r["name"] for r in saved["rows"]] == ["deep model", "logistic regression", "hist gradient boosting",
+                                                   "momentum 20d", "buy and hold"]

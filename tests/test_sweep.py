@@ -1,0 +1,145 @@
+"""Ray Tune sweeps for real: ASHA stops a bad trial, the best is exported, TensorBoard reads it all,
+and a sweep whose driver was killed resumes without re-running finished trials."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from alchemetric_ray.config import ConfigError, load_config
+from alchemetric_ray.data.shards import build_shards
+from alchemetric_ray.train.plan import plan_resources
+from alchemetric_ray.tune.sweep import build_space, concurrency
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def shards(stocknet_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep") / "shards"
+    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM"])
+    return build_shards(cfg, out).out
+
+
+def _sweep_args(shards, tmp_path, *extra):
+    return [f"data.path={shards}", f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
+            "storage.name=sw", "model.hidden=16", "train.epochs=3", "train.patience=0", "train.batch_size=512",
+            "train.metric=val_log_loss", "train.mode=min", "tune.search=grid", "tune.max_concurrent_trials=1",
+            "tune.grace_period=1", *extra]
+
+
+# ---- the search space and the concurrency plan (no Ray needed) -----------------------------------
+
+
+def test_space_kinds():
+    cfg = load_config(None, ["tune.space={train.lr: {loguniform: [0.0001, 0.01]}, model.name: [mlp, gru], "
+                             "model.hidden: {choice: [16, 32]}, train.batch_size: {grid: [256, 512]}, model.dropout: 0.2}"])
+    space = build_space(cfg)
+    assert space["model.dropout"] == 0.2
+    assert space["train.batch_size"] == {"grid_search": [256, 512]}
+    assert space["model.name"].categories == ["mlp", "gru"]
+    assert 0.0001 <= space["train.lr"].sample() <= 0.01
+    grid = build_space(cfg.replace("tune.space={train.lr: [0.1, 0.01], model.name: [mlp]}", "tune.search=grid"))
+    assert grid == {"train.lr": {"grid_search": [0.1, 0.01]}, "model.name": {"grid_search": ["mlp"]}}
+
+
+@pytest.mark.parametrize("space, message", [
+    ("{}", "config 'tune.space' is empty"),
+    ("{train.lrr: [0.1]}", "unknown config key 'train.lrr'; did you mean 'train.lr'?"),
+    ("{train.lr: {normal: [0, 1]}}", "config 'tune.space.train.lr': {'normal': [0, 1]} must be one of"),
+    ("{train.lr: {loguniform: [0, 1]}}", "loguniform [0, 1] needs 0 < low < high"),
+    ("{train.lr: {uniform: [1]}}", "uniform needs [low, high]"),
+    ("{train.epochs: [1.5]}", "config 'train.epochs': expected an integer, got 1.5"),
+])
+def test_space_errors_name_the_key(space, message):
+    with pytest.raises(ConfigError) as err:
+        build_space(load_config(None, [f"tune.space={space}"]))
+    assert message in str(err.value)
+
+
+def test_grid_search_needs_lists():
+    with pytest.raises(ConfigError, match="tune.search=grid needs a list of values, got loguniform"):
+        build_space(load_config(None, ["tune.search=grid", "tune.space={train.lr: {loguniform: [0.001, 0.1]}}"]))
+
+
+def test_concurrency_fits_the_cluster():
+    cfg = load_config(None, ["scaling.cpus_per_worker=1"])
+    plan = plan_resources(cfg, {"CPU": 4.0})
+    assert concurrency(cfg, plan, 4.0) == 2  # (4 - 1 for Ray Data) // (1 worker CPU + 0.1 driver)
+    assert concurrency(cfg, plan, 2.0) == 1  # a 2-CPU laptop runs one trial at a time
+    assert concurrency(cfg.replace("tune.max_concurrent_trials=3"), plan, 2.0) == 3
+
+
+# ---- real sweeps ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shards, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from alchemetric_ray.tune.sweep import run_sweep
+
+    # good learning rates first: with one trial at a time ASHA has seen them when the bad one reaches rung 1
+    cfg = load_config(None, _sweep_args(shards, tmp_path, "tune.space={train.lr: [0.01, 0.003, 1.0e-9]}"))
+    out = run_sweep(cfg)
+    s = out.summary
+    assert s["num_trials"] == 3 and {t["status"] for t in s["trials"]} == {"TERMINATED"}
+    by_lr = {t["config"]["train.lr"]: t for t in s["trials"]}
+    assert by_lr[1e-9]["stopped_early"] and by_lr[1e-9]["epochs_run"] < 3
+    assert by_lr[0.01]["epochs_run"] == 3 and not by_lr[0.01]["stopped_early"]
+    best = min(s["trials"], key=lambda t: t["best_value"])
+    assert s["best_trial_id"] == best["trial_id"] and s["best_value"] == best["best_value"]
+    assert best["config"]["train.lr"] != 1e-9
+    # the best trial exported as the same artifact `train` makes, scored on test once
+    metrics = json.loads((out.model_dir / "metrics.json").read_text())
+    assert metrics["sweep"]["num_trials"] == 3 and metrics["sweep"]["best_trial_id"] == s["best_trial_id"]
+    assert metrics["val"]["log_loss"] == pytest.approx(s["best_value"])
+    assert s["test_metrics"] == metrics["test"]
+    assert json.loads((out.model_dir / "config.json").read_text())["train"]["lr"] == best["config"]["train.lr"]
+    assert out.report.is_file() and s["best_confusion"] is not None
+    # TensorBoard's own reader finds every trial's scalars and hyperparameters
+    event_files = sorted(Path(out.path).glob("*/events.out.tfevents.*"))
+    assert len(event_files) == 3
+    for f in event_files:
+        acc = EventAccumulator(str(f.parent))
+        acc.Reload()
+        tags = acc.Tags()
+        assert "ray/tune/val_log_loss" in tags["scalars"], tags["scalars"]
+        assert any(t.startswith("_hparams_/") for t in tags["tensors"]), tags["tensors"]
+
+
+@pytest.mark.slow
+def test_sweep_resumes_after_the_driver_is_killed(ray_session, shards, tmp_path):
+    args = _sweep_args(shards, tmp_path, "tune.space={train.lr: [0.01, 0.003, 0.001]}", "tune.scheduler=none",
+                       "storage.run=sweep-killed", "train.epochs=2")
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address, "TUNE_GLOBAL_CHECKPOINT_S": "1",
+           "PYTHONPATH": str(REPO)}
+    cli = [sys.executable, "-m", "alchemetric_ray.cli", "tune", *args]
+    driver = subprocess.Popen(cli, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    sweep_dir = tmp_path / "results" / "sweep-killed"
+    deadline = time.monotonic() + 600
+    finished = []
+    try:
+        while time.monotonic() < deadline and not finished:
+            finished = [p for p in (tmp_path / "results").glob("sweep-killed-*/epoch-0001") if (p / "meta.json").is_file()]
+            time.sleep(1)
+        assert finished, "no trial finished within 10 minutes"
+        time.sleep(4)  # let Tune record the finished trial in its experiment state
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    done_run = finished[0].parent
+    before = sorted(p.name for p in done_run.glob("epoch-*"))
+
+    out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resuming sweep sweep-killed" in out.stdout
+    summary = json.loads((sweep_dir / "sweep_summary.json").read_text())
+    assert summary["num_trials"] == 3
+    assert all(t["epochs_run"] == 2 for t in summary["trials"])  # no trial trained its epochs twice
+    assert sorted(p.name for p in done_run.glob("epoch-*")) == before  # the finished trial was not re-run
