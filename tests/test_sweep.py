@@ -81,6 +81,7 @@ def test_concurrency_fits_the_cluster():
 @pytest.mark.slow
 def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shards, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
 
     from alchemetric_ray.tune.sweep import run_sweep
 
@@ -105,12 +106,16 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
     # TensorBoard's own reader finds every trial's scalars and hyperparameters
     event_files = sorted(Path(out.path).glob("*/events.out.tfevents.*"))
     assert len(event_files) == 3
+    seen_lrs = set()
     for f in event_files:
         acc = EventAccumulator(str(f.parent))
         acc.Reload()
-        tags = acc.Tags()
-        assert "ray/tune/val_log_loss" in tags["scalars"], tags["scalars"]
-        assert any(t.startswith("_hparams_/") for t in tags["tensors"]), tags["tensors"]
+        assert "ray/tune/val_log_loss" in acc.Tags()["scalars"]
+        assert len(acc.Scalars("ray/tune/val_log_loss")) >= 1
+        hp = acc.PluginTagToContent("hparams")
+        start = plugin_data_pb2.HParamsPluginData.FromString(hp["_hparams_/session_start_info"]).session_start_info
+        seen_lrs.add(start.hparams["train.lr"].number_value)
+    assert seen_lrs == {0.01, 0.003, 1e-9}
 
 
 @pytest.mark.slow
