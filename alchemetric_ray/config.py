@@ -45,6 +45,8 @@ class DataConfig:
     synthetic_tickers: int = 50
     synthetic_days: int = 1000
     synthetic_effect: float = 0.0  # strength of the planted momentum effect; 0 = null market
+    synthetic_effect_window: int = 10  # the effect's trailing window (days)
+    synthetic_effect_lag: int = 0  # the window ends this many days before t
     seed: int = 0
 
 

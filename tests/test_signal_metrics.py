@@ -382,22 +382,32 @@ def test_deflated_sharpe_decreases_with_trials_and_matches_formula():
 # ------------------------------------------------------------------------------------- verdict
 
 
-def _ic(mean: float, lo: float, hi: float, rank: bool = True) -> ICStats:
-    return ICStats(mean, 0.1, 1.0, 3.0, 500, lo, hi, pd.Series(dtype=float), rank=rank)
+def _ic(mean: float, lo: float, hi: float, rank: bool = True, daily: pd.Series | None = None) -> ICStats:
+    return ICStats(mean, 0.1, 1.0, 3.0, 500, lo, hi, pd.Series(dtype=float) if daily is None else daily, rank=rank)
+
+
+def _daily(mean: float, seed: int, common: np.ndarray, n: int = 500) -> pd.Series:
+    rng = np.random.default_rng(seed)
+    return pd.Series(common + mean + rng.normal(0, 0.02, n), index=pd.bdate_range("2020-01-01", periods=n))
 
 
 def test_edge_verdict_lines():
-    yes = edge_verdict(_ic(0.041, 0.012, 0.070), _ic(0.010, -0.01, 0.03), n_tickers=50)
-    assert yes == {
-        "edge": True,
-        "line": "edge over the best baseline: yes (mean rank IC 0.041, 95% CI [0.012, 0.070] vs 0.010)",
-        "cross_section_meaningful": True,
-    }
-    ci_spans_zero = edge_verdict(_ic(0.041, -0.002, 0.080), _ic(0.010, -0.01, 0.03), n_tickers=50)
-    assert ci_spans_zero["edge"] is False
+    common = np.random.default_rng(0).normal(0, 0.1, 500)  # market-wide noise both signals share
+    strong, weak, same = _daily(0.041, 1, common), _daily(0.010, 2, common), _daily(0.040, 3, common)
+    yes = edge_verdict(_ic(0.041, 0.012, 0.070, daily=strong), _ic(0.010, -0.01, 0.03, daily=weak), n_tickers=50,
+                       baseline_name="momentum 20d")
+    assert yes["edge"] is True and yes["signal"] is True and yes["cross_section_meaningful"] is True
+    assert yes["line"].startswith("edge over the best baseline: yes (mean rank IC 0.041, 95% CI [0.012, 0.070]; "
+                                  "momentum 20d 0.010; difference +0.03")
+    assert yes["difference"]["ci_low"] > 0 and yes["difference"]["n_days"] == 500
+    ci_spans_zero = edge_verdict(_ic(0.041, -0.002, 0.080, daily=strong), _ic(0.010, -0.01, 0.03, daily=weak),
+                                 n_tickers=50)
+    assert ci_spans_zero["edge"] is False and ci_spans_zero["signal"] is False
     assert ci_spans_zero["line"].startswith("edge over the best baseline: no (mean rank IC 0.041")
-    baseline_better = edge_verdict(_ic(0.041, 0.012, 0.070), _ic(0.050, 0.02, 0.08), n_tickers=50)
-    assert baseline_better["edge"] is False and baseline_better["line"].endswith("vs 0.050)")
+    # a real signal that only ties the best baseline is no edge over it
+    tie = edge_verdict(_ic(0.041, 0.012, 0.070, daily=strong), _ic(0.040, 0.01, 0.07, daily=same), n_tickers=50)
+    assert tie["signal"] is True and tie["edge"] is False
+    assert tie["difference"]["ci_low"] < 0 < tie["difference"]["ci_high"]
     alone = edge_verdict(_ic(0.03, 0.01, 0.05, rank=False), None, n_tickers=50)
     assert alone["edge"] is True and "mean IC 0.030" in alone["line"]
     few = edge_verdict(_ic(0.2, 0.1, 0.3), _ic(0.0, -0.1, 0.1), n_tickers=3)

@@ -89,8 +89,11 @@ def test_signals_output_inside_the_input_is_refused(stock_model, stocknet_dir, t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("effect, edge", [(1.0, True), (0.0, False)])
-def test_verdict_on_synthetic_markets(ray_session, tmp_path, effect, edge):
+@pytest.mark.parametrize("effect, signal", [(1.0, True), (0.0, False)])
+def test_verdict_on_synthetic_markets(ray_session, tmp_path, effect, signal):
+    """Planted momentum: the model's rank-IC interval excludes 0 (a real signal).  It is not
+    declared an edge over the best baseline unless the paired difference says so: on this market
+    logistic regression and the momentum rule see the same effect.  Null market: no signal, no edge."""
     from alchemetric_ray.signals.evaluate import evaluate
 
     cfg = load_config(None, ["data.source=synthetic", "data.synthetic_tickers=40", "data.synthetic_days=900",
@@ -99,16 +102,41 @@ def test_verdict_on_synthetic_markets(ray_session, tmp_path, effect, edge):
                              "model.hidden=32", "features.label=binary", "train.metric=val_log_loss", "train.mode=min"])
     model_dir = run_training(cfg, progress=False).model_dir
     result = evaluate(model_dir, None, tmp_path / "report")
-    model = result["rows"][0]
-    assert result["verdict"]["edge"] is edge, result["verdict"]["line"]
-    if edge:
-        assert model["rank_ic"]["ci_low"] > 0
-        assert result["verdict"]["line"].startswith("edge over the best baseline: yes")
-    else:
-        assert result["verdict"]["line"].startswith("edge over the best baseline: no")
+    model, verdict = result["rows"][0], result["verdict"]
+    assert verdict["signal"] is signal, verdict["line"]
+    assert (model["rank_ic"]["ci_low"] > 0) is signal
+    diff = verdict["difference"]
+    assert verdict["edge"] is (signal and diff["ci_low"] > 0)
+    assert verdict["line"].startswith(f"edge over the best baseline: {'yes' if verdict['edge'] else 'no'} (mean rank IC")
+    assert f"{result['best_baseline']} " in verdict["line"] and "difference" in verdict["line"]
+    if not signal:
+        assert verdict["edge"] is False
     report = (tmp_path / "report" / "report.md").read_text()
-    assert result["verdict"]["line"] in report and "| buy and hold |" in report and "| momentum 20d |" in report
+    assert verdict["line"] in report and "| buy and hold |" in report and "| momentum 20d |" in report
+    assert ("signal: yes" if signal else "signal: no") in report
     assert (tmp_path / "report" / "equity.png").stat().st_size > 5000
     saved = json.loads((tmp_path / "report" / "evaluation.json").read_text())
     assert [r["name"] for r in saved["rows"]] == ["deep model", "logistic regression", "hist gradient boosting",
                                                    "momentum 20d", "buy and hold"]
+
+
+@pytest.mark.slow
+def test_evaluate_cli_with_walk_forward_folds(ray_session, tmp_path, capsys):
+    from alchemetric_ray.cli import main
+
+    cfg = load_config(None, ["data.source=synthetic", "data.synthetic_tickers=12", "data.synthetic_days=700",
+                             "data.synthetic_effect=1.0", f"storage.path={tmp_path / 'results'}",
+                             f"storage.models_dir={tmp_path / 'models'}", "storage.name=wf", "train.epochs=2",
+                             "model.hidden=16"])
+    model_dir = run_training(cfg, progress=False).model_dir
+    rc = main(["evaluate", "--model", str(model_dir), "--out", str(tmp_path / "eval"), "signals.folds=2",
+               "signals.n_boot=200"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "edge over the best baseline:" in out and "report:" in out
+    result = json.loads((tmp_path / "eval" / "evaluation.json").read_text())
+    wf = result["walk_forward"]
+    assert len(wf["folds"]) == 2 and wf["folds"][0]["test_end"] < wf["folds"][1]["test_start"]
+    assert np.isfinite(wf["rank_ic_mean"]) and np.isfinite(wf["rank_ic_std"])
+    assert "## Walk-forward (2 folds, retrained per fold)" in (tmp_path / "eval" / "report.md").read_text()
+    assert (tmp_path / "eval" / "signals.parquet").is_file()

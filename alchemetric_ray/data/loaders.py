@@ -73,19 +73,19 @@ class SequenceCollate(NumpyBatchCollateFn):
 
 
 def make_windows(group: dict[str, np.ndarray], features: list[str], window: int) -> dict[str, np.ndarray]:
-    """All full windows of one ticker's rows (sorted by date here): row i ends at bar i + window - 1."""
+    """All full windows of one ticker's rows (sorted by date here): row i ends at bar i + window - 1.
+
+    Every other column (label, fwd_ret, date, ticker, ...) is carried over from the window's last bar.
+    """
     order = np.argsort(group["date"], kind="stable")
-    n = len(order)
-    k = len(features)
+    n, k = len(order), len(features)
+    others = [c for c in group if c not in features]
     if n < window:
-        return {"x": np.zeros((0, window, k), np.float32), "label": np.zeros(0, np.int64),
-                "fwd_ret": np.zeros(0, np.float32), "date": group["date"][:0], "ticker": group["ticker"][:0]}
+        return {"x": np.zeros((0, window, k), np.float32), **{c: group[c][:0] for c in others}}
     feats = np.stack([np.asarray(group[f], dtype=np.float32)[order] for f in features], axis=1)
     windows = np.lib.stride_tricks.sliding_window_view(feats, (window, k))[:, 0]
     last = order[window - 1:]
-    return {"x": np.ascontiguousarray(windows), "label": group["label"][last].astype(np.int64),
-            "fwd_ret": group["fwd_ret"][last].astype(np.float32), "date": group["date"][last],
-            "ticker": group["ticker"][last]}
+    return {"x": np.ascontiguousarray(windows), **{c: group[c][last] for c in others}}
 
 
 _SEQ_PARTITIONS = 4

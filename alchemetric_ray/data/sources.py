@@ -34,7 +34,8 @@ def open_source(data: DataConfig, *, min_history: int = 0) -> Source:
         from alchemetric_ray.data.synthetic import SyntheticMarket, synthetic_bars
 
         market = SyntheticMarket(n_tickers=data.synthetic_tickers, n_days=data.synthetic_days,
-                                 effect=data.synthetic_effect, seed=data.seed)
+                                 effect=data.synthetic_effect, seed=data.seed,
+                                 momentum_window=data.synthetic_effect_window, effect_lag=data.synthetic_effect_lag)
         bars = synthetic_bars(market)
         if data.tickers:
             wanted = set(data.tickers)

@@ -84,6 +84,8 @@ class SyntheticMarket:
     seed: int = 0
     start: str = "2010-01-04"  # business days from here
     momentum_window: int = 10  # next-day E[r] = effect * 0.15 * sigma * tanh(z of trailing window)
+    effect_lag: int = 0  # the window ends this many days before t (0 = the last W days up to t-1):
+    # a lagged effect is invisible to rules and features that look only at the recent window
 
     def __post_init__(self) -> None:
         for name in ("n_tickers", "n_days", "seed", "momentum_window"):
@@ -96,6 +98,8 @@ class SyntheticMarket:
             raise UserError(f"synthetic market: n_days must be >= 2, got {self.n_days}")
         if self.seed < 0:
             raise UserError(f"synthetic market: seed must be >= 0, got {self.seed}")
+        if not isinstance(self.effect_lag, (int, np.integer)) or self.effect_lag < 0:
+            raise UserError(f"synthetic market: effect_lag must be an integer >= 0, got {self.effect_lag!r}")
         if self.momentum_window < 1:
             raise UserError(f"synthetic market: momentum_window must be >= 1, got {self.momentum_window}")
         if not (isinstance(self.effect, (int, float, np.floating)) and math.isfinite(self.effect) and self.effect >= 0):
@@ -255,7 +259,7 @@ def _simulate_block(
     del h
 
     if market.effect > 0:
-        _add_momentum(ret, sigma, market.effect * _MOMENTUM_SCALE, market.momentum_window)
+        _add_momentum(ret, sigma, market.effect * _MOMENTUM_SCALE, market.momentum_window, market.effect_lag)
 
     log_close = np.cumsum(ret, axis=0)
     log_close += log_p0
@@ -263,8 +267,10 @@ def _simulate_block(
         yield _bars(dates, log_close[:, j], ret[:, j], sigma[:, j], log_v0[j], rng)
 
 
-def _add_momentum(ret: np.ndarray, sigma: np.ndarray, scale: float, window: int) -> None:
+def _add_momentum(ret: np.ndarray, sigma: np.ndarray, scale: float, window: int, lag: int = 0) -> None:
     """In place: r_t += scale * sigma_t * tanh(sum of last `window` r / sqrt(sum of their sigma^2)).
+
+    With ``lag`` > 0 the window is r[t-lag-window .. t-lag-1] (its variance likewise).
 
     The trailing sums include the momentum terms already added (the effect feeds back), so
     this is a scan over days; at day t < window the window is what is there (day 0: z = 0).
@@ -277,6 +283,10 @@ def _add_momentum(ret: np.ndarray, sigma: np.ndarray, scale: float, window: int)
     trailing_var[1:] = csum[:-1]  # day t: sum of sigma^2 over days max(0, t - window) .. t - 1
     trailing_var[window + 1 :] -= csum[: max(n - window - 1, 0)]
     # Guard the square root against a difference of cumulative sums rounding to <= 0.
+    if lag:
+        shifted = np.ones_like(trailing_var)  # before the lagged window exists: z = 0 (running is 0)
+        shifted[lag:] = trailing_var[: n - lag] if n > lag else shifted[lag:]
+        trailing_var = shifted
     np.maximum(trailing_var, np.finfo(np.float64).tiny, out=trailing_var)
     inv_scale = 1.0 / np.sqrt(trailing_var)
     del csum, var, trailing_var
@@ -288,9 +298,10 @@ def _add_momentum(ret: np.ndarray, sigma: np.ndarray, scale: float, window: int)
         np.tanh(z, out=z)
         z *= amp[t]
         ret[t] += z
-        running += ret[t]
-        if t >= window:
-            running -= ret[t - window]
+        if t >= lag:  # r[t - lag] enters the window used from day t + 1 on
+            running += ret[t - lag]
+            if t - lag >= window:
+                running -= ret[t - lag - window]
 
 
 def _bars(

@@ -98,6 +98,7 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     test = _segment(inputs, start, end)
     if test.empty:
         raise EvaluationError(f"no rows of the data fall in the test segment {start}..{end}")
+    model_signals = model_signals.assign(date=np.asarray(model_signals["date"], dtype="datetime64[ns]"))
     model_rows = model_signals.merge(test[["date", "ticker", "label"]], on=["date", "ticker"], how="inner")
     proba_cols = [f"p_{c}" for c in classes]
     rows = [contender_stats("deep model", model_rows[["date", "ticker", "score", "position", "fwd_ret"]], cfg,
@@ -123,14 +124,16 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     n_tickers = int(test["ticker"].nunique())
     baselines_with_ic = [r for r in rows[1:] if r["name"] != "buy and hold" and r["_ic"].n_days > 0]
     best = max(baselines_with_ic, key=lambda r: r["_ic"].mean if not math.isnan(r["_ic"].mean) else -1, default=None)
-    verdict = sm.edge_verdict(rows[0]["_ic"], best["_ic"] if best else None, n_tickers=n_tickers, few_tickers=FEW_TICKERS)
+    verdict = sm.edge_verdict(rows[0]["_ic"], best["_ic"] if best else None, n_tickers=n_tickers, few_tickers=FEW_TICKERS,
+                              baseline_name=best["name"] if best else "best baseline", n_boot=cfg.signals.n_boot,
+                              seed=cfg.train.seed)
     return {"segment": {"start": start, "end": end}, "tickers": n_tickers, "rows": rows,
             "best_baseline": best["name"] if best else None, "verdict": verdict, "n_trials": n_trials}
 
 
 def _inputs_frame(staging: Path) -> pd.DataFrame:
     frame = pd.read_parquet(staging)
-    frame["date"] = pd.to_datetime(frame["date"])
+    frame["date"] = np.asarray(pd.to_datetime(frame["date"]).to_numpy(), dtype="datetime64[ns]")
     return frame
 
 
@@ -243,6 +246,9 @@ def render_report(result: dict) -> str:
     v = result["verdict"]
     lines = [f"# Evaluation: {result['model']['name']} ({result['model']['id']})", "",
              f"**{v['line']}**", "",
+             f"signal: {'yes' if v.get('signal') else 'no'} (the model's rank-IC interval "
+             f"{'excludes' if v.get('signal') else 'does not exclude'} 0); an edge over the best baseline also needs "
+             "the paired daily difference to be above 0.", "",
              f"Test segment {seg['start']}..{seg['end']}, {result['tickers']} tickers; returns are earned from the "
              "open after each signal; costs are included in the portfolio figures.", ""]
     if not v.get("cross_section_meaningful", True):

@@ -606,18 +606,38 @@ def deflated_sharpe(returns: np.ndarray, n_trials: int, trial_sr_std: float | No
 # verdict
 
 
+def ic_difference(model_ic: ICStats, baseline_ic: ICStats, *, n_boot: int = 1000, block: int = 10,
+                  seed: int = 0) -> tuple[float, float, float, int]:
+    """Mean daily (model - baseline) IC on the dates both have, with a moving-block bootstrap CI
+    at the model's confidence level: (mean, ci_low, ci_high, n_days).  Pairing by date removes
+    the market-wide day-to-day noise both signals share."""
+    both = pd.concat([model_ic.daily.rename("m"), baseline_ic.daily.rename("b")], axis=1, join="inner").dropna()
+    diff = (both["m"] - both["b"]).to_numpy(dtype=np.float64)
+    if diff.size < 2:
+        return float("nan"), float("nan"), float("nan"), int(diff.size)
+    means = _block_bootstrap_means(diff, n_boot=n_boot, block=block, seed=seed)
+    tail = (1.0 - model_ic.confidence) / 2.0
+    lo, hi = np.quantile(means, [tail, 1.0 - tail])
+    return float(diff.mean()), float(lo), float(hi), int(diff.size)
+
+
 def edge_verdict(
     model_ic: ICStats,
     best_baseline_ic: ICStats | None,
     *,
     n_tickers: int,
     few_tickers: int = 10,
+    baseline_name: str = "best baseline",
+    n_boot: int = 1000,
+    seed: int = 0,
 ) -> dict:
     """One-line answer to "does the model beat its best baseline on the cross-section?".
 
-    edge = model CI low > 0 AND model mean IC > best baseline mean IC (when a baseline is given).
-    With ``n_tickers < few_tickers`` the cross-sectional numbers are not meaningful: edge is False
-    and the line says so.  Returns {"edge", "line", "cross_section_meaningful"}.
+    edge = the model's IC interval excludes 0 AND the paired (model - baseline) daily IC
+    difference has an interval above 0 (see :func:`ic_difference`); a model that merely ties the
+    best baseline has no edge over it.  With ``n_tickers < few_tickers`` the cross-sectional
+    numbers are not meaningful: edge is False and the line says so.
+    Returns {"edge", "signal", "line", "cross_section_meaningful", "difference"}.
     """
     kind = "mean rank IC" if model_ic.rank else "mean IC"
     pct = f"{round(100 * model_ic.confidence):d}%"
@@ -626,14 +646,16 @@ def edge_verdict(
             f"edge over the best baseline: no (cross-sectional numbers are not meaningful with "
             f"{n_tickers} ticker{'s' if n_tickers != 1 else ''}; need at least {few_tickers})"
         )
-        return {"edge": False, "line": line, "cross_section_meaningful": False}
-    base = None if best_baseline_ic is None else best_baseline_ic.mean
-    ci_ok = bool(np.isfinite(model_ic.ci_low) and model_ic.ci_low > 0)
-    beats = base is None or bool(np.isfinite(model_ic.mean) and np.isfinite(base) and model_ic.mean > base)
-    edge = ci_ok and beats
+        return {"edge": False, "signal": False, "line": line, "cross_section_meaningful": False, "difference": None}
+    signal = bool(np.isfinite(model_ic.ci_low) and model_ic.ci_low > 0)
     detail = f"{kind} {model_ic.mean:.3f}, {pct} CI [{model_ic.ci_low:.3f}, {model_ic.ci_high:.3f}]"
-    if base is None:
-        line = f"edge (no baseline given): {'yes' if edge else 'no'} ({detail})"
-    else:
-        line = f"edge over the best baseline: {'yes' if edge else 'no'} ({detail} vs {base:.3f})"
-    return {"edge": edge, "line": line, "cross_section_meaningful": True}
+    if best_baseline_ic is None:
+        line = f"edge (no baseline given): {'yes' if signal else 'no'} ({detail})"
+        return {"edge": signal, "signal": signal, "line": line, "cross_section_meaningful": True, "difference": None}
+    d_mean, d_lo, d_hi, d_n = ic_difference(model_ic, best_baseline_ic, n_boot=n_boot, seed=seed)
+    beats = bool(np.isfinite(d_lo) and d_lo > 0)
+    edge = signal and beats
+    line = (f"edge over the best baseline: {'yes' if edge else 'no'} ({detail}; {baseline_name} "
+            f"{best_baseline_ic.mean:.3f}; difference {d_mean:+.3f}, {pct} CI [{d_lo:+.3f}, {d_hi:+.3f}])")
+    return {"edge": edge, "signal": signal, "line": line, "cross_section_meaningful": True,
+            "difference": {"mean": d_mean, "ci_low": d_lo, "ci_high": d_hi, "n_days": d_n}}

@@ -153,7 +153,6 @@ def predict(model_dir: str | Path, data: str | None, out: str | Path, cfg: RunCo
         names = loaded.manifest["features"]
         if loaded.mode == "sequence":
             ds = sequence_dataset(ds, names, loaded.config.features.window)
-            ds = ds.map_batches(_attach_effective_dates, fn_args=(str(staging),), batch_format="pandas")
         gpus = ray.cluster_resources().get("GPU", 0)
         actors, per_actor_gpu = _actor_plan(cfg, gpus)
         scored = ds.map_batches(
@@ -174,22 +173,21 @@ def _actor_plan(cfg: RunConfig, gpus: float) -> tuple[int, float]:
     return cfg.signals.actors or 1, 0.0
 
 
-def _attach_effective_dates(batch: pd.DataFrame, staging: str) -> pd.DataFrame:
-    # windows keep date, ticker, fwd_ret; the effective date comes from the staged rows
-    keys = pd.read_parquet(staging, columns=["date", "ticker", "effective_date"])
-    return batch.merge(keys, on=["date", "ticker"], how="left")
+def _datetimes(column) -> np.ndarray:
+    """Plain numpy datetime64[ns] (Ray Data hands back Arrow-backed timestamps)."""
+    return np.asarray(pd.to_datetime(column).to_numpy(), dtype="datetime64[ns]")
 
 
 def _write_signals(scored: pd.DataFrame, loaded, model_dir: Path, out: Path, cfg: RunConfig) -> pd.DataFrame:
     classes = loaded.manifest["label"]["classes"]
     proba = np.stack(scored["proba"].to_numpy()) if len(scored) else np.zeros((0, len(classes)))
-    frame = pd.DataFrame({"date": pd.to_datetime(scored["date"]), "ticker": scored["ticker"].astype(str)})
+    frame = pd.DataFrame({"date": _datetimes(scored["date"]), "ticker": scored["ticker"].astype(str).to_numpy()})
     for j, name in enumerate(classes):
         frame[f"p_{name}"] = proba[:, j]
     frame["pred_class"] = np.asarray(classes, dtype=object)[proba.argmax(axis=1)] if len(frame) else []
     frame["score"] = proba[:, classes.index("up")] - proba[:, classes.index("down")]
     frame["position"] = positions(frame["score"].to_numpy(), cfg.signals.long_threshold, cfg.signals.short_threshold)
-    frame["effective_date"] = pd.to_datetime(scored["effective_date"])
+    frame["effective_date"] = _datetimes(scored["effective_date"])
     frame["fwd_ret"] = scored["fwd_ret"].astype("float32")
     frame["model_id"] = model_id(model_dir)
     frame["device"] = scored["device"].astype(str)
