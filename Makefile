@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # the same pin takes that platform's wheel.  Override with `make TORCH_SPEC=... install`.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast test-deps clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,14 @@ demo: install
 	$(BIN)/alchemetric-ray env
 	$(BIN)/python jobs/train.py
 
-test: install
+# The sweep-report test renders HTML in Debian's headless chromium; installed here when missing.
+test-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "the report test needs Debian's chromium: sudo apt-get install -y chromium" >&2; fi; }
+
+test: install test-deps
 	$(BIN)/python -m pytest tests
 
 test-fast: install

@@ -332,6 +332,10 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"config '{key}': expected a number, got {value!r}")
         return float(value)
     if tp is str:
+        import datetime
+
+        if isinstance(value, datetime.date):  # YAML reads 2011-01-20 as a date
+            return value.isoformat()
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
         raise ConfigError(f"config '{key}': expected a string, got {value!r}")

@@ -67,6 +67,15 @@ def test_grid_search_needs_lists():
         build_space(load_config(None, ["tune.search=grid", "tune.space={train.lr: {loguniform: [0.001, 0.1]}}"]))
 
 
+def test_optuna_search_uses_tunes_own_integration():
+    from ray.tune.search.optuna import OptunaSearch
+
+    from alchemetric_ray.tune.sweep import _searcher
+
+    assert isinstance(_searcher(load_config(None, ["tune.search=optuna"])), OptunaSearch)
+    assert _searcher(load_config(None, ["tune.search=random"])) is None
+
+
 def test_concurrency_fits_the_cluster():
     cfg = load_config(None, ["scaling.cpus_per_worker=1"])
     plan = plan_resources(cfg, {"CPU": 4.0})

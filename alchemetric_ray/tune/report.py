@@ -68,8 +68,8 @@ def _fmt_float(v: float, spec: str) -> str:
     return format(v, spec)
 
 
-def _fmt_value(value: Any) -> str:
-    """A hyperparameter or other config value as short text."""
+def _fmt_value(value: Any, spec: str = ".6g", integral: bool = True) -> str:
+    """A hyperparameter or other config value (or, with ``spec``, a metric) as short text."""
     if value is _MISSING or value is None:
         return "\u2013"
     if isinstance(value, bool):
@@ -78,27 +78,16 @@ def _fmt_value(value: Any) -> str:
         return str(value)
     v = _num(value)
     if v is not None:
-        if float(v).is_integer() and not isinstance(value, float):
+        if integral and float(v).is_integer() and not isinstance(value, float):
             return str(int(v))
-        return _fmt_float(v, ".6g")
+        return _fmt_float(v, spec)
     if isinstance(value, (list, tuple, dict)):
         return json.dumps(value, default=str)
     return str(value)
 
 
 def _fmt_metric(value: Any) -> str:
-    if value is None or value is _MISSING:
-        return "\u2013"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    v = _num(value)
-    if v is not None:
-        return _fmt_float(v, ".4f")
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value, default=str)
-    return str(value)
+    return _fmt_value(value, ".4f", integral=False)
 
 
 def _plot_text(value: Any, limit: int = _LABEL_MAX) -> str:
