@@ -175,6 +175,22 @@ def _evaluate(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def _doctor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="model_dir", help="a saved model folder: also certify its decisions per backend")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quick", action="store_true", help="shorter speed ladder and mixed-precision run")
+
+
+@command("doctor", "verify a model on each device/precision here and recommend one (exit 0 if it passes)",
+         _doctor_args)
+def _doctor(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from alchemetric_ray.doctor.run import format_report, run_doctor
+
+    report = run_doctor(cfg, device=args.device, model_dir=args.model_dir, quick=args.quick)
+    print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
+    return report["verdict"]["exit_code"]
+
+
 # ---- entry point ---------------------------------------------------------------------------
 
 

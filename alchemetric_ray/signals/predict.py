@@ -14,6 +14,7 @@ precision it was computed on.  The file is written beside its final name and ren
 from __future__ import annotations
 
 import hashlib
+import sys
 import shutil
 import tempfile
 from pathlib import Path
@@ -178,6 +179,28 @@ def _datetimes(column) -> np.ndarray:
     return np.asarray(pd.to_datetime(column).to_numpy(), dtype="datetime64[ns]")
 
 
+def warn_if_uncertified(model_dir: Path, device_type: str, mode: str) -> str | None:
+    """The warning ``predict`` prints when serving on a backend the doctor never certified."""
+    from alchemetric_ray.doctor.certificate import backend_key, certified_backends
+
+    certified = certified_backends(model_dir)
+    key = backend_key(device_type, mode)
+    trained = loaded_backend(model_dir)
+    if key == trained or (certified is not None and key in certified):
+        return None
+    message = (f"warning: serving {model_dir.name} on {key}, which was never certified for this model "
+               f"(trained on {trained}); run `alchemetric-ray doctor --model {model_dir}` first")
+    print(message, file=sys.stderr)
+    return message
+
+
+def loaded_backend(model_dir: Path) -> str:
+    import json
+
+    meta = json.loads((model_dir / "meta.json").read_text())
+    return f"{meta['device']['device'].split(':')[0]}/{meta['precision']['mode']}"
+
+
 def _write_signals(scored: pd.DataFrame, loaded, model_dir: Path, out: Path, cfg: RunConfig) -> pd.DataFrame:
     classes = loaded.manifest["label"]["classes"]
     proba = np.stack(scored["proba"].to_numpy()) if len(scored) else np.zeros((0, len(classes)))
@@ -193,6 +216,8 @@ def _write_signals(scored: pd.DataFrame, loaded, model_dir: Path, out: Path, cfg
     frame["device"] = scored["device"].astype(str)
     frame["precision"] = scored["precision"].astype(str)
     frame = frame.sort_values(["date", "ticker"]).reset_index(drop=True)
+    if len(frame):
+        warn_if_uncertified(model_dir, frame["device"].iloc[0].split(":")[0], frame["precision"].iloc[0])
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp"
     frame.to_parquet(tmp, index=False)

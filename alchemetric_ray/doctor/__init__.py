@@ -1,0 +1,1 @@
+"""Backend verification: operator coverage, CPU parity, mixed-precision sanity, speed, certificate."""

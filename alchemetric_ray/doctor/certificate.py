@@ -1,0 +1,107 @@
+"""Backend certificate: does a saved model make the same trading decisions on another backend?
+
+The model's predictions on the same rows on each backend and precision are compared with its
+training backend (or CPU float32 when that backend is not here): rank correlation of the scores,
+the share of positions that flip, and the change in rank IC.  ``certificate.json`` is written into
+the model folder; ``predict`` warns when it serves on a backend that was never certified.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from alchemetric_ray.fsutil import atomic_write_json
+
+CERTIFICATE = "certificate.json"
+MAX_FLIP_SHARE = 0.01  # more than 1% of positions flipping blocks a backend
+MAX_ROWS = 20_000
+
+
+def backend_key(device_type: str, mode: str) -> str:
+    return f"{device_type}/{mode}"
+
+
+def certificate_rows(loaded) -> tuple[np.ndarray, pd.DataFrame]:
+    """Inputs (the model's own normalized features) and keys for its test segment."""
+    from alchemetric_ray.signals.predict import stage_inputs
+    from alchemetric_ray.train.evaluate import model_inputs
+
+    with tempfile.TemporaryDirectory(prefix="alchemetric-cert-") as tmp:
+        stage_inputs(loaded, None, Path(tmp))
+        frame = pd.read_parquet(tmp)
+    frame["date"] = np.asarray(pd.to_datetime(frame["date"]).to_numpy(), dtype="datetime64[ns]")
+    s = loaded.manifest["splits"]
+    test = frame[(frame["date"] >= pd.Timestamp(s["test_start"])) & (frame["date"] <= pd.Timestamp(s["test_end"]))]
+    x, rows = model_inputs(test, loaded.manifest["features"], loaded.mode, loaded.config.features.window)
+    return x[:MAX_ROWS], rows.iloc[:MAX_ROWS].reset_index(drop=True)
+
+
+def _scores(loaded, x: np.ndarray, device, precision) -> np.ndarray:
+    from alchemetric_ray.train.evaluate import predict_proba
+
+    classes = loaded.manifest["label"]["classes"]
+    model = loaded.model.to(device)
+    try:
+        proba = predict_proba(model, x, device, precision)
+    finally:
+        loaded.model.to("cpu")
+    return proba[:, classes.index("up")] - proba[:, classes.index("down")]
+
+
+def _rank_ic(rows: pd.DataFrame, score: np.ndarray) -> float:
+    from alchemetric_ray.signals.metrics import daily_ic
+
+    frame = pd.DataFrame({"date": rows["date"], "ticker": rows["ticker"], "score": score, "fwd_ret": rows["fwd_ret"]})
+    ic = daily_ic(frame, rank=True, min_names=3)
+    return float(ic.mean()) if len(ic) else float("nan")
+
+
+def certify(loaded, backends: list[tuple[Any, Any]], reference: tuple[Any, Any]) -> dict:
+    """Compare every (device, precision) in ``backends`` with ``reference`` on the same rows."""
+    from scipy.stats import spearmanr
+
+    from alchemetric_ray.signals.predict import positions
+
+    x, rows = certificate_rows(loaded)
+    th = loaded.config.signals
+    ref_dev, ref_prec = reference
+    ref_score = _scores(loaded, x, ref_dev, ref_prec)
+    ref_pos = positions(ref_score, th.long_threshold, th.short_threshold)
+    ref_ic = _rank_ic(rows, ref_score)
+    results = {}
+    for device, precision in backends:
+        score = _scores(loaded, x, device, precision)
+        pos = positions(score, th.long_threshold, th.short_threshold)
+        flips = float((pos != ref_pos).mean()) if len(pos) else 0.0
+        corr = float(spearmanr(score, ref_score).statistic) if len(score) > 2 else float("nan")
+        ic = _rank_ic(rows, score)
+        results[backend_key(device.type, precision.mode)] = {
+            "rows": int(len(score)), "score_rank_corr": corr, "flipped_positions": flips,
+            "rank_ic": ic, "rank_ic_change": ic - ref_ic, "max_abs_score_diff": float(np.abs(score - ref_score).max()) if len(score) else 0.0,
+            "passed": bool(flips <= MAX_FLIP_SHARE),
+        }
+    return {"reference": backend_key(ref_dev.type, ref_prec.mode), "reference_rank_ic": ref_ic,
+            "max_flip_share": MAX_FLIP_SHARE, "backends": results,
+            "certified": sorted(k for k, v in results.items() if v["passed"]),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def write_certificate(model_dir: Path, cert: dict) -> Path:
+    path = Path(model_dir) / CERTIFICATE
+    atomic_write_json(path, cert)
+    return path
+
+
+def certified_backends(model_dir: Path) -> list[str] | None:
+    import json
+
+    path = Path(model_dir) / CERTIFICATE
+    if not path.is_file():
+        return None
+    return list(json.loads(path.read_text()).get("certified", []))

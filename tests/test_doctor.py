@@ -1,0 +1,140 @@
+"""The backend doctor: real checks on this CPU, and the decision logic on patched findings."""
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from alchemetric_ray.config import load_config
+from alchemetric_ray.doctor.run import decide, run_doctor
+
+
+@pytest.fixture(scope="module")
+def mlp_report():
+    return run_doctor(load_config(), quick=True)
+
+
+def _target(report, device_type, mode):
+    return next(t for t in report["targets"] if t["device_type"] == device_type and t["mode"] == mode)
+
+
+def test_every_check_runs_for_cpu_fp32_and_bf16(mlp_report):
+    for mode in ("fp32", "bf16"):
+        t = _target(mlp_report, "cpu", mode)
+        assert t["op_coverage"]["n_ops"] > 10 and t["op_coverage"]["unsupported"] == {}
+        assert "addmm" in t["op_coverage"]["ops"] and t["op_coverage"]["fallback_env"] == "PYTORCH_ENABLE_MPS_FALLBACK=0"
+        assert t["parity"]["passed"] and t["amp"]["passed"]
+        assert [r["batch"] for r in t["speed"]["ladder"]] == [256, 1024]
+        assert all(r["samples_per_s"] > 0 for r in t["speed"]["ladder"])
+    # parity CPU fp32 vs CPU bf16: a real, small difference inside the bf16 tolerance
+    bf16 = _target(mlp_report, "cpu", "bf16")["parity"]
+    assert 0 < bf16["logits_max_rel"] <= bf16["tolerance_rel"]
+    assert _target(mlp_report, "cpu", "fp32")["parity"]["logits_max_rel"] == 0.0
+    assert _target(mlp_report, "cpu", "bf16")["amp"]["skipped_steps"] == 0
+    assert "refused" in _target(mlp_report, "cpu", "fp16")
+    rec = mlp_report["verdict"]["recommended"]
+    assert rec["device"] == "cpu" and rec["precision"] in ("fp32", "bf16") and mlp_report["verdict"]["exit_code"] == 0
+    json.dumps(mlp_report)  # one JSON object
+
+
+def test_lstm_under_cpu_autocast_is_a_blocker_and_fp32_is_recommended():
+    report = run_doctor(load_config(None, ["model.name=lstm", "model.hidden=16"]), quick=True)
+    bf16 = _target(report, "cpu", "bf16")
+    assert any("LSTM fails under CPU autocast" in b for b in bf16["blockers"])
+    assert report["verdict"]["recommended"] == {"device": "cpu", "precision": "fp32"}
+
+
+# ---- decision logic on patched findings ----------------------------------------------------------
+
+
+def _found(mlp_report):
+    cpu = copy.deepcopy(_target(mlp_report, "cpu", "fp32"))
+    gpu = copy.deepcopy(cpu)
+    gpu.update(device="mps", device_type="mps", mode="fp32")
+    gpu["speed"]["best_samples_per_s"] = cpu["speed"]["best_samples_per_s"] * 3
+    for t in (cpu, gpu):
+        t.pop("blockers", None)
+        t.pop("passed", None)
+    return cpu, gpu
+
+
+def test_decision_fastest_passing_target_wins(mlp_report):
+    cpu, gpu = _found(mlp_report)
+    verdict = decide([cpu, gpu])
+    assert verdict["recommended"] == {"device": "mps", "precision": "fp32"} and verdict["exit_code"] == 0
+    assert any("3.00x CPU float32" in r for r in verdict["reasons"])
+
+
+def test_decision_unsupported_operator_blocks(mlp_report):
+    cpu, gpu = _found(mlp_report)
+    gpu["op_coverage"]["unsupported"] = {"aten::_linalg_eigh": "not implemented for 'MPS'"}
+    decide([cpu, gpu])
+    assert gpu["blockers"] == ["operators without a mps kernel (would fall back to the CPU): aten::_linalg_eigh"]
+    assert decide([cpu, gpu])["recommended"] == {"device": "cpu", "precision": "fp32"}
+
+
+def test_decision_parity_failure_blocks(mlp_report):
+    cpu, gpu = _found(mlp_report)
+    gpu["parity"].update(passed=False, logits_max_rel=0.3)
+    decide([cpu, gpu])
+    assert gpu["blockers"][0].startswith("numerical parity with CPU float32 failed (logits rel 3.00e-01")
+
+
+def test_decision_slower_device_blocks(mlp_report):
+    cpu, gpu = _found(mlp_report)
+    gpu["speed"]["best_samples_per_s"] = cpu["speed"]["best_samples_per_s"] / 2
+    verdict = decide([cpu, gpu])
+    assert gpu["blockers"][0].startswith("slower than the CPU for this model")
+    assert verdict["recommended"]["device"] == "cpu"
+
+
+def test_decision_flipped_positions_block_and_nothing_passing_exits_nonzero(mlp_report):
+    cpu, gpu = _found(mlp_report)
+    cert = {"reference": "cpu/fp32", "max_flip_share": 0.01,
+            "backends": {"mps/fp32": {"passed": False, "flipped_positions": 0.07}, "cpu/fp32": {"passed": True}}}
+    decide([cpu, gpu], cert)
+    assert gpu["blockers"] == ["7.0% of the saved model's positions flip vs cpu/fp32 (limit 1%)"]
+    cpu["amp"] = {"passed": False, "final_loss": 2.0, "final_loss_fp32": 0.5, "skipped_steps": 9}
+    verdict = decide([cpu, gpu], cert)
+    assert verdict["recommended"] is None and verdict["exit_code"] == 1
+
+
+# ---- the certificate, and predict's warning ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_certificate_for_a_saved_model(ray_session, stocknet_dir, tmp_path, capsys):
+    from alchemetric_ray.signals.predict import warn_if_uncertified
+    from alchemetric_ray.train.trainer import run_training
+
+    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM,GE",
+                             f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
+                             "storage.name=cert", "train.epochs=1", "model.hidden=16"])
+    model_dir = run_training(cfg, progress=False).model_dir
+    assert warn_if_uncertified(model_dir, "cpu", "bf16") is not None  # not certified yet
+    assert "never certified" in capsys.readouterr().err
+    report = run_doctor(cfg, model_dir=str(model_dir), quick=True)
+    cert = json.loads((model_dir / "certificate.json").read_text())
+    assert cert == json.loads(json.dumps(report["certificate"]))
+    assert cert["reference"] == "cpu/fp32"
+    same = cert["backends"]["cpu/fp32"]
+    assert same["flipped_positions"] == 0.0 and same["score_rank_corr"] == pytest.approx(1.0) and same["rows"] > 100
+    bf16 = cert["backends"]["cpu/bf16"]
+    assert 0.9 < bf16["score_rank_corr"] <= 1.0 and 0 <= bf16["flipped_positions"] <= 1
+    assert ("cpu/bf16" in cert["certified"]) is bf16["passed"]
+    if bf16["passed"]:
+        assert warn_if_uncertified(model_dir, "cpu", "bf16") is None
+
+
+def test_doctor_cli_json_and_exit_code():
+    out = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", "doctor", "--quick", "--json", "model.hidden=8"],
+                         capture_output=True, text=True, timeout=600)
+    report = json.loads(out.stdout)
+    assert out.returncode == report["verdict"]["exit_code"] == 0
+    assert set(report) == {"inventory", "model", "targets", "certificate", "verdict"}
+    assert {"device", "mode", "blockers", "passed"} <= set(report["targets"][0])
+    bad = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", "doctor", "--device", "cuda"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "CUDA is not available" in bad.stderr
