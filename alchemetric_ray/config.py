@@ -118,6 +118,7 @@ class ScalingConfig:
     gpus_per_worker: float = 1.0
     threads_per_worker: int = 0  # torch threads; 0 = from the CPUs a worker holds
     max_failures: int = 0  # worker-group restarts before the run fails
+    placement: str = "PACK"  # PACK | SPREAD | STRICT_SPREAD | STRICT_PACK (Ray placement group strategy)
 
 
 @dataclass
@@ -150,6 +151,7 @@ class StorageConfig:
     run: str | None = None  # Ray Train run name; None = "<name>-<timestamp>" (a fresh run)
     resume: bool = False  # continue the latest run of this name (or storage.run) from its checkpoint
     num_to_keep: int = 2
+    shared: bool = False  # a local storage.path that every node mounts (NFS/EFS); needed on multi-node clusters
 
 
 @dataclass
@@ -416,6 +418,7 @@ def validate(cfg: RunConfig) -> None:
     _check(s.cpus_per_worker >= 0, "scaling.cpus_per_worker", s.cpus_per_worker, ">= 0 (0 = automatic)")
     _check(s.gpus_per_worker > 0, "scaling.gpus_per_worker", s.gpus_per_worker, "> 0")
     _check(s.threads_per_worker >= 0, "scaling.threads_per_worker", s.threads_per_worker, ">= 0")
+    _choice("scaling.placement", s.placement, ["PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"])
     _check(s.max_failures >= -1, "scaling.max_failures", s.max_failures, ">= -1 (-1 = retry forever)")
 
     tu = cfg.tune

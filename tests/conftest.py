@@ -8,6 +8,9 @@ from pathlib import Path
 # Each ray.train.report() waits up to this interval; the default 2 s dominates small tests.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# A 2-core machine under load can take over a minute to start a worker group; Ray's default
+# (60 s) then fails the run. Bounded all the same.
+os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "300")
 os.environ.pop("ALCHEMETRIC_DEVICE", None)
 
 import pytest  # noqa: E402

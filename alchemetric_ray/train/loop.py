@@ -162,6 +162,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         "threads": threads,
         "world_size": world,
         "epochs_per_rank": _gather_list(epochs_here, world),
+        "node_ids": _gather_list(_node_id(), world),
         "rows": _gather_list(data.rows_seen, world),
         "fingerprint": _gather_list(data.fingerprint, world),
     }
@@ -323,6 +324,12 @@ def _epoch_line(row: dict, t, device, precision_mode: str, metric: str) -> str:
     mark = " *" if row.get("improved") else ""
     return (f"epoch {row['epoch'] + 1}/{t.epochs}  train_loss {row['train_loss']:.4f}  {vals}  "
             f"{row['samples_per_s']:,.0f} samples/s  {device} {precision_mode}{mark}")
+
+
+def _node_id() -> str | None:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def _say(rank: int, message: str) -> None:

@@ -77,6 +77,18 @@ def ensure_ray(cfg: RunConfig) -> None:
              runtime_env={"env_vars": env}, log_to_driver=True)
 
 
+def check_storage_reaches_every_node(cfg: RunConfig) -> None:
+    """Checkpoints must be on storage every node sees: refuse a plain local path on a multi-node
+    cluster unless the user says it is a shared mount (storage.shared=true)."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) > 1 and "://" not in cfg.storage.path and not cfg.storage.shared:
+        raise TrainError(f"config 'storage.path': {cfg.storage.path} is a local folder but the Ray cluster has "
+                         f"{len(nodes)} nodes; use storage every node sees (s3://..., gs://...) or, for an NFS/EFS "
+                         "mount at the same path on every node, set storage.shared=true")
+
+
 def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Path:
     """The feature shards for ``cfg``: ``data.path`` itself if it holds shards, else built once."""
     if cfg.data.path and (Path(cfg.data.path) / MANIFEST).is_file():
@@ -147,7 +159,8 @@ def build_trainer(cfg: RunConfig, datasets: dict, manifest: dict, plan: Resource
         train_loop_per_worker,
         train_loop_config={"run": cfg.to_dict(), "manifest": manifest, "plan": plan.as_dict()},
         scaling_config=ScalingConfig(num_workers=0 if local_mode else plan.num_workers, use_gpu=plan.use_gpu,
-                                     resources_per_worker=None if local_mode else resources),
+                                     resources_per_worker=None if local_mode else resources,
+                                     placement_strategy=cfg.scaling.placement),
         torch_config=TorchConfig(backend=plan.backend),
         datasets=datasets,
         dataset_config=DataConfig(execution_options=options),
@@ -172,6 +185,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
     started = time.monotonic()
     model_spec(cfg.model.name)  # an unknown model fails before anything starts
     ensure_ray(cfg)
+    check_storage_reaches_every_node(cfg)
     shards = prepare_shards(cfg, progress=progress)
     manifest = load_manifest(shards)
     check_compatible(cfg, manifest)

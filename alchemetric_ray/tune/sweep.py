@@ -30,6 +30,7 @@ from alchemetric_ray.train.plan import DATA_CPU_RESERVE, plan_resources
 from alchemetric_ray.train.trainer import (
     build_trainer,
     check_compatible,
+    check_storage_reaches_every_node,
     ensure_ray,
     prepare_shards,
     storage_uri,
@@ -155,6 +156,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     for name in _values_of(cfg.tune.space.get("model.name"), cfg.model.name):
         model_spec(name)
     ensure_ray(cfg)
+    check_storage_reaches_every_node(cfg)
     shards = prepare_shards(cfg, progress=progress)
     manifest = load_manifest(shards)
     check_compatible(cfg, manifest)
