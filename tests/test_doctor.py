@@ -27,7 +27,7 @@ def test_every_check_runs_for_cpu_fp32_and_bf16(mlp_report):
         assert "addmm" in t["op_coverage"]["ops"] and t["op_coverage"]["fallback_env"] == "PYTORCH_ENABLE_MPS_FALLBACK=0"
         assert t["parity"]["passed"] and t["amp"]["passed"]
         assert [r["batch"] for r in t["speed"]["ladder"]] == [256, 1024]
-        assert all(r["samples_per_s"] > 0 for r in t["speed"]["ladder"])
+        assert all(r["samples_per_s"] > 0 and r["peak_memory_bytes"] > 0 for r in t["speed"]["ladder"])
     # parity CPU fp32 vs CPU bf16: a real, small difference inside the bf16 tolerance
     bf16 = _target(mlp_report, "cpu", "bf16")["parity"]
     assert 0 < bf16["logits_max_rel"] <= bf16["tolerance_rel"]

@@ -64,6 +64,17 @@ def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
 # ---- the resource plan ---------------------------------------------------------------------------
 
 
+def test_worker_env_carries_fallback_and_token_location_not_the_token(monkeypatch):
+    from alchemetric_ray.train.trainer import worker_env
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/home/ray/.ray/auth_token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "secret-value")
+    env = worker_env(load_config(None, ["device.mps_fallback=warn"]))
+    assert env["PYTORCH_ENABLE_MPS_FALLBACK"] == "1" and env["RAY_AUTH_TOKEN_PATH"] == "/home/ray/.ray/auth_token"
+    assert "secret-value" not in env.values()
+    assert worker_env(load_config())["PYTORCH_ENABLE_MPS_FALLBACK"] == "0"
+
+
 def test_plan_laptop_cpu_defaults():
     cfg = load_config()
     plan = plan_resources(cfg, {"CPU": 2.0})

@@ -231,11 +231,16 @@ def amp_sanity(model_cfg: ModelConfig, device: torch.device, precision: Precisio
 
 
 def _peak_memory(device: torch.device) -> int | None:
+    """Peak device memory; on the CPU the process's resident high-water mark (it never goes down,
+    so a rise along the batch ladder is what the larger batch needed)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     if device.type == "mps":
         return int(torch.mps.driver_allocated_memory())
-    return None
+    import resource
+
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
 
 
 def speed(model_cfg: ModelConfig, device: torch.device, precision: Precision, *, ladder=(256, 1024, 4096),

@@ -51,10 +51,13 @@ class TrainOutcome:
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:
     """Environment every Ray worker needs before torch loads."""
-    return {
+    env = {
         "PYTORCH_ENABLE_MPS_FALLBACK": "1" if cfg.device.mps_fallback == "warn" else "0",
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S),
     }
+    if os.environ.get("RAY_AUTH_TOKEN_PATH"):  # where the token lives, never the token itself
+        env["RAY_AUTH_TOKEN_PATH"] = os.environ["RAY_AUTH_TOKEN_PATH"]
+    return env
 
 
 def ensure_ray(cfg: RunConfig) -> None:
