@@ -138,3 +138,23 @@ def test_doctor_cli_json_and_exit_code():
     bad = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", "doctor", "--device", "cuda"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "CUDA is not available" in bad.stderr
+
+
+def test_mps_autocast_in_training_needs_a_passing_doctor_record(tmp_path):
+    from alchemetric_ray.doctor.records import DoctorRequired, record_path, require_checked_mps_autocast, write_records
+
+    cfg = load_config(None, [f"storage.path={tmp_path}", "precision.mode=bf16", "model.hidden=16"])
+    require_checked_mps_autocast(cfg, "cpu")  # only MPS is gated
+    require_checked_mps_autocast(cfg.replace("precision.mode=fp32"), "mps")  # float32 needs nothing
+    with pytest.raises(DoctorRequired, match="needs a passing doctor check for this model; run `alchemetric-ray doctor"):
+        require_checked_mps_autocast(cfg, "mps")
+    write_records(cfg, [{"device": "mps", "device_type": "mps", "mode": "bf16", "passed": False,
+                         "blockers": ["operators without a mps kernel: aten::foo"]}])
+    with pytest.raises(DoctorRequired, match="the doctor blocked this model there .*aten::foo"):
+        require_checked_mps_autocast(cfg, "mps")
+    write_records(cfg, [{"device": "mps", "device_type": "mps", "mode": "bf16", "passed": True, "blockers": []}])
+    require_checked_mps_autocast(cfg, "mps")
+    # another model setting is another model: its record is separate
+    with pytest.raises(DoctorRequired):
+        require_checked_mps_autocast(cfg.replace("model.hidden=32"), "mps")
+    assert record_path(cfg, "mps", "bf16").is_file()

@@ -118,6 +118,9 @@ def run_doctor(cfg: RunConfig, *, device: str | None = None, model_dir: str | No
     report["targets"] = found
     report["certificate"] = certificate
     report["verdict"] = decide(found, certificate)
+    from alchemetric_ray.doctor.records import write_records
+
+    write_records(model_cfg if loaded is None else loaded.config.replace(f"storage.path={cfg.storage.path}"), found)
     return report
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.loaders import build_datasets
 from alchemetric_ray.data.shards import MANIFEST, build_shards, load_manifest
+from alchemetric_ray.doctor.records import require_checked_mps_autocast
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import safe_child
 from alchemetric_ray.models import model_spec
@@ -193,6 +194,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
     manifest = load_manifest(shards)
     check_compatible(cfg, manifest)
     plan = plan_resources(cfg, ray.cluster_resources())
+    require_checked_mps_autocast(cfg, plan.accelerator)
     print("resource plan:\n" + plan.describe(), flush=True)
     datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window)
     name = name or run_name(cfg)

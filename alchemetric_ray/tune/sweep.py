@@ -22,6 +22,7 @@ from typing import Any
 from alchemetric_ray.config import ConfigError, RunConfig
 from alchemetric_ray.data.loaders import build_datasets
 from alchemetric_ray.data.shards import load_manifest
+from alchemetric_ray.doctor.records import require_checked_mps_autocast
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write_json, safe_child
 from alchemetric_ray.models import model_spec
@@ -163,6 +164,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     cluster = ray.cluster_resources()
     trial_cfg = cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
     plan = plan_resources(trial_cfg, cluster)
+    require_checked_mps_autocast(trial_cfg, plan.accelerator)
     name = sweep_name(cfg)
     path = f"{storage_uri(cfg).rstrip('/')}/{name}"
     limit = concurrency(cfg, plan, cluster.get("CPU", 1))
