@@ -27,6 +27,14 @@ def safe_child(parent: str | Path, name: str, what: str = "name") -> Path:
     return Path(parent) / name
 
 
+def unwritable_ancestor(folder: str | Path) -> Path | None:
+    """The nearest existing ancestor of ``folder`` (itself included) if we cannot write there, else None."""
+    probe = Path(folder) if str(folder) else Path(".")
+    while not probe.exists():
+        probe = probe.parent
+    return None if os.access(probe, os.W_OK) else probe
+
+
 def _tmp_beside(path: Path) -> Path:
     return path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
 

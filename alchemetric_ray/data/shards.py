@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import sys
@@ -37,7 +36,7 @@ import pyarrow.parquet as pq
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_write_json, replace_dir, staging_dir
+from alchemetric_ray.fsutil import atomic_write_json, replace_dir, staging_dir, unwritable_ancestor
 from alchemetric_ray.data import features as feat
 from alchemetric_ray.data.labels import LabelSpec, make_labels
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
@@ -160,12 +159,9 @@ def _check_output(out: Path, cfg: RunConfig) -> None:
         target = out.resolve()
         if target == data or data in target.parents:
             raise ShardError(f"output folder {out} is inside the input data folder {cfg.data.path}")
-    parent = out.parent if out.parent != Path("") else Path(".")
-    probe = parent
-    while not probe.exists():
-        probe = probe.parent
-    if not os.access(probe, os.W_OK):
-        raise ShardError(f"output folder {out}: {probe} is not writable")
+    blocked = unwritable_ancestor(out.parent)
+    if blocked is not None:
+        raise ShardError(f"output folder {out}: {blocked} is not writable")
 
 
 def _pass_features(bars, names, spec: LabelSpec, staging: Path, need: int, progress: Callable) -> dict:

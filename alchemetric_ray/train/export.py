@@ -20,7 +20,7 @@ import torch
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_torch_save, atomic_write_json, atomic_write_text, replace_dir, safe_child, staging_dir
+from alchemetric_ray.fsutil import atomic_torch_save, atomic_write_json, atomic_write_text, replace_dir, safe_child, staging_dir, unwritable_ancestor
 from alchemetric_ray.hardware import resolve_device, resolve_precision
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.train.checkpoint import CheckpointError, load_state, read_meta
@@ -100,13 +100,9 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict 
 
 
 def _check_writable(folder: Path) -> None:
-    import os
-
-    probe = folder
-    while not probe.exists():
-        probe = probe.parent
-    if not os.access(probe, os.W_OK):
-        raise ModelDirError(f"models directory {folder}: {probe} is not writable")
+    blocked = unwritable_ancestor(folder)
+    if blocked is not None:
+        raise ModelDirError(f"models directory {folder}: {blocked} is not writable")
 
 
 def _build(cfg: RunConfig, manifest: dict) -> torch.nn.Module:
