@@ -168,12 +168,14 @@ def _cpu(requested: str, model_name: str | None) -> Precision:
 # ---- the optimizer step --------------------------------------------------------------------
 
 
-class NonFiniteLossError(FloatingPointError):
-    """A NaN/inf loss (or gradient) where no GradScaler can skip the step."""
+class NonFiniteLossError(UserError, FloatingPointError):
+    """A NaN/inf loss (or gradient) where no GradScaler can skip the step.
+
+    The user's to fix (learning rate, data), so a UserError: one line naming epoch and step."""
 
 
-class TooManySkippedSteps(RuntimeError):
-    """The GradScaler skipped too many steps in a row: training is not recovering."""
+class TooManySkippedSteps(UserError, RuntimeError):
+    """The GradScaler skipped too many steps in a row: training is not recovering (one line)."""
 
 
 @dataclass(frozen=True)

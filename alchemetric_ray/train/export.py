@@ -20,7 +20,8 @@ import torch
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_torch_save, atomic_write_json, atomic_write_text, replace_dir, safe_child, staging_dir, unwritable_ancestor
+from alchemetric_ray.fsutil import (atomic_torch_save, atomic_write_json, atomic_write_text, recover_dir, replace_dir,
+                                    safe_child, staging_dir, unwritable_ancestor)
 from alchemetric_ray.hardware import resolve_device, resolve_precision
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.train.checkpoint import CheckpointError, load_state, read_meta
@@ -102,7 +103,7 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict 
 def _check_writable(folder: Path) -> None:
     blocked = unwritable_ancestor(folder)
     if blocked is not None:
-        raise ModelDirError(f"models directory {folder}: {blocked} is not writable")
+        raise ModelDirError(f"models directory {folder}: {blocked} is not a writable folder")
 
 
 def _build(cfg: RunConfig, manifest: dict) -> torch.nn.Module:
@@ -112,6 +113,7 @@ def _build(cfg: RunConfig, manifest: dict) -> torch.nn.Module:
 def load_model(path: str | Path) -> LoadedModel:
     """Load an exported model on the CPU (move it with ``.to(device)``); refuses incomplete folders."""
     path = Path(path)
+    recover_dir(path)  # a save interrupted between its renames: the previous model is put back
     for name in (WEIGHTS, CONFIG, MANIFEST, META):
         if not (path / name).is_file():
             raise ModelDirError(f"{path}: not a saved model (missing {name})")
@@ -129,8 +131,10 @@ def load_model(path: str | Path) -> LoadedModel:
     try:
         model.load_state_dict(state["model"])
     except (RuntimeError, KeyError) as exc:
+        # torch's first line only names the class; the second names the tensor and both shapes
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
         raise ModelDirError(f"{path / WEIGHTS}: weights do not fit model '{cfg.model.name}' "
-                            f"with {len(manifest['features'])} features ({str(exc).splitlines()[0][:160]})") from None
+                            f"with {len(manifest['features'])} features ({lines[min(1, len(lines) - 1)][:200]})") from None
     model.eval()
     return LoadedModel(model, cfg, manifest, meta, path)
 

@@ -99,9 +99,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             with precision.autocast():
                 loss = loss_fn(model(x), y)
-            step_fn(loss, epoch=epoch, step=step)
+            outcome = step_fn(loss, epoch=epoch, step=step)
             scheduler.step()
-            losses.append(loss.detach())
+            if not outcome.skipped:  # a skipped step's loss is inf/NaN: not part of the epoch's mean
+                losses.append(loss.detach())
             seen += len(y)
         train_seconds = time.perf_counter() - started
         train_loss = float(torch.stack(losses).float().mean()) if losses else float("nan")

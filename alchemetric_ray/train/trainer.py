@@ -199,7 +199,13 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
     datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window)
     name = name or run_name(cfg)
     trainer = build_trainer(cfg, datasets, manifest, plan, name=name, callbacks=callbacks, local_mode=local_mode)
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except Exception as exc:  # ray.train.TrainingFailedError: the worker's whole traceback
+        user = _worker_user_error(exc)
+        if user is None:
+            raise
+        raise TrainError(str(user).splitlines()[0]) from None
     best_ckpt, best_metrics = _best(result, cfg)
     outcome = TrainOutcome(name, getattr(result, "path", None), shards, plan, result.return_value or {},
                            best_ckpt, best_metrics, result.checkpoint, None, 0.0)
@@ -209,6 +215,12 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
         outcome.model_dir = export_model(best_ckpt, cfg, shards)
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+def _worker_user_error(exc: BaseException) -> UserError | None:
+    """A worker's own one-line error (NaN loss, skipped steps, bad data) inside Ray Train's wrapper."""
+    failures = getattr(exc, "worker_failures", None) or {}
+    return next((failures[rank] for rank in sorted(failures) if isinstance(failures[rank], UserError)), None)
 
 
 def _best(result, cfg: RunConfig):
