@@ -80,6 +80,12 @@ def test_deterministic_order_with_seeded_shuffle(ray_session, shards):
                                    local_shuffle_seed=7)
             runs.append(torch.cat([b[1] for b in batches]))
         assert torch.equal(runs[0], runs[1])
+        # sequence windows: the groupby's output order varies between runs; deterministic sorts
+        windows = []
+        for _ in range(2):
+            datasets, m = build_datasets(shards, "sequence", WINDOW, splits=("train",), deterministic=True)
+            windows.append(torch.cat([b[0] for b in _all_batches(datasets["train"], "sequence", m["features"])]))
+        assert windows[0].shape[0] > 0 and torch.equal(windows[0], windows[1])
     finally:
         ctx.execution_options.preserve_order = old
 

@@ -7,8 +7,9 @@
   built with Ray Data's ``groupby("ticker").map_groups``, so a window never crosses tickers; each
   split is its own dataset, so a window never crosses a split boundary either.
 
-Reproducible order when asked: ``deterministic_context()`` turns on Ray Data's
-``preserve_order`` and the worker passes a seeded local shuffle.
+Reproducible order when asked (``train.deterministic``): the trainer turns on Ray Data's
+``preserve_order``, sequence windows are sorted by (ticker, date) after the groupby (whose
+output order otherwise varies from run to run), and the worker shuffles with a seeded generator.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pyarrow as pa
 import torch
 from ray.data.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn
 
-from alchemetric_ray.data.shards import ShardError, load_manifest, split_dir
+from alchemetric_ray.data.shards import MANIFEST, ShardError, load_manifest, split_dir
 
 
 def read_split(shards: str | Path, split: str, *, columns: list[str] | None = None):
@@ -96,9 +97,39 @@ def sequence_dataset(ds, features: list[str], window: int):
     return ds.groupby("ticker", num_partitions=_SEQ_PARTITIONS).map_groups(make_windows, fn_args=(features, window), batch_format="numpy")
 
 
-def build_datasets(shards: str | Path, mode: str, window: int, splits=("train", "val")) -> tuple[dict[str, Any], dict]:
-    """The Ray Datasets the trainer hands to its workers, and the manifest."""
+def check_shard_files(shards: str | Path, manifest: dict) -> None:
+    """Every Parquet file of every split decodes and the row counts match the manifest.
+
+    A truncated or corrupt shard is refused here, on the driver, naming the file, before a run
+    starts; Ray Data would only fail on it inside a Train worker (or, for the test split, at the
+    export after training).  One pass over the data, batch by batch (memory stays bounded).
+    """
+    import pyarrow.parquet as pq
+
+    for split, expected in manifest["rows"].items():
+        folder = split_dir(shards, split)
+        rows = 0
+        for path in sorted(folder.glob("*.parquet")):
+            try:
+                with pq.ParquetFile(path) as f:
+                    for batch in f.iter_batches(batch_size=65_536):
+                        rows += batch.num_rows
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+                raise ShardError(f"{path}: corrupt or truncated Parquet shard ({first})") from None
+        if rows != expected:
+            raise ShardError(f"{folder}: {rows} rows in its Parquet files but {MANIFEST} says {expected} "
+                             "(a shard is missing, truncated or from another build)")
+
+
+def build_datasets(shards: str | Path, mode: str, window: int, splits=("train", "val"),
+                   deterministic: bool = False) -> tuple[dict[str, Any], dict]:
+    """The Ray Datasets the trainer hands to its workers, and the manifest.
+
+    ``deterministic``: sequence windows come in (ticker, date) order, run after run (one more
+    shuffle stage: Ray Data's sort)."""
     manifest = load_manifest(shards)
+    check_shard_files(shards, manifest)
     features = manifest["features"]
     cols = ["date", "ticker", *features, "label", "fwd_ret"]
     datasets = {}
@@ -106,6 +137,8 @@ def build_datasets(shards: str | Path, mode: str, window: int, splits=("train", 
         ds = read_split(shards, split, columns=cols)
         if mode == "sequence":
             ds = sequence_dataset(ds, features, window)
+            if deterministic:
+                ds = ds.sort(["ticker", "date"])
         datasets[split] = ds
     return datasets, manifest
 

@@ -85,6 +85,7 @@ def min_history(cfg: RunConfig) -> int:
 class _Progress:
     def __init__(self, label: str, enabled: bool):
         self.label, self.enabled, self.last = label, enabled, 0.0
+        self.open = False  # a progress line without its newline yet
 
     def __call__(self, done: int, total: int | None = None, final: bool = False) -> None:
         now = time.monotonic()
@@ -93,6 +94,13 @@ class _Progress:
         self.last = now
         of = f"/{total}" if total else ""
         print(f"\r{self.label}: {done}{of} tickers", end="\n" if final else "", file=sys.stderr, flush=True)
+        self.open = not final
+
+    def close(self) -> None:
+        """End an open progress line, so that an error message that follows is a line of its own."""
+        if self.open:
+            print(file=sys.stderr, flush=True)
+            self.open = False
 
 
 def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
@@ -116,9 +124,10 @@ def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, p
 
     tmp = staging_dir(out)
     staging = tmp / "_staging"
+    bar = _Progress("features", progress)
     staging.mkdir(parents=True)
     try:
-        stats = _pass_features(bars, names, spec, staging, min_history(cfg), _Progress("features", progress))
+        stats = _pass_features(bars, names, spec, staging, min_history(cfg), bar)
         plan = plan_splits(stats["calendar"], train_frac=cfg.features.train_frac, val_frac=cfg.features.val_frac,
                            embargo=embargo, train_end=cfg.features.train_end, val_end=cfg.features.val_end)
         normalizer = _fit_normalizer(staging, names, plan, cfg)
@@ -146,6 +155,7 @@ def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, p
         atomic_write_json(tmp / MANIFEST, manifest)
         replace_dir(tmp, out)
     except BaseException:
+        bar.close()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ShardSummary(out, manifest, time.monotonic() - start)
@@ -161,7 +171,7 @@ def _check_output(out: Path, cfg: RunConfig) -> None:
             raise ShardError(f"output folder {out} is inside the input data folder {cfg.data.path}")
     blocked = unwritable_ancestor(out.parent)
     if blocked is not None:
-        raise ShardError(f"output folder {out}: {blocked} is not writable")
+        raise ShardError(f"output folder {out}: {blocked} is not a writable folder")
 
 
 def _pass_features(bars, names, spec: LabelSpec, staging: Path, need: int, progress: Callable) -> dict:

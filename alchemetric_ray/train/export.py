@@ -81,7 +81,7 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict 
         **(extra or {}),
     }
     target = safe_child(Path(cfg.storage.models_dir), cfg.storage.name, "storage.name")
-    _check_writable(target.parent)
+    check_models_dir(target.parent)
     tmp = staging_dir(target)
     try:
         atomic_torch_save({"model": state["model"]}, tmp / WEIGHTS)
@@ -100,7 +100,9 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict 
     return target
 
 
-def _check_writable(folder: Path) -> None:
+def check_models_dir(folder: str | Path) -> None:
+    """Refuse a models directory we cannot write, before any work is done for it."""
+    folder = Path(folder)
     blocked = unwritable_ancestor(folder)
     if blocked is not None:
         raise ModelDirError(f"models directory {folder}: {blocked} is not a writable folder")

@@ -21,6 +21,7 @@ from alchemetric_ray.doctor.records import require_checked_mps_autocast
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import safe_child
 from alchemetric_ray.models import model_spec
+from alchemetric_ray.train.export import check_models_dir, export_model
 from alchemetric_ray.train.plan import ResourcePlan, plan_resources
 
 # Each ray.train.report() waits up to this interval (Ray's default is 2 s): a deliberate,
@@ -188,15 +189,18 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
 
     started = time.monotonic()
     model_spec(cfg.model.name)  # an unknown model fails before anything starts
+    if export:
+        check_models_dir(cfg.storage.models_dir)  # refused now, not after the training
     ensure_ray(cfg)
     check_storage_reaches_every_node(cfg)
+    plan = plan_resources(cfg, ray.cluster_resources())  # before any shard is written
+    require_checked_mps_autocast(cfg, plan.accelerator)
     shards = prepare_shards(cfg, progress=progress)
     manifest = load_manifest(shards)
     check_compatible(cfg, manifest)
-    plan = plan_resources(cfg, ray.cluster_resources())
-    require_checked_mps_autocast(cfg, plan.accelerator)
     print("resource plan:\n" + plan.describe(), flush=True)
-    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window)
+    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
+                                 deterministic=cfg.train.deterministic)
     name = name or run_name(cfg)
     trainer = build_trainer(cfg, datasets, manifest, plan, name=name, callbacks=callbacks, local_mode=local_mode)
     try:
@@ -210,8 +214,6 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
     outcome = TrainOutcome(name, getattr(result, "path", None), shards, plan, result.return_value or {},
                            best_ckpt, best_metrics, result.checkpoint, None, 0.0)
     if export and best_ckpt is not None:
-        from alchemetric_ray.train.export import export_model
-
         outcome.model_dir = export_model(best_ckpt, cfg, shards)
     outcome.seconds = time.monotonic() - started
     return outcome

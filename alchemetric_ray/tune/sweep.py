@@ -127,7 +127,8 @@ def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: dict, p
     cfg = RunConfig.from_dict(base).with_values(config)
     check_compatible(cfg, manifest)
     trial_id = ray.tune.get_context().get_trial_id()
-    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window)
+    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
+                                 deterministic=cfg.train.deterministic)
     trainer = build_trainer(cfg, datasets, manifest, ResourcePlan(**plan), name=f"{sweep}-{trial_id}",
                             callbacks=[TuneReportCallback()])
     trainer.fit()

@@ -1,0 +1,276 @@
+"""Faults on a real local Ray: a worker killed mid-epoch, a writer killed between write and rename,
+a node lost during training."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from alchemetric_ray.config import load_config
+from alchemetric_ray.data.shards import build_shards, load_manifest
+from alchemetric_ray.train.checkpoint import load_state
+from alchemetric_ray.train.export import load_model
+from alchemetric_ray.train.trainer import run_training
+
+REPO = Path(__file__).resolve().parents[1]
+WINDOW = 8
+
+
+@pytest.fixture(scope="module")
+def shards(stocknet_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("faults") / "shards"
+    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files",
+                             "data.tickers=AAPL,MSFT,XOM,JPM,GE,WMT", f"features.window={WINDOW}"])
+    return build_shards(cfg, out).out
+
+
+def _cfg(shards, tmp_path, *overrides):
+    # An LSTM with small batches: epochs long enough (a few seconds here) to kill one in the middle.
+    return load_config(None, [f"data.path={shards}", f"storage.path={tmp_path / 'results'}",
+                              f"storage.models_dir={tmp_path / 'models'}", f"features.window={WINDOW}",
+                              "model.name=lstm", "model.hidden=32", "train.batch_size=32", "train.epochs=3",
+                              "train.deterministic=true", "train.patience=0", *overrides])
+
+
+def _train_worker_pids() -> list[int]:
+    import ray
+    from ray.util.state import list_actors
+
+    actors = list_actors(address=ray.get_runtime_context().gcs_address, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")],
+                         raise_on_missing_output=False)
+    return [a.pid for a in actors if a.pid]
+
+
+def _wait_for(predicate, timeout: float, what: str, poll: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.mark.slow
+def test_worker_killed_mid_epoch_restarts_resumes_and_equals_an_uninterrupted_run(ray_session, shards, tmp_path,
+                                                                                   capfd):
+    clean = run_training(_cfg(shards, tmp_path, "storage.name=clean"), progress=False)
+    epoch_s = load_manifest(shards)["rows"]["train"] / clean.summary["history"][-1]["samples_per_s"]
+
+    run_dir = tmp_path / "results" / "killed"
+    outcome: list = []
+    runner = threading.Thread(target=lambda: outcome.append(run_training(
+        _cfg(shards, tmp_path, "storage.name=killed", "storage.run=killed", "scaling.max_failures=2"),
+        progress=False)), daemon=True)
+    runner.start()
+    pid = _wait_for(lambda: _train_worker_pids(), 600, "the training worker (state API)", poll=0.5)[0]
+    _wait_for(lambda: (run_dir / "epoch-0000" / "meta.json").is_file(), 600, "the first epoch's checkpoint")
+    time.sleep(0.4 * epoch_s)  # into the second epoch
+    os.kill(pid, signal.SIGKILL)
+    killed_before_second_checkpoint = not (run_dir / "epoch-0001").exists()
+    runner.join(900)
+    assert not runner.is_alive() and outcome, "the run did not finish after its worker was killed"
+    assert killed_before_second_checkpoint, "the kill landed after epoch 2 had finished; not mid-epoch"
+
+    resumed = outcome[0]
+    logs = "".join(capfd.readouterr())
+    assert "resumed from the checkpoint of epoch" in logs  # a new worker group picked the checkpoint up
+    assert pid not in _train_worker_pids()
+    assert resumed.summary["epochs_run"] == 3
+    with clean.latest_checkpoint.as_directory() as a, resumed.latest_checkpoint.as_directory() as b:
+        want, got = load_state(a)["model"], load_state(b)["model"]
+    for key in want:
+        assert torch.equal(want[key], got[key]), key  # bit for bit, as if nothing had happened
+    exported = load_model(resumed.model_dir)  # complete: weights, config, manifest, card
+    for key, value in exported.model.state_dict().items():
+        assert torch.equal(value, want[key]), key
+    assert (resumed.model_dir / "model_card.md").is_file()
+
+
+# ---- a writer killed between writing and renaming --------------------------------------------------
+
+_KILL_AT_RENAME = """
+import os, signal, sys
+from pathlib import Path
+import alchemetric_ray.fsutil as fsutil
+
+calls, kill_at = [0], int(sys.argv[1])
+
+
+def dies_before(rename):  # the writer dies just before its rename (or exchange) number `kill_at`
+    def wrapped(*args):
+        calls[0] += 1
+        if calls[0] == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return rename(*args)
+    return wrapped
+
+
+os.replace = dies_before(os.replace)
+fsutil._exchange = dies_before(fsutil._exchange)
+if sys.argv[3] == "no-exchange":
+    fsutil._RENAMEAT2 = False  # the portable path: old folder aside, new folder in
+"""
+
+
+def _run_killed(body: str, kill_at: int, target: Path, mode: str = "exchange") -> subprocess.CompletedProcess:
+    script = _KILL_AT_RENAME + textwrap.dedent(body)
+    proc = subprocess.run([sys.executable, "-c", script, str(kill_at), str(target), mode], capture_output=True,
+                          text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    return proc
+
+
+def test_checkpoint_state_killed_before_rename_keeps_the_previous_one(tmp_path):
+    from alchemetric_ray.train.checkpoint import read_meta, save_checkpoint
+
+    ckpt = tmp_path / "epoch-0003"
+    save_checkpoint(ckpt, {"model": {"w": torch.ones(3)}}, {"epoch": 3})
+    _run_killed("""
+        import torch
+        from alchemetric_ray.train.checkpoint import save_checkpoint
+        save_checkpoint(sys.argv[2], {"model": {"w": torch.zeros(100000)}}, {"epoch": 4})
+    """, kill_at=1, target=ckpt)
+    assert torch.equal(load_state(ckpt)["model"]["w"], torch.ones(3)) and read_meta(ckpt) == {"epoch": 3}
+    assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == ["meta.json", "state.pt"]
+
+    # killed after the state but before the metadata: the state is the new one, the metadata the old
+    # one, and each file is whole (meta.json is written last and marks a checkpoint complete)
+    _run_killed("""
+        import torch
+        from alchemetric_ray.train.checkpoint import save_checkpoint
+        save_checkpoint(sys.argv[2], {"model": {"w": torch.zeros(7)}}, {"epoch": 4})
+    """, kill_at=2, target=ckpt)
+    assert torch.equal(load_state(ckpt)["model"]["w"], torch.zeros(7)) and read_meta(ckpt) == {"epoch": 3}
+
+
+@pytest.fixture(scope="module")
+def saved_model(ray_session, shards, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("saved")
+    cfg = _cfg(shards, tmp, "model.name=mlp", "model.hidden=8", "train.epochs=1", "storage.name=m")
+    return run_training(cfg, progress=False).model_dir
+
+
+_REEXPORT = """
+    import shutil, torch
+    from alchemetric_ray.train.export import load_model
+    src = Path(sys.argv[2])
+    # an export of different weights into the same folder: staged beside it, then swapped in
+    loaded = load_model(src)
+    staged = fsutil.staging_dir(src)
+    for f in src.iterdir():
+        shutil.copy2(f, staged / f.name)
+    state = torch.load(src / "weights.pt", weights_only=True)
+    state["model"] = {k: torch.full_like(v, 7.0) for k, v in state["model"].items()}
+    torch.save(state, staged / "weights.pt")
+    fsutil.replace_dir(staged, src)
+"""
+
+
+@pytest.mark.parametrize("mode, kill_at", [("exchange", 1), ("no-exchange", 1), ("no-exchange", 2)])
+def test_exported_model_killed_mid_replace_is_the_old_model_whole(saved_model, tmp_path, mode, kill_at):
+    import shutil
+
+    target = tmp_path / "model"
+    shutil.copytree(saved_model, target)
+    before = {k: v.clone() for k, v in load_model(target).model.state_dict().items()}
+    _run_killed(_REEXPORT, kill_at=kill_at, target=target, mode=mode)
+    # "no-exchange", 2: killed between moving the old folder aside and moving the new one in; the
+    # reader puts the old one back before it looks
+    after = load_model(target).model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert not list(tmp_path.glob(".model.old-*"))
+
+
+def test_replace_dir_swaps_in_the_new_folder(tmp_path):
+    from alchemetric_ray.fsutil import replace_dir, staging_dir
+
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "a.txt").write_text("old")
+    tmp = staging_dir(target)
+    (tmp / "a.txt").write_text("new")
+    replace_dir(tmp, target)
+    assert (target / "a.txt").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # neither the staging nor the old folder left
+
+
+# ---- a node lost during training ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_node_lost_mid_training_recovers_on_the_remaining_node(stocknet_dir, tmp_path):
+    """A 3-node test cluster (a head with no CPUs, two 2-CPU nodes): the node running the training
+    worker is removed after the first checkpoint; the run restarts on the other node and finishes
+    from that checkpoint, within a bounded time."""
+    script = textwrap.dedent(f"""
+        import json, os, threading, time
+        os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.1"
+        import ray
+        from ray.cluster_utils import Cluster
+        from ray.util.state import list_actors
+        from alchemetric_ray.config import load_config
+        from alchemetric_ray.train.trainer import run_training
+
+        cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 0}})
+        nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        out = {{}}
+        try:
+            cfg = load_config(None, ["data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT",
+                                     "storage.path={tmp_path / 'shared'}", "storage.shared=true",
+                                     "storage.models_dir={tmp_path / 'models'}", "storage.name=lost",
+                                     "storage.run=lost", "train.epochs=6", "train.patience=0", "model.name=lstm",
+                                     "model.hidden=32", "train.batch_size=32", "scaling.workers=1",
+                                     "scaling.cpus_per_worker=1", "scaling.max_failures=2"])
+            result, error = [], []
+            def go():
+                try:
+                    result.append(run_training(cfg, progress=False))
+                except BaseException as exc:
+                    error.append(f"{{type(exc).__name__}}: {{exc}}")
+            runner = threading.Thread(target=go, daemon=True)
+            runner.start()
+            first = "{tmp_path / 'shared' / 'lost' / 'epoch-0000' / 'meta.json'}"
+            deadline = time.monotonic() + 600
+            while not os.path.exists(first) and time.monotonic() < deadline and runner.is_alive():
+                time.sleep(0.05)
+            workers = list_actors(address=cluster.address, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+            lost = [n for n in nodes if n.node_id == workers[0].node_id][0]
+            out["lost_node"] = lost.node_id
+            cluster.remove_node(lost, allow_graceful=False)
+            removed_at = time.monotonic()
+            runner.join(600)
+            out["seconds_after_loss"] = time.monotonic() - removed_at
+            out["finished"] = not runner.is_alive()
+            out["error"] = error[0] if error else None
+            if result:
+                out["epochs_run"] = result[0].summary["epochs_run"]
+                out["node_ids"] = result[0].summary["node_ids"]
+                out["model_dir"] = str(result[0].model_dir)
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+        print("RESULT:" + json.dumps(out))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1200, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT:"):])
+    assert out["finished"], "the run neither recovered nor failed within 10 minutes of losing a node"
+    assert out["error"] is None, out["error"]
+    assert out["epochs_run"] == 6
+    assert out["lost_node"] not in out["node_ids"]  # the resumed session ran on the remaining node
+    assert (Path(out["model_dir"]) / "weights.pt").is_file()
