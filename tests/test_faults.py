@@ -218,11 +218,10 @@ def test_node_lost_mid_training_recovers_on_the_remaining_node(stocknet_dir, tmp
         os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.1"
         import ray
         from ray.cluster_utils import Cluster
-        from ray.util.state import list_actors
         from alchemetric_ray.config import load_config
         from alchemetric_ray.train.trainer import run_training
 
-        cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 0}})
+        cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 0, "include_dashboard": False}})
         nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
@@ -246,8 +245,11 @@ def test_node_lost_mid_training_recovers_on_the_remaining_node(stocknet_dir, tmp
             deadline = time.monotonic() + 600
             while not os.path.exists(first) and time.monotonic() < deadline and runner.is_alive():
                 time.sleep(0.05)
-            workers = list_actors(address=cluster.address, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
-            lost = [n for n in nodes if n.node_id == workers[0].node_id][0]
+            # the worker group's placement group says where the worker runs (the session Ray's
+            # dashboard holds the default port, so this cluster runs without one)
+            placed = [pg["bundles_to_node_id"][0] for pg in ray.util.placement_group_table().values()
+                      if pg["state"] == "CREATED" and pg["bundles"][0].get("CPU", 0) >= 1]
+            lost = [n for n in nodes if n.node_id == placed[-1]][0]
             out["lost_node"] = lost.node_id
             cluster.remove_node(lost, allow_graceful=False)
             removed_at = time.monotonic()
