@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # the same pin takes that platform's wheel.  Override with `make TORCH_SPEC=... install`.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test test-fast test-deps clean
+.PHONY: install demo test test-fast test-deps clean bench bench-full
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,21 @@ test: install test-deps
 
 test-fast: install
 	$(BIN)/python -m pytest tests -m "not slow"
+
+# Benchmarks (bench/, results in bench/results/*.json).  `bench` is the quick set (under 15 minutes on a
+# 2-core machine); `bench-full` adds the 10M-row sizes and the 8-trial sweep (an hour or more there).
+bench: install
+	$(BIN)/python bench/loop_overhead.py --model mlp
+	$(BIN)/python bench/loop_overhead.py --model lstm --epochs 3
+	$(BIN)/python bench/ingest.py --rows 1000000
+	$(BIN)/python bench/sweep_efficiency.py --trials 4 --epochs 3
+	$(BIN)/python bench/scaling.py --rows 100000,1000000
+	$(BIN)/python bench/mixed_precision.py
+
+bench-full: install bench
+	$(BIN)/python bench/ingest.py --rows 10000000
+	$(BIN)/python bench/scaling.py --rows 1000000,10000000
+	$(BIN)/python bench/sweep_efficiency.py --trials 8 --epochs 4 --warmup
 
 clean:
 	rm -rf $(VENV) results models .pytest_cache
