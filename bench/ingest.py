@@ -13,9 +13,7 @@ Prints rows/s and the ratio to pyarrow; writes bench/results/ingest-<rows>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -23,6 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine, write_result  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     rate = {k: args.rows / v for k, v in med.items()}
     result = {
         "benchmark": "ingest",
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "machine": machine(),
         "versions": {"torch": torch.__version__, "ray": ray.__version__, "pyarrow": pa.__version__},
         "rows": args.rows, "features": args.features, "batch": args.batch, "repeats": times,
         "median_s": med, "rows_per_s": rate,
@@ -121,9 +122,7 @@ def main(argv=None) -> int:
     print(f"{'contender':12s} {'rows/s':>14s} {'vs pyarrow':>11s}")
     for k in contenders:
         print(f"{k:12s} {rate[k]:14,.0f} {rate[k] / rate['pyarrow']:10.2f}x")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"ingest-{args.rows}.json").write_text(json.dumps(result, indent=2))
+    write_result(args.out, f"ingest-{args.rows}", result)
     return 0
 
 

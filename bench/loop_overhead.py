@@ -15,7 +15,6 @@ start-up (Ray, worker group, first read) is reported apart.  Writes bench/result
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -23,6 +22,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine, write_result  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -128,7 +130,7 @@ def main(argv=None) -> int:
         "cached": (med(ours_cache, True), med(plain_cache, True)),
     }
     result = {
-        "benchmark": "loop_overhead", "model": args.model, "batch": batch, "threads": threads,
+        "benchmark": "loop_overhead", "machine": machine(), "model": args.model, "batch": batch, "threads": threads,
         "train_rows": manifest["rows"]["train"], "epochs": args.epochs,
         "per_epoch_samples_per_s": {"ours_streamed": ours_stream, "plain_parquet_each_epoch": plain_stream,
                                     "ours_cached": ours_cache, "plain_in_memory": plain_cache},
@@ -143,9 +145,7 @@ def main(argv=None) -> int:
         print(f"{k:10s} {o:15,.0f} {p:16,.0f} {o / p:7.2f}")
     print(f"start-up and reporting outside the training steps: streamed {startup_s:.1f}s, cached {startup_c:.1f}s "
           f"(wall {wall_s:.1f}s / {wall_c:.1f}s)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"loop-{args.model}.json").write_text(json.dumps(result, indent=2))
+    write_result(args.out, f"loop-{args.model}", result)
     return 0
 
 

@@ -78,7 +78,8 @@ def ensure_ray(cfg: RunConfig) -> None:
 
     # Logical CPUs above the physical count let Train workers and Ray Data readers coexist on a
     # small laptop without waiting on each other (the plan still keeps one free for Ray Data).
-    ray.init(num_cpus=max(4, cpu_count()), include_dashboard=True, dashboard_host="127.0.0.1",
+    # address="local": always a new Ray of our own, never one a `ray start` on this machine left running
+    ray.init(address="local", num_cpus=max(4, cpu_count()), include_dashboard=True, dashboard_host="127.0.0.1",
              runtime_env={"env_vars": env}, log_to_driver=True)
 
 

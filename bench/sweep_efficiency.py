@@ -1,0 +1,138 @@
+"""Sweep efficiency: the same N trials with ASHA vs run fully one after another, through run_sweep.
+
+    .venv/bin/python bench/sweep_efficiency.py --trials 4        # quick set
+    .venv/bin/python bench/sweep_efficiency.py --trials 8        # full set
+
+Both contenders go through the product's own sweep (``run_sweep``: Ray Tune, one TorchTrainer per
+trial) on the same synthetic shards (built once, outside the timing), the same grid of learning
+rates (``tune.search=grid``, so both sweeps run exactly the same N configs in the same order) and
+``train.patience=0`` (the loop's own early stopping is off, so only the scheduler stops trials):
+  asha        tune.scheduler=asha  (grace period 1 epoch, reduction factor 2, max_t = train.epochs)
+  full        tune.scheduler=none  every trial runs all train.epochs
+Both run with ``tune.max_concurrent_trials=1`` -- one trial after another -- so the ratio is the
+scheduler's doing alone, not a difference in parallelism (``--concurrency 0`` gives both the
+product's default instead).  Reported: wall time of each sweep and the ratio asha/full, trial-epochs
+run by each and the fraction ASHA saved, and the best validation log-loss each sweep found (ASHA
+must not save time by stopping the best trial).  One sweep of each (a sweep is minutes on 2 cores).
+ASHA runs first by default, so without ``--warmup`` (a 1-trial 1-epoch sweep that starts Ray's
+workers first) it pays the cold start: the quick ratio leans against ASHA, never for it.
+Writes bench/results/sweep-<trials>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine, write_result  # noqa: E402
+
+import torch  # noqa: E402
+
+# learning rates from good to useless: a grid in this order lets ASHA, which compares a trial at a
+# rung only with trials that already reached it, see good trials before it judges the bad ones
+LRS = [0.003, 0.01, 1e-6, 0.001, 0.03, 3e-4, 1e-5, 1e-4]
+
+
+
+
+def sweep(base: list[str], tmp: Path, name: str, scheduler: str, lrs: list[float], concurrency: int, epochs: int):
+    from alchemetric_ray.config import load_config
+    from alchemetric_ray.tune.sweep import run_sweep
+
+    cfg = load_config(None, [*base, f"storage.path={tmp / 'results'}", f"storage.models_dir={tmp / 'models'}",
+                             f"storage.name={name}", f"tune.scheduler={scheduler}", f"train.epochs={epochs}",
+                             f"tune.max_concurrent_trials={concurrency}",
+                             "tune.space={train.lr: [" + ", ".join(repr(lr) for lr in lrs) + "]}"])
+    start = time.perf_counter()
+    out = run_sweep(cfg, export=False, progress=False)
+    wall = time.perf_counter() - start
+    trials = [{"lr": t["config"].get("train.lr"), "epochs_run": t["epochs_run"], "stopped_early": t["stopped_early"],
+               "best_val_log_loss": t["best_value"], "status": t["status"]} for t in out.summary["trials"]]
+    return wall, trials, out.summary["best_value"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=4, help=f"1..{len(LRS)}")
+    parser.add_argument("--epochs", type=int, default=4, help="train.epochs of every trial (ASHA's max_t)")
+    parser.add_argument("--tickers", type=int, default=40)
+    parser.add_argument("--days", type=int, default=1000)
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--concurrency", type=int, default=1, help="tune.max_concurrent_trials for both; 0 = product default")
+    parser.add_argument("--full-first", action="store_true", help="run the full sweep before the ASHA one")
+    parser.add_argument("--warmup", action="store_true", help="a 1-trial 1-epoch sweep first, outside the timing")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = parser.parse_args(argv)
+    if not 1 <= args.trials <= len(LRS):
+        parser.error(f"--trials must be 1..{len(LRS)}")
+
+    import ray
+
+    from alchemetric_ray.config import load_config
+    from alchemetric_ray.train.trainer import ensure_ray
+    from alchemetric_ray.data.shards import build_shards
+
+    lrs = LRS[:args.trials]
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        data_cfg = load_config(None, ["data.source=synthetic", f"data.synthetic_tickers={args.tickers}",
+                                      f"data.synthetic_days={args.days}", "data.synthetic_effect=1.0"])
+        built = build_shards(data_cfg, tmp / "shards")
+        base = [f"data.path={built.out}", f"model.name={args.model}", "model.hidden=32", "train.batch_size=1024",
+                "train.patience=0", "train.metric=val_log_loss", "train.mode=min", "tune.search=grid",
+                "tune.grace_period=1"]
+        ensure_ray(load_config(None, base))
+        import ray.data
+
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        warm = sweep(base, tmp, "warmup", "none", lrs[:1], 1, 1)[0] if args.warmup else None
+        order = ["full", "asha"] if args.full_first else ["asha", "full"]
+        runs = {}
+        for kind in order:
+            runs[kind] = sweep(base, tmp, kind, "asha" if kind == "asha" else "none", lrs, args.concurrency, args.epochs)
+        cpus = ray.cluster_resources().get("CPU")
+    ray.shutdown()
+
+    wall = {k: runs[k][0] for k in ("asha", "full")}
+    epochs_run = {k: sum(t["epochs_run"] for t in runs[k][1]) for k in ("asha", "full")}
+    best = {k: runs[k][2] for k in ("asha", "full")}
+    planned = args.trials * args.epochs
+    result = {
+        "benchmark": "sweep_efficiency",
+        "machine": machine(ray_logical_cpus=cpus),
+        "versions": {"torch": torch.__version__, "ray": ray.__version__},
+        "trials": args.trials, "epochs_per_trial": args.epochs, "model": args.model, "lrs": lrs,
+        "train_rows": built.manifest["rows"]["train"], "max_concurrent_trials": args.concurrency or "product default",
+        "order": order, "warmup_sweep_s": warm,
+        "wall_s": wall, "wall_ratio_asha_vs_full": wall["asha"] / wall["full"],
+        "trial_epochs": {"planned": planned, **epochs_run},
+        "trial_epochs_saved": planned - epochs_run["asha"],
+        "trial_epochs_saved_frac": (planned - epochs_run["asha"]) / planned,
+        "seconds_per_trial_epoch_full": wall["full"] / max(1, epochs_run["full"]),
+        "best_val_log_loss": best,
+        "trials_detail": {k: runs[k][1] for k in ("asha", "full")},
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    print(f"sweep efficiency: {args.trials} trials x {args.epochs} epochs, {args.model}, "
+          f"{built.manifest['rows']['train']:,} train rows, max_concurrent_trials={args.concurrency or 'default'}, "
+          f"one sweep each (order {' then '.join(order)})")
+    print(f"{'contender':10s} {'wall s':>8s} {'trial-epochs':>13s} {'best val_log_loss':>18s}")
+    for k in ("full", "asha"):
+        print(f"{k:10s} {wall[k]:8.1f} {epochs_run[k]:13d} {best[k]:18.4f}")
+    print(f"asha/full wall-time ratio {result['wall_ratio_asha_vs_full']:.2f}; trial-epochs saved "
+          f"{result['trial_epochs_saved']}/{planned} ({100 * result['trial_epochs_saved_frac']:.0f}%); "
+          + (f"warm-up sweep {warm:.1f}s" if warm is not None else f"no warm-up: {order[0]} paid the cold start"))
+    print("stopped by ASHA: " + (", ".join(f"lr {t['lr']:g} after {t['epochs_run']}" for t in runs["asha"][1]
+                                           if t["stopped_early"]) or "none"))
+    write_result(args.out, f"sweep-{args.trials}", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
