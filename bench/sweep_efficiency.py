@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     print(f"asha/full wall-time ratio {result['wall_ratio_asha_vs_full']:.2f}; trial-epochs saved "
           f"{result['trial_epochs_saved']}/{planned} ({100 * result['trial_epochs_saved_frac']:.0f}%); "
           + (f"warm-up sweep {warm:.1f}s" if warm is not None else f"no warm-up: {order[0]} paid the cold start"))
-    print("stopped by ASHA: " + (", ".join(f"lr {t['lr']:g} after {t['epochs_run']}" for t in runs["asha"][1]
+    print("stopped by ASHA: " + (", ".join(f"lr {t['lr']} after {t['epochs_run']}" for t in runs["asha"][1]
                                            if t["stopped_early"]) or "none"))
     write_result(args.out, f"sweep-{args.trials}", result)
     return 0
