@@ -123,13 +123,14 @@ def check_shard_files(shards: str | Path, manifest: dict) -> None:
 
 
 def build_datasets(shards: str | Path, mode: str, window: int, splits=("train", "val"),
-                   deterministic: bool = False) -> tuple[dict[str, Any], dict]:
+                   deterministic: bool = False, check: bool = True) -> tuple[dict[str, Any], dict]:
     """The Ray Datasets the trainer hands to its workers, and the manifest.
 
     ``deterministic``: sequence windows come in (ticker, date) order, run after run (one more
     shuffle stage: Ray Data's sort)."""
     manifest = load_manifest(shards)
-    check_shard_files(shards, manifest)
+    if check:  # a sweep checks once on its driver, not again in every trial
+        check_shard_files(shards, manifest)
     features = manifest["features"]
     cols = ["date", "ticker", *features, "label", "fwd_ret"]
     datasets = {}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from alchemetric_ray.config import ConfigError, RunConfig
-from alchemetric_ray.data.loaders import build_datasets
+from alchemetric_ray.data.loaders import build_datasets, check_shard_files
 from alchemetric_ray.data.shards import load_manifest
 from alchemetric_ray.doctor.records import require_checked_mps_autocast
 from alchemetric_ray.errors import UserError
@@ -128,7 +128,7 @@ def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: dict, p
     check_compatible(cfg, manifest)
     trial_id = ray.tune.get_context().get_trial_id()
     datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
-                                 deterministic=cfg.train.deterministic)
+                                 deterministic=cfg.train.deterministic, check=False)
     trainer = build_trainer(cfg, datasets, manifest, ResourcePlan(**plan), name=f"{sweep}-{trial_id}",
                             callbacks=[TuneReportCallback()])
     trainer.fit()
@@ -161,6 +161,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     check_storage_reaches_every_node(cfg)
     shards = prepare_shards(cfg, progress=progress)
     manifest = load_manifest(shards)
+    check_shard_files(shards, manifest)  # once here; the trials skip it
     check_compatible(cfg, manifest)
     cluster = ray.cluster_resources()
     trial_cfg = cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
