@@ -5,8 +5,9 @@
 
 Contenders, in one process, same batch size, after a warm-up pass, median of repeats:
   pyarrow      pq.read_table -> one (rows, features) float32 tensor -> slices (the floor)
-  ray_ours     ray.data.read_parquet -> iter_torch_batches(collate_fn=TabularCollate)
-  ray_default  ray.data.read_parquet -> iter_torch_batches() -> torch.stack of the columns
+  ray_ours     our loader: loaders.read_split (V1 reader, a block per file)
+               -> iter_torch_batches(collate_fn=TabularCollate)
+  ray_default  ray.data.read_parquet with Ray's defaults -> iter_torch_batches() -> torch.stack of the columns
 Prints rows/s and the ratio to pyarrow; writes bench/results/ingest-<rows>.json.
 """
 
@@ -89,13 +90,18 @@ def main(argv=None) -> int:
 
     ray.data.DataContext.get_current().enable_progress_bars = False
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
+        from alchemetric_ray.data.loaders import read_split
+        from alchemetric_ray.data.shards import split_dir
+
+        folder = split_dir(tmp, "train")  # the layout of `alchemetric-ray features`
+        folder.mkdir()
         names = write_shards(folder, args.rows, args.features)
-        ds = ray.data.read_parquet(str(folder))
+        ours = read_split(tmp, "train")
+        default = ray.data.read_parquet(str(folder), partitioning=None)  # no "split" column from the folder name
         contenders = {
             "pyarrow": lambda: run_pyarrow(folder, names, args.batch),
-            "ray_ours": lambda: run_ray(ds, names, args.batch, ours=True),
-            "ray_default": lambda: run_ray(ds, names, args.batch, ours=False),
+            "ray_ours": lambda: run_ray(ours, names, args.batch, ours=True),
+            "ray_default": lambda: run_ray(default, names, args.batch, ours=False),
         }
         times: dict[str, list[float]] = {k: [] for k in contenders}
         for fn in contenders.values():  # warm-up: page cache, Ray workers

@@ -136,3 +136,42 @@ def test_loaders_feed_a_ray_train_worker(ray_session, shards, mode, tmp_path):
     else:
         assert seen["train"][1] == [WINDOW, 16] and 0 < seen["train"][0] < m["rows"]["train"]
     assert seen["val"][0] > 0
+
+
+def test_streamed_epochs_shuffle_in_windows_and_see_every_row_once(ray_session, shards):
+    """train.cache_data=false: the loop's own windowed shuffle over a real Ray Dataset."""
+    from ray.data import DataContext
+
+    from alchemetric_ray.train.loop import SHUFFLE_WINDOW, _ShardData
+
+    ctx = DataContext.get_current()
+    old = ctx.execution_options.preserve_order
+    try:
+        deterministic_context()
+        datasets, m = build_datasets(shards, "tabular", WINDOW)
+        collate = collate_for("tabular", m["features"])
+        batch = 32
+
+        def epoch(seed, ep):
+            data = _ShardData(datasets["train"], datasets["val"], collate, batch, cache=False, deterministic=True,
+                              seed=seed, rank=0)
+            batches = list(data.train_batches(ep))
+            assert data.rows_seen == m["rows"]["train"]
+            return batches
+
+        first = epoch(1, 0)
+        assert all(len(y) == batch for _, y in first[:-1]) and 0 < len(first[-1][1]) <= batch
+        x = torch.cat([b[0] for b in first])
+        unshuffled = torch.cat([b[0] for b in _all_batches(datasets["train"], "tabular", m["features"])])
+        # every row exactly once, but not in file order; no row leaves its window of SHUFFLE_WINDOW batches
+        assert x.shape == unshuffled.shape == (m["rows"]["train"], 16)
+        assert not torch.equal(x, unshuffled)
+        rows = lambda t: sorted(map(tuple, t.tolist()))  # noqa: E731
+        assert rows(x) == rows(unshuffled)
+        span = SHUFFLE_WINDOW * batch
+        assert rows(x[:span]) == rows(unshuffled[:span]) and rows(x[span:2 * span]) == rows(unshuffled[span:2 * span])
+        # the same (seed, epoch) gives the same batches; another epoch, another order
+        assert torch.equal(x, torch.cat([b[0] for b in epoch(1, 0)]))
+        assert not torch.equal(x, torch.cat([b[0] for b in epoch(1, 1)]))
+    finally:
+        ctx.execution_options.preserve_order = old

@@ -1,6 +1,7 @@
 """Training on a real local Ray: models, DDP, resume, early stopping, the plan, export, CLI."""
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -203,6 +204,18 @@ def test_resume_continues_at_next_epoch_bitwise_and_same_seed_is_reproducible(ra
         assert torch.equal(a[key], b[key]), key  # resumed == uninterrupted, bit for bit
         assert torch.equal(a[key], c[key]), key  # same seed twice
     assert [h["train_loss"] for h in full.summary["history"]] == [h["train_loss"] for h in resumed.summary["history"]]
+
+
+def test_streamed_run_reads_every_row_each_epoch_and_repeats_exactly(ray_session, shards, tmp_path):
+    """train.cache_data=false: every epoch streams the shard from Ray Data through the windowed shuffle."""
+    common = ["train.cache_data=false", "train.epochs=2", "train.deterministic=true", "train.patience=0"]
+    runs = [run_training(_cfg(shards, tmp_path, *common, f"storage.name=stream{i}"), export=False) for i in range(2)]
+    s = runs[0].summary
+    assert s["rows"] == [load_manifest(shards)["rows"]["train"]] and s["epochs_run"] == 2
+    assert all(math.isfinite(h["train_loss"]) for h in s["history"])
+    a, b = _final_state(runs[0]), _final_state(runs[1])
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
 
 
 # ---- export and the CLI ------------------------------------------------------------------------
