@@ -94,6 +94,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tickers", type=int, default=100)
     parser.add_argument("--days", type=int, default=1500)
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for both loops (default: the product's choice)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args(argv)
 
@@ -108,7 +109,8 @@ def main(argv=None) -> int:
         cfg = load_config(None, ["data.source=synthetic", f"data.synthetic_tickers={args.tickers}",
                                  f"data.synthetic_days={args.days}", f"model.name={args.model}",
                                  f"train.batch_size={batch}", f"train.epochs={args.epochs}", "train.patience=0",
-                                 "model.dropout=0.0", f"storage.path={tmp}/results", "features.window=20"])
+                                 "model.dropout=0.0", f"storage.path={tmp}/results", "features.window=20",
+                                 f"scaling.threads_per_worker={args.threads}"])
         built = build_shards(cfg, Path(tmp) / "shards")
         shards, manifest = built.out, built.manifest
         ensure_ray(cfg)

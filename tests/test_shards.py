@@ -61,6 +61,26 @@ def test_same_input_same_hash_and_rows(tmp_path, syn_shards):
     assert again.manifest["rows"] == syn_shards.manifest["rows"]
 
 
+def test_parts_and_row_groups_hold_many_tickers_in_order(tmp_path, syn_shards, monkeypatch):
+    """Tickers arrive ~250 train rows at a time; files and row groups are cut at fixed sizes, not per ticker."""
+    import alchemetric_ray.data.shards as shards_mod
+
+    monkeypatch.setattr(shards_mod, "ROWS_PER_FILE", 700)
+    monkeypatch.setattr(shards_mod, "ROWS_PER_ROW_GROUP", 300)
+    small = build_shards(load_config(None, SYN), tmp_path / "small")
+    for split in ("train", "val", "test"):
+        files = sorted(split_dir(small.out, split).glob("*.parquet"))
+        groups = [[pq.ParquetFile(f).metadata.row_group(i).num_rows for i in range(pq.ParquetFile(f).metadata.num_row_groups)]
+                  for f in files]
+        total = small.manifest["rows"][split]
+        assert [sum(g) for g in groups] == [700] * (total // 700) + ([total % 700] if total % 700 else [])
+        assert all(g[:-1] == [300] * (len(g) - 1) and 0 < g[-1] <= 300 for g in groups), groups
+        # the same rows in the same order as the default sizes write them
+        cut = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+        whole = pd.read_parquet(split_dir(syn_shards.out, split))
+        pd.testing.assert_frame_equal(cut, whole)
+
+
 def test_failure_midway_leaves_previous_output_untouched(tmp_path):
     out = tmp_path / "shards"
     cfg = load_config(None, SYN)
