@@ -89,21 +89,6 @@ def test_plan_two_cpu_workers_share_what_data_leaves():
     assert plan.num_workers == 2 and plan.cpus_per_worker == 0.5 and plan.cpus_for_data == 1.0
 
 
-def test_torch_threads_are_the_cpus_a_worker_holds():
-    from alchemetric_ray.train.plan import worker_threads
-
-    laptop = plan_resources(load_config(), {"CPU": 2.0}).as_dict()  # 1 CPU for the worker, 1 for Ray Data
-    assert worker_threads(laptop, node_cores=2, local_world=1) == 1
-    big = plan_resources(load_config(), {"CPU": 16.0}).as_dict()  # capped at 4 CPUs per worker
-    assert big["cpus_per_worker"] == 4.0 and worker_threads(big, node_cores=16, local_world=1) == 4
-    halves = plan_resources(load_config(None, ["scaling.workers=2"]), {"CPU": 2.0}).as_dict()
-    assert worker_threads(halves, node_cores=2, local_world=2) == 1  # 0.5 CPU: still one thread
-    # never more than a worker's share of the node's cores; an explicit setting wins
-    assert worker_threads({**big, "cpus_per_worker": 8.0}, node_cores=8, local_world=4) == 2
-    assert worker_threads({**laptop, "threads_per_worker": 3}, node_cores=2, local_world=1) == 3
-    assert "torch threads    1 (the CPUs a worker holds)" in plan_resources(load_config(), {"CPU": 2.0}).describe()
-
-
 def test_plan_refuses_to_starve_ray_data():
     cfg = load_config(None, ["scaling.workers=2", "scaling.cpus_per_worker=1"])
     with pytest.raises(PlanError, match=r"2 worker\(s\) x 1 CPU on a cluster of 2 CPUs leave 0 CPU for Ray Data, "

@@ -32,7 +32,6 @@ from alchemetric_ray.hardware.inventory import cpu_count
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.train.checkpoint import environment_meta, load_state, read_meta, save_checkpoint
 from alchemetric_ray.train.metrics import classification_metrics, is_better
-from alchemetric_ray.train.plan import worker_threads
 
 log = logging.getLogger("alchemetric_ray.train")
 
@@ -53,7 +52,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     device = device_choice.device
     precision = resolve_precision(cfg.precision.mode, device, model_name=cfg.model.name, tf32=cfg.precision.tf32)
     precision.apply_matmul_settings()
-    threads = worker_threads({**plan, "threads_per_worker": cfg.scaling.threads_per_worker}, cpu_count(), local_world)
+    threads = cfg.scaling.threads_per_worker or max(1, cpu_count() // max(1, local_world))
     torch.set_num_threads(threads)
     _say(rank, f"worker {rank}/{world}: device {device_choice}; precision {precision}; torch threads {threads}")
 

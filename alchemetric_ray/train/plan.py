@@ -27,7 +27,7 @@ class ResourcePlan:
     use_gpu: bool
     cpus_per_worker: float
     gpus_per_worker: float
-    threads_per_worker: int  # 0 = the CPUs a worker holds (see worker_threads)
+    threads_per_worker: int  # 0 = each worker: its node's cores // workers on that node
     cpus_for_data: float
     backend: str
     worker_device: str
@@ -38,7 +38,7 @@ class ResourcePlan:
         return asdict(self)
 
     def describe(self) -> str:
-        threads = self.threads_per_worker or f"{worker_threads(self.as_dict(), 1 << 16, 1)} (the CPUs a worker holds)"
+        threads = self.threads_per_worker or "auto (node cores // workers on the node)"
         lines = [
             f"workers          {self.num_workers}  ({self.reasons['workers']})",
             f"per worker       {self.cpus_per_worker:g} CPU" + (f", {self.gpus_per_worker:g} GPU" if self.use_gpu else "")
@@ -94,19 +94,6 @@ def plan_resources(cfg: RunConfig, cluster: dict[str, float]) -> ResourcePlan:
         worker_device=acc.worker_device,
         accelerator=acc.kind, reasons=reasons,
     )
-
-
-def worker_threads(plan: dict, node_cores: int, local_world: int) -> int:
-    """Torch threads of one worker: ``scaling.threads_per_worker``, else the CPUs it holds (at least 1,
-    at most its share of the node's cores).
-
-    Not every core of the node: the CPUs a worker does not hold are Ray Data's and Ray's own, and
-    on this project's 2-core machine a 1-CPU worker with 2 torch threads trained the MLP at ~650k
-    samples/s against ~930k with 1 (bench/PROFILE.md, "Cached loop")."""
-    share = max(1, node_cores // max(1, local_world))
-    if plan["threads_per_worker"]:
-        return plan["threads_per_worker"]
-    return max(1, min(share, int(plan["cpus_per_worker"])))
 
 
 def _round_down(value: float, step: float) -> float:
