@@ -10,7 +10,11 @@ Each size runs in a fresh subprocess with its own local Ray, so every peak is th
 Peak memory, all high-water marks read from the kernel:
   driver     getrusage(RUSAGE_SELF).ru_maxrss of the driver process (after features, and at the end)
   worker     VmHWM of the Train worker process (/proc/<pid>/status), pid from Ray's state API
-             (class RayTrainWorker), read every 0.25 s while it lives; the last read is the figure
+             (class RayTrainWorker), read every 0.25 s while it lives; the last read is the figure.
+             VmHWM counts the object-store (plasma) pages the worker has mapped to read its blocks,
+             shared memory that Ray owns, so it is split too (sampled every 0.25 s, peaks):
+  worker_private   RssAnon: the worker's own heap (tensors, batches, model, Python)
+  worker_shared    RssShmem: object-store pages mapped into the worker
   tree       sampled (0.25 s) sum of VmRSS over the driver and all its descendants (Ray's processes
              included); RSS counts shared pages once per process, so this over-states, and sampling can
              miss a short spike -- a rough figure only
@@ -79,6 +83,8 @@ class MemorySampler(threading.Thread):
         self.worker_pid: int | None = None
         self.found_by: str | None = None
         self.worker_hwm_kib = 0
+        self.worker_anon_peak_kib = 0
+        self.worker_shmem_peak_kib = 0
         self.tree_peak_kib = 0
         self._last_lookup = 0.0
 
@@ -113,6 +119,9 @@ class MemorySampler(threading.Thread):
                 hwm = _status_kib(self.worker_pid, "VmHWM")
                 if hwm is not None:
                     self.worker_hwm_kib = max(self.worker_hwm_kib, hwm)
+                    self.worker_anon_peak_kib = max(self.worker_anon_peak_kib, _status_kib(self.worker_pid, "RssAnon") or 0)
+                    self.worker_shmem_peak_kib = max(self.worker_shmem_peak_kib,
+                                                     _status_kib(self.worker_pid, "RssShmem") or 0)
             tree = sum(_status_kib(pid, "VmRSS") or 0 for pid in _descendants(os.getpid()))
             self.tree_peak_kib = max(self.tree_peak_kib, tree)
             self.stop.wait(0.25)
@@ -168,7 +177,9 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
             "features_s": features_s, "train_s": train_s, "wall_s": features_s + train_s,
             "train_samples_per_s": history[-1].get("samples_per_s"),
             "peak_kib": {"driver_at_start": base_rss, "driver_after_features": driver_after_features, "driver": driver_end,
-                         "worker": sampler.worker_hwm_kib or None, "tree_sampled": sampler.tree_peak_kib},
+                         "worker": sampler.worker_hwm_kib or None, "tree_sampled": sampler.tree_peak_kib,
+                         "worker_private": sampler.worker_anon_peak_kib or None,
+                         "worker_shared": sampler.worker_shmem_peak_kib or None},
             "worker_pid": sampler.worker_pid, "worker_found_by": sampler.found_by,
             "ray_logical_cpus": ray.cluster_resources().get("CPU"),
         }
@@ -222,8 +233,8 @@ def main(argv=None) -> int:
         "features_s": ratio(big["features_s"], small["features_s"]),
         "train_s": ratio(big["train_s"], small["train_s"]),
         "wall_s": ratio(big["wall_s"], small["wall_s"]),
-        **{f"peak_{k}": ratio(big["peak_kib"][k], small["peak_kib"][k]) for k in ("driver", "driver_after_features",
-                                                                                  "worker", "tree_sampled")},
+        **{f"peak_{k}": ratio(big["peak_kib"][k], small["peak_kib"][k])
+           for k in ("driver", "driver_after_features", "worker", "worker_private", "worker_shared", "tree_sampled")},
     }
     result = {
         "benchmark": "scaling",
@@ -237,15 +248,17 @@ def main(argv=None) -> int:
     mib = lambda kib: f"{kib / KIB:,.0f}" if kib else "-"  # noqa: E731
     print(f"scaling: features + 1 epoch of train (MLP, batch {args.batch}, train.cache_data=false), one fresh process per size")
     print(f"{'rows':>12s} {'features s':>11s} {'train s':>8s} {'wall s':>8s} {'samples/s':>10s} "
-          f"{'driver MiB':>11s} {'worker MiB':>11s} {'tree MiB~':>10s}")
+          f"{'driver MiB':>11s} {'worker MiB':>11s} {'private':>8s} {'shared':>7s} {'tree MiB~':>10s}")
     for r in runs:
         p = r["peak_kib"]
         print(f"{r['rows']:12,d} {r['features_s']:11.1f} {r['train_s']:8.1f} {r['wall_s']:8.1f} "
-              f"{r['train_samples_per_s'] or 0:10,.0f} {mib(p['driver']):>11s} {mib(p['worker']):>11s} {mib(p['tree_sampled']):>10s}")
+              f"{r['train_samples_per_s'] or 0:10,.0f} {mib(p['driver']):>11s} {mib(p['worker']):>11s} "
+              f"{mib(p.get('worker_private')):>8s} {mib(p.get('worker_shared')):>7s} {mib(p['tree_sampled']):>10s}")
     fmt = lambda v: f"{v:.2f}" if v is not None else "n/a"  # noqa: E731
     print(f"ratio ({size_ratio:.1f}x rows): wall {fmt(ratios['wall_s'])} (features {fmt(ratios['features_s'])}, "
           f"train {fmt(ratios['train_s'])}; target <= 11 for 10x), peak worker {fmt(ratios['peak_worker'])} "
-          f"(target <= 1.5), peak driver {fmt(ratios['peak_driver'])}")
+          f"(target <= 1.5; private {fmt(ratios['peak_worker_private'])}, object-store pages "
+          f"{fmt(ratios['peak_worker_shared'])}), peak driver {fmt(ratios['peak_driver'])}")
     write_result(args.out, f"scaling-{'-'.join(str(s) for s in sizes)}", result)
     return 0
 

@@ -413,3 +413,40 @@ def test_edge_verdict_lines():
     few = edge_verdict(_ic(0.2, 0.1, 0.3), _ic(0.0, -0.1, 0.1), n_tickers=3)
     assert few["edge"] is False and few["cross_section_meaningful"] is False
     assert "not meaningful with 3 tickers" in few["line"]
+
+
+def test_classification_metrics_equal_the_scikit_learn_functions_they_replace():
+    """Label metrics from one confusion matrix and a lean log loss: the same figures as scikit-learn's
+    own functions, missing classes, one-class splits and float32 probabilities included."""
+    import warnings
+
+    from sklearn import metrics as skm
+
+    from alchemetric_ray.train.metrics import classification_metrics
+
+    rng = np.random.default_rng(1)
+    for trial in range(120):
+        n, k = int(rng.integers(1, 300)), int(rng.choice([2, 3, 4]))
+        y = rng.integers(0, k, n)
+        if trial % 5 == 0:
+            y[:] = 0  # one class only
+        if trial % 7 == 0:
+            y = np.where(y == 1, 0, y)  # class 1 absent from y_true
+        p = rng.random((n, k)).astype(np.float32 if trial % 2 else np.float64)
+        p /= p.sum(axis=1, keepdims=True)
+        if trial % 3 == 0:
+            p[rng.random(n) < 0.3] = np.eye(k)[0]  # hard 0/1 probabilities: the clip matters
+        got = classification_metrics(y, p, prefix="")
+        pred, labels = p.argmax(axis=1), list(range(k))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = {
+                "accuracy": skm.accuracy_score(y, pred),
+                "balanced_accuracy": skm.balanced_accuracy_score(y, pred),
+                "macro_f1": skm.f1_score(y, pred, labels=labels, average="macro", zero_division=0),
+                "log_loss": skm.log_loss(y, np.clip(p.astype(np.float64), 1e-7, 1), labels=labels),
+                "mcc": skm.matthews_corrcoef(y, pred),
+            }
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (trial, key)
+        assert got["confusion"] == skm.confusion_matrix(y, pred, labels=labels).tolist()
