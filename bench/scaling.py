@@ -85,6 +85,8 @@ class MemorySampler(threading.Thread):
         self.worker_hwm_kib = 0
         self.worker_anon_peak_kib = 0
         self.worker_shmem_peak_kib = 0
+        self.worker_series: list[tuple[float, int, int]] = []  # (s, RssAnon KiB, RssShmem KiB), ~1 s apart
+        self._series_t0 = 0.0
         self.tree_peak_kib = 0
         self._last_lookup = 0.0
 
@@ -122,6 +124,13 @@ class MemorySampler(threading.Thread):
                     self.worker_anon_peak_kib = max(self.worker_anon_peak_kib, _status_kib(self.worker_pid, "RssAnon") or 0)
                     self.worker_shmem_peak_kib = max(self.worker_shmem_peak_kib,
                                                      _status_kib(self.worker_pid, "RssShmem") or 0)
+                    now = time.monotonic()
+                    if not self.worker_series or now - self._series_t0 - self.worker_series[-1][0] >= 1.0:
+                        if not self.worker_series:
+                            self._series_t0 = now
+                        self.worker_series.append((round(now - self._series_t0, 1),
+                                                   _status_kib(self.worker_pid, "RssAnon") or 0,
+                                                   _status_kib(self.worker_pid, "RssShmem") or 0))
             tree = sum(_status_kib(pid, "VmRSS") or 0 for pid in _descendants(os.getpid()))
             self.tree_peak_kib = max(self.tree_peak_kib, tree)
             self.stop.wait(0.25)
@@ -181,6 +190,7 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
                          "worker_private": sampler.worker_anon_peak_kib or None,
                          "worker_shared": sampler.worker_shmem_peak_kib or None},
             "worker_pid": sampler.worker_pid, "worker_found_by": sampler.found_by,
+            "worker_memory_series_s_anon_kib_shmem_kib": sampler.worker_series,
             "ray_logical_cpus": ray.cluster_resources().get("CPU"),
         }
     ray.shutdown()
