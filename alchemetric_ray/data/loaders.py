@@ -29,8 +29,6 @@ def read_split(shards: str | Path, split: str, *, columns: list[str] | None = No
     """One split of the shards as a Ray Dataset (``ray.data.read_parquet``)."""
     import ray.data
 
-    from ray.data import DataContext
-
     folder = split_dir(shards, split)
     if not folder.is_dir() or not any(folder.glob("*.parquet")):
         raise ShardError(f"{shards}: split '{split}' has no Parquet files in {folder}")
@@ -43,7 +41,7 @@ def read_split(shards: str | Path, split: str, *, columns: list[str] | None = No
     # each file into ~24 blocks of ~0.7 MB to reach its 200-block minimum, and moving 100 tiny
     # objects costs more than reading the rows.
     files = sorted(folder.glob("*.parquet"))
-    ctx = DataContext.get_current()
+    ctx = ray.data.DataContext.get_current()
     previous, ctx.use_datasource_v2 = ctx.use_datasource_v2, False
     try:
         return ray.data.read_parquet(str(folder.resolve()), columns=columns, partitioning=None,
