@@ -16,9 +16,9 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
+# The main job on the packaged stocknet prices: features -> train -> the held-back test segment vs the baselines.
 demo: install
-	$(BIN)/alchemetric-ray env
-	$(BIN)/python jobs/train.py
+	$(BIN)/python jobs/train.py --evaluate
 
 # The sweep-report test renders HTML in Debian's headless chromium; installed here when missing.
 test-deps:

@@ -8,6 +8,7 @@ import logging
 import sys
 from typing import Callable, Sequence
 
+from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig, load_config
 from alchemetric_ray.errors import UserError
 
@@ -52,7 +53,7 @@ def _env(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def _features_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", help="folder (or file) of daily OHLCV; default: the built-in sample data")
+    p.add_argument("--data", help="folder (or file) of daily OHLCV; default: the packaged stocknet prices (data.source)")
     p.add_argument("--out", required=True, help="output folder for the Parquet shards and manifest.json")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -75,10 +76,12 @@ def _features(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", help="OHLCV folder/file, or a feature-shard folder; default: the built-in sample data")
+    p.add_argument("--data", help="OHLCV folder/file, or a feature-shard folder; default: the packaged stocknet prices (data.source)")
     p.add_argument("--model", dest="model_name", help="mlp | lstm | gru | transformer | tcn (overrides model.name)")
     p.add_argument("--workers", type=int, help="number of Ray Train workers (overrides scaling.workers)")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this name from its checkpoint")
+    p.add_argument("--evaluate", action="store_true",
+                   help="then score the saved model on its test segment against the baselines (report in the model folder)")
 
 
 @command("train", "train a model with Ray Train and export the best checkpoint", _train_args)
@@ -100,13 +103,21 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
           f"{best if best is None else round(best, 4)}" + (", stopped early" if outcome.summary.get("stopped_early") else "")
           + f" in {outcome.seconds:.0f}s")
     if outcome.model_dir:
-        print(f"saved model: {outcome.model_dir}")
-        print((outcome.model_dir / "model_card.md").read_text())
+        print(f"saved model: {outcome.model_dir} (model card: {outcome.model_dir / 'model_card.md'})")
+    if args.evaluate and outcome.model_dir:
+        from alchemetric_ray.signals.evaluate import evaluate, verdict_table
+
+        report_dir = outcome.model_dir / "evaluation"
+        print(f"evaluating {cfg.model.name} on the held-back test segment against the baselines ...", flush=True)
+        print(verdict_table(evaluate(outcome.model_dir, args.data, report_dir, cfg)))
+        print(f"report: {report_dir / 'report.md'} (equity curves: {report_dir / 'equity.png'})")
+    if outcome.tensorboard:
+        print(f"TensorBoard: tensorboard --logdir {outcome.tensorboard}")
     return 0
 
 
 def _tune_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", help="OHLCV folder/file, or a feature-shard folder; default: the built-in sample data")
+    p.add_argument("--data", help="OHLCV folder/file, or a feature-shard folder; default: the packaged stocknet prices (data.source)")
     p.add_argument("--resume", action="store_true", help="resume the latest sweep of this name (finished trials are kept)")
 
 
@@ -133,7 +144,7 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 def _predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", dest="model_dir", required=True, help="a saved model folder (models/<name>)")
-    p.add_argument("--data", help="OHLCV folder/file to score; default: the built-in sample data")
+    p.add_argument("--data", help="OHLCV folder/file to score; default: the packaged stocknet prices (data.source)")
     p.add_argument("--out", required=True, help="signals Parquet file to write")
 
 
@@ -161,7 +172,7 @@ def _predict(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", dest="model_dir", required=True, help="a saved model folder (models/<name>)")
-    p.add_argument("--data", help="OHLCV folder/file; default: the built-in sample data")
+    p.add_argument("--data", help="OHLCV folder/file; default: the packaged stocknet prices (data.source)")
     p.add_argument("--out", required=True, help="report folder (report.md, equity.png, evaluation.json, signals.parquet)")
 
 
@@ -202,14 +213,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", help="YAML run config")
         p.add_argument("--device", help="auto | cpu | cuda | cuda:N | mps (overrides device.name)")
         p.add_argument("--precision", help="auto | fp32 | fp16 | bf16 (overrides precision.mode)")
+        p.add_argument("--verbose", action="store_true",
+                       help=f"print Ray's own logs and progress bars too (or set {console.VERBOSE_ENV}=1)")
         add_args(p)
         p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides, e.g. train.lr=0.001")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = build_parser().parse_args(argv)
+    console.set_verbose(args.verbose)
+    logging.basicConfig(level=logging.INFO if console.verbose() else logging.WARNING, format="%(message)s")
     _, _, fn = COMMANDS[args.command]
     try:
         cfg = config_from_args(args)

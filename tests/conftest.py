@@ -16,7 +16,6 @@ os.environ.pop("ALCHEMETRIC_DEVICE", None)
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-STOCKNET = REPO.parent / "shared" / "data" / "stocknet"
 # Logical CPUs for the session's Ray: enough that Train workers (fractional CPUs), Tune trial
 # drivers and Ray Data readers never wait on each other on this 2-core machine.
 RAY_LOGICAL_CPUS = 8
@@ -46,7 +45,9 @@ def ray_session(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def stocknet_dir() -> Path:
-    if not (STOCKNET / "AAPL.csv").is_file():
-        pytest.fail(f"test data missing: {STOCKNET} (the shared stocknet folder must lie beside the repo)")
-    return STOCKNET
+def stocknet_dir(tmp_path_factory) -> Path:
+    """The packaged stocknet prices written out as the source's per-ticker CSVs (byte for byte),
+    once per session, for tests that read or edit files."""
+    from alchemetric_ray.data.stocknet import write_csvs
+
+    return write_csvs(tmp_path_factory.mktemp("stocknet"))

@@ -84,8 +84,12 @@ def min_history(cfg: RunConfig) -> int:
 
 
 class _Progress:
+    """A ticker count rewritten in place: on a terminal only (in a log or a pipe it would be noise)."""
+
     def __init__(self, label: str, enabled: bool):
-        self.label, self.enabled, self.last = label, enabled, 0.0
+        from alchemetric_ray.console import is_tty
+
+        self.label, self.enabled, self.last = label, enabled and is_tty(), 0.0
         self.open = False  # a progress line without its newline yet
 
     def __call__(self, done: int, total: int | None = None, final: bool = False) -> None:

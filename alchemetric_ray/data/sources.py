@@ -1,4 +1,5 @@
-"""Pick the bars source named by the config: files, the built-in sample data, or a synthetic market."""
+"""Pick the bars source named by the config: files, the packaged stocknet prices, the built-in sample data,
+or a synthetic market."""
 
 from __future__ import annotations
 
@@ -20,16 +21,22 @@ class Source:
 
 def open_source(data: DataConfig, *, min_history: int = 0) -> Source:
     kind = "files" if data.path else data.source
-    if kind == "files":
+    if kind in ("files", "stocknet"):
         from alchemetric_ray.data.ingest import IngestReport, iter_bars
 
-        if not data.path:
+        if kind == "stocknet":  # a long table shipped with the package: the same ingest as a user's files
+            from alchemetric_ray.data.stocknet import DESCRIPTION, prices_path
+
+            path, description = prices_path(), DESCRIPTION
+        elif not data.path:
             from alchemetric_ray.data.ingest import DataError
 
             raise DataError("data.source=files needs data.path (or --data DIR)")
+        else:
+            path, description = data.path, f"OHLCV files from {data.path}"
         report = IngestReport()
-        return Source("files", f"OHLCV files from {data.path}",
-                      iter_bars(data.path, tickers=data.tickers, min_history=min_history, report=report), report)
+        return Source(kind, description, iter_bars(path, tickers=data.tickers, min_history=min_history, report=report),
+                      report)
     if kind == "synthetic":
         from alchemetric_ray.data.synthetic import SyntheticMarket, synthetic_bars
 

@@ -241,6 +241,21 @@ def _f(value, fmt="{:.4f}") -> str:
     return fmt.format(value)
 
 
+def verdict_table(result: dict) -> str:
+    """The verdict and the side-by-side table for a terminal: one row per contender."""
+    seg = result["segment"]
+    header = (f"{'test ' + seg['start'] + '..' + seg['end']:<26s} {'rank IC [95% CI]':>26s} {'L/S Sharpe':>10s} "
+              f"{'L/S return':>10s} {'bal. acc':>8s}")
+    lines = [header]
+    for r in result["rows"]:
+        ric, ls = r["rank_ic"], r["long_short"]
+        bal = r.get("classification", {}).get("balanced_accuracy")
+        interval = f"{_f(ric['mean'], '{:+.4f}')} [{_f(ric['ci_low'], '{:+.4f}')}, {_f(ric['ci_high'], '{:+.4f}')}]"
+        lines.append(f"{r['name']:<26s} {interval:>26s} {_f(ls['sharpe'], '{:.2f}'):>10s} "
+                     f"{_f(ls['annual_return'], '{:.1%}'):>10s} {_f(bal):>8s}")
+    return "\n".join([*lines, result["verdict"]["line"]])
+
+
 def render_report(result: dict) -> str:
     seg = result["segment"]
     v = result["verdict"]

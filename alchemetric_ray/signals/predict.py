@@ -2,7 +2,7 @@
 
 The model's own manifest decides everything about the inputs: its feature set, its label's
 horizon, its window and its training normalization.  Features are computed ticker by ticker into
-a staging folder, then ``ray.data.read_parquet(...).map_batches(ModelPredictor, concurrency=N)``
+a staging folder, then ``ray.data.read_parquet(...).map_batches(ModelPredictor, compute=ActorPoolStrategy(size=N))``
 runs a pool of actors that each load the model once (on a GPU each when the cluster has them).
 
 One row per (date, ticker) with enough history: class probabilities, the predicted class, the
@@ -160,7 +160,11 @@ def predict(model_dir: str | Path, data: str | None, out: str | Path, cfg: RunCo
             ModelPredictor,
             fn_constructor_kwargs={"model_dir": str(model_dir.resolve()), "device_name": cfg.device.name,
                                    "features": names, "mode": loaded.mode},
-            batch_size=4096, batch_format="numpy", concurrency=actors, num_gpus=per_actor_gpu or None,
+            batch_size=4096, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors),
+            num_gpus=per_actor_gpu or None,
+            # One pass that writes nothing until it ends: a lost actor fails the run (rerun it) rather
+            # than being restarted from constructor arguments Ray keeps in its object store.
+            max_restarts=0,
         ).to_pandas()
     return _write_signals(scored, loaded, model_dir, out, cfg)
 

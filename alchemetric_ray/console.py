@@ -1,0 +1,178 @@
+"""What a run prints: our own lines (the plan, one line per epoch, the summary, errors), not Ray's chatter.
+
+Quiet is the default; ``--verbose`` or ``ALCHEMETRIC_VERBOSE=1`` brings everything back.  Each knob
+below is Ray's own, set where Ray reads it:
+
+- Ray Train's internal INFO lines: ``ray.train.RunConfig(logging_config=LoggingConfig("WARNING"))``
+  (:func:`train_logging_config`);
+- Ray Data's progress bars and its "Starting execution" lines: the ``DataContext`` of the driver
+  and of every worker that runs a dataset (:func:`quiet_ray_data`);
+- Ray's driver-side INFO lines (``ray.init``'s banner): the ``ray`` logger's level;
+- a Ray warning that says nothing a user can act on is dropped by its exact message, in Python
+  (:data:`RAY_WARNINGS`) or in the log lines Ray forwards from its processes (:data:`RAY_LOG_LINES`).
+
+Never ``ray.init(logging_config=...)``: it configures the root logger of every worker.  Never
+``log_to_driver=False``: it would hide worker errors and the autoscaler's messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+VERBOSE_ENV = "ALCHEMETRIC_VERBOSE"
+
+# Python warnings raised inside Ray that a user cannot act on, by their exact message (a regex
+# anchored at the start, as `warnings.filterwarnings` takes it).
+RAY_WARNINGS = (
+    # Ray Train's own default ingest options use a deprecated field.
+    r"`ExecutionOptions\.exclude_resources` is deprecated",
+    # map_batches(..., max_restarts=0) in predict: Ray Data has no named parameter for it yet.
+    r"`ray_remote_args` is deprecated",
+)
+# Lines Ray's own processes print and the driver forwards, dropped when their text contains one
+# of these exact messages.
+RAY_LOG_LINES = (
+    # core_worker.cc, for Train's PreemptionWatcher actor: an internal note, not a fault.
+    "has constructor arguments in the object store and max_restarts > 0",
+    # Train's per-report INFO line: its logger is named after its file, so LoggingConfig misses it.
+    "Reporting training result ",
+    # Ray Data's adverts for its progress bars, printed even with the bars off, and its
+    # per-execution timing lines.
+    "A new progress UI is available",
+    "Progress bars disabled. To enable, set",
+    "execution finished in",
+    # The raylet's note that a burst of actors started many worker processes at once.
+    "PYTHON worker processes have been started on node",
+)
+
+
+# Messages of Ray's own logger on the driver, dropped by their exact text.
+RAY_LOG_MESSAGES = (
+    # ray.init on a local cluster: token authentication is Ray's default and what we want.
+    "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out.",
+    # Ray Data's advert for its progress bars, once they are off (as we asked).
+    "Progress bars disabled. To enable, set",
+)
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def set_verbose(on: bool) -> None:
+    """``--verbose``: for this process and (through the environment) every process it starts."""
+    if on:
+        os.environ[VERBOSE_ENV] = "1"
+
+
+def is_tty() -> bool:
+    """Live progress (a line rewritten in place) only where a person watches a terminal."""
+    return sys.stderr.isatty()
+
+
+def quiet_python_warnings() -> None:
+    if verbose():
+        return
+    for message in RAY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+
+
+def quiet_ray_data() -> None:
+    """Ray Data's bars and per-execution INFO lines off in this process (driver or worker)."""
+    if verbose():
+        return
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.enable_operator_progress_bars = False
+    ctx.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # its per-read INFO lines (file sampling, batch sizes)
+    quiet_python_warnings()
+
+
+def quiet_worker() -> None:
+    """In a Ray worker (Train worker, prediction actor): Ray Data quiet, our loggers' INFO lines off."""
+    quiet_ray_data()
+    if not verbose():
+        logging.getLogger("alchemetric_ray").setLevel(logging.WARNING)
+
+
+def say(message: str) -> None:
+    """One line to stdout, exactly once, also in a Ray Train worker.
+
+    Train patches ``print`` in its workers to log through the root logger *and* echo, which prints
+    every line twice; writing to the stream itself sidesteps that."""
+    sys.stdout.write(message + "\n")
+    sys.stdout.flush()
+
+
+def train_logging_config():
+    """Ray Train's ``LoggingConfig``: its internal INFO lines only with --verbose."""
+    from ray.train import LoggingConfig
+
+    return LoggingConfig(log_level="INFO" if verbose() else "WARNING")
+
+
+class _DropMessages(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not any(m in text for m in RAY_LOG_MESSAGES)
+
+
+def quiet_ray_logger() -> None:
+    """Before ``ray.init``: Ray's own logger drops the messages in :data:`RAY_LOG_MESSAGES`."""
+    if verbose():
+        return
+    for name in ("ray", "ray.data"):  # Ray Data's logger has handlers of its own
+        for handler in logging.getLogger(name).handlers:
+            if not any(isinstance(f, _DropMessages) for f in handler.filters):
+                handler.addFilter(_DropMessages())
+
+
+def quiet_driver() -> None:
+    """After ``ray.init`` on the driver: Ray's own INFO lines off, and forwarded noise filtered."""
+    quiet_python_warnings()
+    if verbose():
+        return
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    _filter_forwarded_lines()
+
+
+def _filter_forwarded_lines() -> None:
+    """Wrap the handler through which the driver prints its workers' output (Ray's log monitor)."""
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    except ImportError:  # another Ray layout: print everything rather than fail
+        return
+    with dispatcher._lock:
+        handlers = []
+        for name, handle in dispatcher.handlers:
+            if name == "ray_print_logs" and not getattr(handle, "_alchemetric_filter", False):
+                handle = _filtered(handle)
+            handlers.append((name, handle))
+        dispatcher.handlers = handlers
+
+
+def _filtered(handle):
+    def filtered(data):
+        lines = [line for line in data.get("lines", []) if not any(m in line for m in RAY_LOG_LINES)]
+        if lines:
+            handle({**data, "lines": lines})
+
+    filtered._alchemetric_filter = True
+    return filtered
+
+
+def session_logs() -> str | None:
+    """The folder of this Ray session's logs (on the head node), printed once per run."""
+    try:
+        import ray
+
+        node = ray._private.worker.global_worker.node
+        return node.get_logs_dir_path() if node is not None else None
+    except Exception:  # noqa: BLE001 - a path to print, never a reason to fail
+        return None

@@ -1,0 +1,36 @@
+"""TensorBoard event files for a ``train`` run: every epoch's scalars, written by the Train controller.
+
+A Ray Train ``UserCallback`` runs in the controller process, after all workers reported an epoch;
+rank 0's row (loss, validation metrics, samples/s, learning rate) becomes one step per epoch in
+``<storage.path>/<run>/tensorboard/``.  (A sweep's trials have Tune's own TensorBoard logs.)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ray.train import UserCallback
+
+SUBDIR = "tensorboard"
+
+
+class TensorBoardScalars(UserCallback):
+    def __init__(self, logdir: str | Path):
+        self.logdir = str(logdir)
+        self._writer = None  # made in the controller process, on the first report
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        if not metrics:
+            return
+        row = metrics[0]
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(self.logdir)
+        step = int(row.get("epoch", 0))
+        for key, value in row.items():
+            if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                self._writer.add_scalar(key, value, step)
+        self._writer.flush()  # the run may end (or be killed) after any epoch

@@ -1,0 +1,101 @@
+"""What a run prints into a pipe: the plan, one line per epoch, the verdict, errors; not Ray's chatter."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from alchemetric_ray import console
+
+REPO = Path(__file__).resolve().parents[1]
+# Twelve real tickers: enough for the cross-sectional verdict (10 or more), small enough to be quick.
+TICKERS = "AAPL,AMZN,BA,BAC,CSCO,GE,INTC,JPM,KO,MSFT,PFE,XOM"
+# What a progress bar leaves in a log: tqdm's bar cells, a carriage return, its rate or time fields.
+BAR_FRAGMENTS = re.compile(r"[█▏▎▍▌▋▊▉]|\r|\d+(\.\d+)?(it|row|file)/s\]|\[\d\d:\d\d<")
+
+
+def run_cli(args: list[str], ray_session, tmp_path: Path, *, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess, its output into a pipe (not a TTY), joined to the session's Ray
+    as `ray job submit` would (RAY_ADDRESS), with the CPU asked for explicitly."""
+    env = {k: v for k, v in os.environ.items() if k != console.VERBOSE_ENV}
+    env.update(RAY_ADDRESS=ray_session.get_runtime_context().gcs_address, **(extra_env or {}))
+    base = [f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
+            f"data.tickers={TICKERS}", "model.hidden=16", "train.batch_size=1024", "signals.n_boot=200"]
+    command, *rest = args
+    flags = [a for a in rest if a.startswith("--")]
+    overrides = [a for a in rest if not a.startswith("--")]
+    return subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", command, "--device", "cpu", *flags, *base,
+                           *overrides],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+def test_a_run_into_a_pipe_prints_the_plan_one_line_per_epoch_and_the_verdict(ray_session, tmp_path):
+    done = run_cli(["train", "--evaluate", "train.epochs=2", "train.patience=0"], ray_session, tmp_path)
+    out = done.stdout + done.stderr
+    lines = out.splitlines()
+    assert done.returncode == 0, out[-4000:]
+    assert "resource plan:" in done.stdout and re.search(r"^workers\s+1\b", done.stdout, re.M)
+    epochs = [line for line in lines if re.search(r"\bepoch \d+/2\b", line)]
+    assert [re.search(r"epoch (\d)/2", line).group(1) for line in epochs] == ["1", "2"], out[-4000:]
+    # the verdict table: the model and every baseline, then the verdict line
+    for contender in ("deep model", "logistic regression", "hist gradient boosting", "momentum 20d", "buy and hold"):
+        assert any(line.startswith(contender) for line in lines), contender
+    assert any(line.startswith("edge over the best baseline: ") for line in lines), out[-2000:]
+    assert any(line.startswith("report: ") and "equity.png" in line for line in lines)
+    tensorboard = next(line for line in lines if line.startswith("TensorBoard: tensorboard --logdir "))
+    assert list(Path(tensorboard.split("--logdir ", 1)[1]).glob("events.out.tfevents.*"))
+    assert len(lines) <= 60, f"{len(lines)} lines:\n{out}"
+    assert not BAR_FRAGMENTS.search(out), out
+    for noise in ("Reporting training result", "Checkpoint successfully created", "Progress bars disabled",
+                  "Started a local Ray", "INFO", "RayDeprecationWarning", "has constructor arguments"):
+        assert noise not in out, noise
+
+
+@pytest.mark.slow
+def test_a_failing_worker_reaches_the_pipe_as_one_line(ray_session, tmp_path):
+    done = run_cli(["train", "train.epochs=2", "train.lr=1e30", "train.grad_clip=0", "storage.name=diverge"],
+                   ray_session, tmp_path)
+    out = done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("alchemetric-ray train: error:")]
+    assert done.returncode == 2, out[-4000:]
+    assert len(errors) == 1 and "non-finite loss (nan) at epoch 0 step 1" in errors[0], out[-4000:]
+    assert len(out.splitlines()) <= 60, out
+    assert not BAR_FRAGMENTS.search(out), out
+
+
+def test_forwarded_ray_lines_are_dropped_by_their_exact_message_only():
+    printed = []
+    filtered = console._filtered(printed.append)
+    filtered({"pid": 1, "is_err": False, "lines": [
+        "epoch 1/2  train_loss 1.0",
+        "Reporting training result 1: TrainingReport(...)",
+        "[E core_worker.cc:2465] Actor with class name: 'PreemptionWatcher' has constructor arguments in the "
+        "object store and max_restarts > 0. If the arguments ...",
+        "ValueError: a real error in a worker",
+    ]})
+    filtered({"pid": 1, "is_err": True, "lines": ["Progress bars disabled. To enable, set `...`"]})
+    assert printed == [{"pid": 1, "is_err": False,
+                        "lines": ["epoch 1/2  train_loss 1.0", "ValueError: a real error in a worker"]}]
+
+
+def test_verbose_brings_ray_back(monkeypatch):
+    monkeypatch.setenv(console.VERBOSE_ENV, "1")
+    assert console.verbose() and console.train_logging_config().log_level == "INFO"
+    monkeypatch.setenv(console.VERBOSE_ENV, "0")
+    assert not console.verbose() and console.train_logging_config().log_level == "WARNING"
+
+
+def test_the_features_progress_line_is_for_a_terminal_only(tmp_path, capsys):
+    """In a pipe or a log the ticker count is not rewritten in place: no '\\r' fragments."""
+    from alchemetric_ray.cli import main
+
+    rc = main(["features", "--out", str(tmp_path / "shards"), "data.tickers=AAPL,MSFT"])
+    captured = capsys.readouterr()
+    assert rc == 0 and "\r" not in captured.err + captured.out
+    assert captured.out.startswith(f"wrote {tmp_path / 'shards'}: 2 tickers")
