@@ -131,7 +131,8 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
     s = out.summary
     early = sum(1 for t in s["trials"] if t["stopped_early"])
     print(f"sweep {out.name}: {s['num_trials']} configurations tried, {early} stopped early; "
-          f"best trial {s['best_trial_id']} {s['metric']} {s['best_value']:.4f} with {s['best_config']}")
+          f"best trial {s['best_trial_id']} (by its best epoch's {s['metric']}, {s['mode']}) "
+          f"{s['metric']} {s['best_value']:.4f} with {s['best_config']}")
     if s.get("test_metrics"):
         print(f"best trial on the test split (scored once): balanced accuracy {s['test_metrics']['balanced_accuracy']:.4f}")
     if out.model_dir:

@@ -26,6 +26,34 @@ DEVICE_NAMES = ("auto", "cpu", "mps", "cuda", "xpu")
 INDEXED_DEVICE_NAMES = ("cuda", "xpu")
 
 
+# The direction in which each metric improves: larger is better, or smaller is better.
+HIGHER_IS_BETTER = {"accuracy", "balanced_accuracy", "macro_f1", "roc_auc", "mcc"}
+LOWER_IS_BETTER = {"log_loss"}
+# What train.metric may name: a validation metric of the loop's report.
+SELECTION_METRICS = tuple(f"val_{name}" for name in sorted(HIGHER_IS_BETTER | LOWER_IS_BETTER))
+SELECTION_MODES = ("auto", "max", "min")  # train.mode; "auto" = the metric's own direction
+
+
+def metric_direction(metric: str) -> str:
+    """The direction in which ``metric`` (with or without the ``val_`` prefix) improves: max or min."""
+    name = metric.removeprefix("val_")
+    if name in HIGHER_IS_BETTER:
+        return "max"
+    if name in LOWER_IS_BETTER:
+        return "min"
+    raise ValueError(f"metric {metric!r} is not one of {', '.join(SELECTION_METRICS)}")
+
+
+def selection_mode(train) -> str:
+    """The direction ("max" or "min") in which ``train.metric`` improves, for a validated ``TrainConfig``.
+
+    The one answer every reader of the selection uses: the loop's best epoch and early stopping,
+    Ray Train's checkpoint ranking (which checkpoints ``num_to_keep`` keeps), the exported best
+    checkpoint and Tune's sweep.  ``train.mode`` is "auto" (derived from the metric) or an explicit
+    direction that config validation has already checked against the metric."""
+    return metric_direction(train.metric)
+
+
 class ConfigError(UserError, ValueError):
     """A config value, key or file that cannot be used. The message is one line."""
 
@@ -37,10 +65,11 @@ class ConfigError(UserError, ValueError):
 
 @dataclass
 class DataConfig:
-    # Folder (or file) of daily OHLCV; None = the built-in sample data.
+    # Folder (or file) of daily OHLCV; None = the source below.
     path: str | None = None
-    # "builtin" | "synthetic" | "files" (inferred from ``path`` when None is given there)
-    source: str = "builtin"
+    # "stocknet" (88 US stocks 2012-2017, shipped with the package) | "builtin" (4 US large caps
+    # 2000-2013, from bokeh-sampledata; kept because saved models name it) | "synthetic" | "files"
+    source: str = "stocknet"
     tickers: list[str] | None = None  # restrict to these tickers
     synthetic_tickers: int = 50
     synthetic_days: int = 1000
@@ -91,8 +120,8 @@ class TrainConfig:
     grad_clip: float = 1.0  # max grad norm; 0 = no clipping
     seed: int = 0
     patience: int = 5  # epochs without improvement before early stop; 0 = never
-    metric: str = "val_balanced_accuracy"
-    mode: str = "max"  # max | min
+    metric: str = "val_balanced_accuracy"  # the validation metric that picks the best epoch
+    mode: str = "auto"  # auto (the metric's own direction) | max | min; a mode contradicting the metric is refused
     max_skipped_steps: int = 100  # consecutive skipped (non-finite) steps before failing
     deterministic: bool = False  # ordered data and seeded shuffles for bitwise reproducibility
     cache_data: bool = True  # read a worker's shard into memory once and reuse it every epoch
@@ -364,7 +393,7 @@ def _check(ok: bool, key: str, value: Any, expected: str) -> None:
 
 def validate(cfg: RunConfig) -> None:
     d, f, m, t = cfg.data, cfg.features, cfg.model, cfg.train
-    _choice("data.source", d.source, ["builtin", "synthetic", "files"])
+    _choice("data.source", d.source, ["stocknet", "builtin", "synthetic", "files"])
     _check(d.synthetic_tickers >= 1, "data.synthetic_tickers", d.synthetic_tickers, ">= 1")
     _check(d.synthetic_days >= 10, "data.synthetic_days", d.synthetic_days, ">= 10")
 
@@ -403,7 +432,13 @@ def validate(cfg: RunConfig) -> None:
     _choice("train.schedule", t.schedule, ["cosine", "onecycle", "constant"])
     _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, ">= 0")
     _check(t.patience >= 0, "train.patience", t.patience, ">= 0")
-    _choice("train.mode", t.mode, ["max", "min"])
+    _choice("train.metric", t.metric, SELECTION_METRICS)
+    _choice("train.mode", t.mode, SELECTION_MODES)
+    direction = metric_direction(t.metric)
+    if t.mode not in ("auto", direction):
+        better = "larger" if direction == "max" else "smaller"
+        raise ConfigError(f"config 'train.mode': {t.mode!r} contradicts train.metric={t.metric!r}, where {better} is "
+                          f"better; set train.mode={direction} or train.mode=auto")
     _check(t.stop_after >= 0, "train.stop_after", t.stop_after, ">= 0 (0 = run all epochs)")
     _check(t.max_skipped_steps >= 1, "train.max_skipped_steps", t.max_skipped_steps, ">= 1")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from alchemetric_ray.cli import main
+from device_probes import no_cuda
 
 ROWS = 300  # rows of a small CSV slice: enough history for the default features and labels
 TICKERS = ("AAPL", "MSFT")
@@ -212,11 +213,8 @@ def test_bad_training_config(capsys, tmp_path, stocknet_dir, override, names):
     fails(capsys, train(data, tmp_path, override), *names, under=tmp_path)
 
 
-def test_cuda_asked_for_by_the_doctor_without_cuda(capsys, tmp_path):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+def test_cuda_asked_for_by_the_doctor_without_cuda(capsys, tmp_path, monkeypatch):
+    no_cuda(monkeypatch)  # torch's CUDA probe says absent, on a CUDA box too
     fails(capsys, ["doctor", "--device", "cuda"], "device 'cuda'", "CUDA is not available", under=tmp_path)
 
 
@@ -244,7 +242,7 @@ def shards(ohlcv, tmp_path_factory) -> Path:
 def model_dir(ray_session, shards, tmp_path_factory) -> Path:
     """The smallest model, trained once through `alchemetric-ray train` on the module's shards."""
     root = tmp_path_factory.mktemp("bad-input-model")
-    rc = main([str(a) for a in train(shards, root, "storage.name=small")])
+    rc = main([str(a) for a in train(shards, root, "storage.name=small", flags=("--device", "cpu"))])
     assert rc == 0
     return root / "models" / "small"
 
@@ -292,11 +290,10 @@ def private_tmp(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.mark.parametrize("command", ["train-ohlcv", "train-shards", "predict"])
-def test_device_cuda_without_cuda(ray_session, capsys, tmp_path, stocknet_dir, shards, command, request, private_tmp):
-    import torch
+def test_device_cuda_without_cuda(ray_session, capsys, tmp_path, stocknet_dir, shards, command, request, private_tmp,
+                                  monkeypatch):
+    import ray
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
     if command == "train-ohlcv":
         argv = train(csv_folder(tmp_path, stocknet_dir), tmp_path, flags=("--device", "cuda"))
     elif command == "train-shards":
@@ -305,6 +302,12 @@ def test_device_cuda_without_cuda(ray_session, capsys, tmp_path, stocknet_dir, s
         model = request.getfixturevalue("model_dir")
         data = csv_folder(tmp_path, stocknet_dir)
         argv = ["predict", "--device", "cuda", "--model", model, "--data", data, "--out", tmp_path / "signals.parquet"]
+    # neither this process nor the Ray cluster has CUDA, whatever the host has: torch's CUDA probe
+    # patched to absent, and the planners (train, predict) shown the session's resources without
+    # GPUs (Ray counts a host's CUDA GPUs, and a Mac's Apple GPU, as "GPU")
+    no_cuda(monkeypatch)
+    cluster = ray.cluster_resources
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {k: v for k, v in cluster().items() if k != "GPU"})
     before = tree(tmp_path)
     fails(capsys, argv, "device 'cuda'", "no node of the Ray cluster has a CUDA GPU")
     left = sorted(set(tree(tmp_path)) - set(before))

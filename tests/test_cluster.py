@@ -34,7 +34,7 @@ def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
             base = ["data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT",
                     "storage.path={tmp_path / 'shared'}", "storage.models_dir={tmp_path / 'models'}",
                     "storage.name=multi", "train.epochs=2", "model.hidden=16", "scaling.workers=2",
-                    "scaling.cpus_per_worker=1", "scaling.placement=STRICT_SPREAD"]
+                    "scaling.cpus_per_worker=1", "scaling.placement=STRICT_SPREAD", "device.name=cpu"]
             try:
                 run_training(load_config(None, base), progress=False)
             except UserError as exc:

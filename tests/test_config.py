@@ -96,3 +96,36 @@ def test_replace_returns_validated_copy():
     assert other.model.hidden == 8 and cfg.model.hidden != 8
     with pytest.raises(ConfigError):
         cfg.replace("model.hidden=0")
+
+
+# ---- train.mode follows train.metric ---------------------------------------------------------------
+
+# Written out here, not read from the code: which way each selection metric improves.
+DIRECTIONS = {"val_accuracy": "max", "val_balanced_accuracy": "max", "val_macro_f1": "max", "val_roc_auc": "max",
+              "val_mcc": "max", "val_log_loss": "min"}
+
+
+@pytest.mark.parametrize("metric", sorted(DIRECTIONS))
+def test_selection_direction_is_derived_from_the_metric(metric):
+    from alchemetric_ray.train.metrics import selection_mode
+
+    cfg = load_config(None, [f"train.metric={metric}"])
+    assert cfg.train.mode == "auto" and selection_mode(cfg.train) == DIRECTIONS[metric]
+    agreeing = load_config(None, [f"train.metric={metric}", f"train.mode={DIRECTIONS[metric]}"])
+    assert selection_mode(agreeing.train) == DIRECTIONS[metric]
+
+
+def test_mode_that_contradicts_the_metric_is_refused_in_one_line_and_the_cli_exits_2(capsys):
+    from alchemetric_ray.cli import main
+
+    message = ("config 'train.mode': 'max' contradicts train.metric='val_log_loss', where smaller is better; "
+               "set train.mode=min or train.mode=auto")
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["train.metric=val_log_loss", "train.mode=max"])
+    assert str(err.value) == message
+    with pytest.raises(ConfigError, match="'min' contradicts train.metric='val_accuracy', where larger is better"):
+        load_config(None, ["train.metric=val_accuracy", "train.mode=min"])
+    assert main(["train", "train.metric=val_log_loss", "train.mode=max"]) == 2
+    assert capsys.readouterr().err.strip() == f"alchemetric-ray train: error: {message}"
+    with pytest.raises(ConfigError, match="config 'train.metric': 'val_loss' is not one of .*did you mean 'val_log_loss'"):
+        load_config(None, ["train.metric=val_loss"])

@@ -7,6 +7,9 @@ import sys
 
 import pytest
 
+from alchemetric_ray.cli import main
+from device_probes import cpu_only_machine
+
 CLI = [sys.executable, "-m", "alchemetric_ray.cli"]
 
 
@@ -14,9 +17,10 @@ def _run(*args, env=None):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=env)
 
 
-def test_env_json_reports_versions_device_and_precision():
+def test_env_json_reports_versions_device_and_precision(monkeypatch, capsys):
+    # a real process, so that the MPS fallback variable is set before torch loads; the CPU asked for
     env = {**os.environ, "PYTORCH_ENABLE_MPS_FALLBACK": "0"}
-    out = _run("env", "--json", env=env)
+    out = _run("env", "--json", "--device", "cpu", env=env)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     import ray
@@ -24,28 +28,36 @@ def test_env_json_reports_versions_device_and_precision():
 
     assert report["torch"] == torch.__version__ and report["ray"] == ray.__version__
     assert report["device"]["device"] == "cpu"
-    assert report["device"]["reason"] == "no CUDA, MPS or XPU available"
     assert report["precision"]["mode"] == "fp32" and "automatic only on CUDA" in report["precision"]["reason"]
     assert report["mps_fallback"] == {"value": "0", "set_before_torch_loaded": True}
     assert isinstance(report["cpu"]["avx512_bf16"], bool) and report["cpu"]["cores"] >= 1
+    # auto-detection on a CPU-only machine (torch's probes patched, so in-process)
+    cpu_only_machine(monkeypatch)
+    capsys.readouterr()
+    assert main(["env", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device"] == {"device": "cpu", "reason": "no CUDA, MPS or XPU available"}
+    assert report["precision"]["mode"] == "fp32" and "automatic only on CUDA" in report["precision"]["reason"]
 
 
-def test_env_human_readable_and_bf16_request():
-    out = _run("env", "--precision", "bf16")
-    assert out.returncode == 0, out.stderr
-    assert "device            cpu (no CUDA, MPS or XPU available)" in out.stdout
-    assert "precision         bf16 (bf16 autocast on CPU as requested" in out.stdout
+def test_env_human_readable_and_bf16_request(monkeypatch, capsys):
+    cpu_only_machine(monkeypatch)
+    capsys.readouterr()
+    assert main(["env", "--precision", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "device            cpu (no CUDA, MPS or XPU available)" in out
+    assert "precision         bf16 (bf16 autocast on CPU as requested" in out
 
 
-def test_env_refused_requests_exit_nonzero_with_one_line():
-    out = _run("env", "--device", "cuda")
-    assert out.returncode == 2
-    assert "ERROR: the config asked for device 'cuda' but CUDA is not available (found: cpu)" in out.stdout
-    bad = _run("env", "train.lr=0")
-    assert bad.returncode == 2
-    assert bad.stderr.strip() == "alchemetric-ray env: error: config 'train.lr': 0.0 is invalid, expected > 0"
-    lstm = _run("env", "--precision", "bf16", "model.name=lstm")
-    assert lstm.returncode == 2 and "LSTM fails under CPU autocast" in lstm.stdout
+def test_env_refused_requests_exit_nonzero_with_one_line(monkeypatch, capsys):
+    cpu_only_machine(monkeypatch)
+    capsys.readouterr()
+    assert main(["env", "--device", "cuda"]) == 2
+    assert "ERROR: the config asked for device 'cuda' but CUDA is not available (found: cpu)" in capsys.readouterr().out
+    assert main(["env", "train.lr=0"]) == 2
+    assert capsys.readouterr().err.strip() == "alchemetric-ray env: error: config 'train.lr': 0.0 is invalid, expected > 0"
+    assert main(["env", "--device", "cpu", "--precision", "bf16", "model.name=lstm"]) == 2
+    assert "LSTM fails under CPU autocast" in capsys.readouterr().out
 
 
 def test_ray_session_has_state_api_and_logical_cpus(ray_session):

@@ -39,7 +39,7 @@ def _cfg(shards, tmp_path, *overrides):
     return load_config(None, [f"data.path={shards}", f"storage.path={tmp_path / 'results'}",
                               f"storage.models_dir={tmp_path / 'models'}", f"features.window={WINDOW}",
                               "model.name=lstm", "model.hidden=32", "train.batch_size=32", "train.epochs=3",
-                              "train.deterministic=true", "train.patience=0", *overrides])
+                              "train.deterministic=true", "train.patience=0", "device.name=cpu", *overrides])
 
 
 def _train_worker_pids() -> list[int]:

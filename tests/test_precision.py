@@ -175,6 +175,26 @@ def test_injected_inf_skips_step_counts_it_and_halves_scale():
     assert stepper.skipped_in_row == 0 and stepper.skipped_total == 1
 
 
+def test_fp16_gradients_are_unscaled_before_the_clip_norm_is_measured():
+    """Clipping must see the true gradients: with a GradScaler at scale 1024, clipping before
+    ``unscale_`` measures a norm 1024x too large and then shrinks the real step 1024x too much."""
+    p = Precision("fp16", "cpu", torch.float16, True, False, "test: CPU fp16 with GradScaler")
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)  # what make_scaler builds, with a known scale
+    assert p.make_scaler().is_enabled() and scaler.is_enabled()
+    layer = nn.Linear(2, 1, bias=False)
+    nn.init.zeros_(layer.weight)
+    x = torch.tensor([[3.0, 4.0]])  # d(sum(w . x))/dw = x: the unscaled gradient norm is exactly 5
+    stepper = OptimizerStep(torch.optim.SGD(layer.parameters(), lr=1.0), p, grad_clip=1.0, scaler=scaler)
+    with p.autocast():
+        loss = layer(x).sum()
+    assert loss.dtype == torch.float16  # fp16 autocast really ran
+    out = stepper(loss, epoch=0, step=0)
+    assert not out.skipped and scaler.get_scale() == 1024.0
+    assert out.grad_norm == pytest.approx(5.0, rel=1e-6)  # the norm of the unscaled gradients
+    # SGD at lr 1 moves the weights by minus the clipped gradient: x / |x| * grad_clip
+    torch.testing.assert_close(layer.weight.detach(), -torch.tensor([[0.6, 0.8]]), rtol=1e-6, atol=1e-7)
+
+
 def test_run_that_keeps_skipping_stops():
     p = Precision("fp16", "cpu", torch.float16, True, False, "test")
     model, x, y = _problem()

@@ -33,15 +33,59 @@ def test_manifest_and_schema(syn_shards):
     assert {"date", "ticker", "fwd_ret", "label_end"} <= set(schema.names)
 
 
-def test_normalization_fitted_on_train_only(syn_shards):
-    m = load_manifest(syn_shards.out)
-    train = pd.read_parquet(split_dir(syn_shards.out, "train"))
-    feats = train[m["features"]].to_numpy(dtype=np.float64)
+REGIME_DATES = pd.bdate_range("2015-01-01", periods=400)
+REGIME_SWITCH = 280  # the first val date (features.train_end is the date before it)
+
+
+def _regime_bars(n_tickers: int = 4):
+    """OHLCV whose daily volatility jumps 5x (0.5% -> 2.5%) on the first val date."""
+    rng = np.random.default_rng(7)
+    sigma = np.where(np.arange(len(REGIME_DATES)) < REGIME_SWITCH, 0.005, 0.025)
+    for k in range(n_tickers):
+        ret = rng.standard_normal(len(sigma)) * sigma
+        close = 100 * np.exp(np.cumsum(ret))
+        open_ = close * np.exp(-ret + 0.2 * sigma * rng.standard_normal(len(sigma)))
+        high = np.maximum(open_, close) * np.exp(np.abs(rng.standard_normal(len(sigma))) * sigma)
+        low = np.minimum(open_, close) * np.exp(-np.abs(rng.standard_normal(len(sigma))) * sigma)
+        volume = np.exp(13 + 0.3 * rng.standard_normal(len(sigma)))
+        yield f"REG{k}", pd.DataFrame({"date": REGIME_DATES, "open": open_, "high": high, "low": low,
+                                       "close": close, "volume": volume})
+
+
+def test_normalization_fitted_on_train_only(tmp_path):
+    """A volatility regime change between train and val: statistics fitted on any rows beyond the
+    train split's (all rows, or val's own) differ from the train-only ones, in scale by ~5x."""
+    from alchemetric_ray.data.shards import feature_table
+    from alchemetric_ray.data.labels import LabelSpec
+
+    cfg = load_config(None, [f"features.train_end={REGIME_DATES[REGIME_SWITCH - 1].date()}",
+                             f"features.val_end={REGIME_DATES[339].date()}"])
+    built = build_shards(cfg, tmp_path / "regime", bars=_regime_bars(), source_description="regime change")
+    m = load_manifest(built.out)
+    assert m["splits"]["val_start"] == str(REGIME_DATES[REGIME_SWITCH].date())
+    names = m["features"]
+    train = pd.read_parquet(split_dir(built.out, "train"))
+    feats = train[names].to_numpy(dtype=np.float64)
     # train is standardized (up to the +-10 clip); val/test reuse the train statistics
     assert np.abs(feats.mean(axis=0)).max() < 0.05
     assert np.abs(feats.std(axis=0) - 1).max() < 0.1
     raw_center = np.asarray(m["normalization"]["center"])
     assert np.isfinite(raw_center).all()
+    # The fitted statistics are the mean and std (ddof 1) of the raw features of exactly the
+    # train rows, recomputed here from the bars
+    spec = LabelSpec.from_config(cfg.features)
+    raw = pd.concat([feature_table(t, f, names, spec)[0] for t, f in _regime_bars()], ignore_index=True)
+    raw["date"] = pd.to_datetime(raw["date"])
+    train_keys = train[["ticker", "date"]].assign(date=lambda d: pd.to_datetime(d["date"]))
+    rows = train_keys.merge(raw, on=["ticker", "date"], how="left")[names].to_numpy(dtype=np.float64)
+    assert len(rows) == len(train) and np.isfinite(rows).all()
+    np.testing.assert_allclose(m["normalization"]["center"], rows.mean(axis=0), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(m["normalization"]["scale"], rows.std(axis=0, ddof=1), rtol=1e-6)
+    # val is transformed with the calm train statistics, so its volatility features sit far above 0
+    val = pd.read_parquet(split_dir(built.out, "val"))
+    for name in ("vol_20", "atr_14", "hl_range"):
+        assert val[name].mean() > 3, (name, float(val[name].mean()))
+    assert val["ret_1"].std() > 3  # 5x the train volatility, in train standard deviations
 
 
 def test_rows_never_cross_split_boundaries(syn_shards):

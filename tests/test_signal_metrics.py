@@ -13,15 +13,15 @@ from alchemetric_ray.signals.metrics import (
     ICStats,
     daily_ic,
     deflated_sharpe,
+    deflated_sharpe_of_returns,
     edge_verdict,
+    expected_max_sharpe,
     hit_rate,
     ic_stats,
     long_short,
     position_returns,
     probabilistic_sharpe,
 )
-
-GAMMA = 0.5772156649015329
 
 
 def panel(n_days: int, n_names: int, *, seed: int = 0, noise: float | None = None, vol: float = 0.02) -> pd.DataFrame:
@@ -366,17 +366,42 @@ def test_probabilistic_sharpe_known_values():
     assert math.isnan(probabilistic_sharpe(np.array([0.01]))) and math.isnan(probabilistic_sharpe(np.zeros(10)))
 
 
-def test_deflated_sharpe_decreases_with_trials_and_matches_formula():
+def test_deflated_sharpe_matches_the_worked_example_of_bailey_and_lopez_de_prado():
+    # Bailey, D. H. and M. Lopez de Prado (2014), "The Deflated Sharpe Ratio: Correcting for
+    # Selection Bias, Backtest Overfitting and Non-Normality", Journal of Portfolio Management
+    # 40(5), pp. 94-107, numerical example: an annualized SR of 2.5 over 5 years of daily returns
+    # (T = 1250), skewness -3, kurtosis 10, chosen among N = 100 trials whose annualized SRs have
+    # variance 0.5.  The paper gets an expected maximum SR of ~0.1132 per period and DSR ~0.9004.
+    # The formula works on per-period figures; with 250 periods a year:
+    #   SR_daily = SR_annual / sqrt(250),   variance_daily = variance_annual / 250.
+    periods = 250
+    sr_daily = 2.5 / math.sqrt(periods)
+    var_daily = 0.5 / periods
+    assert expected_max_sharpe(100, var_daily) == pytest.approx(0.1132, abs=5e-5)  # the paper rounds to 4 decimals
+    dsr = deflated_sharpe(sr_daily, skew=-3.0, kurtosis=10.0, n_obs=1250, n_trials=100, var_trials_sr=var_daily)
+    assert dsr == pytest.approx(0.9004, abs=5e-5)
+    # one trial selects nothing: no deflation, the PSR against 0
+    assert expected_max_sharpe(1, var_daily) == 0.0
+    assert deflated_sharpe(sr_daily, -3.0, 10.0, 1250, 1, var_daily) > dsr
+    with pytest.raises(ValueError):
+        deflated_sharpe(sr_daily, -3.0, 10.0, 1250, 0, var_daily)
+
+
+def test_deflated_sharpe_of_returns_decreases_with_trials_and_uses_the_series_moments():
     rng = np.random.default_rng(14)
     r = rng.normal(0.002, 0.01, 1000)
-    assert deflated_sharpe(r, 1) == pytest.approx(probabilistic_sharpe(r, 0.0), abs=1e-15)
-    vals = [deflated_sharpe(r, n) for n in (1, 2, 5, 10, 100, 1000)]
+    assert deflated_sharpe_of_returns(r, 1) == pytest.approx(probabilistic_sharpe(r, 0.0), abs=1e-15)
+    vals = [deflated_sharpe_of_returns(r, n) for n in (1, 2, 5, 10, 100, 1000)]
     assert all(a > b for a, b in zip(vals, vals[1:]))
+    # the series' own per-period SR, sample skewness and (Pearson) kurtosis go into deflated_sharpe
+    d = r - r.mean()
+    m2 = np.mean(d**2)
+    sr, skew, kurt = r.mean() / r.std(ddof=1), np.mean(d**3) / m2**1.5, np.mean(d**4) / m2**2
     n, sd = 50, 0.03
-    sr0 = sd * ((1 - GAMMA) * norm.ppf(1 - 1 / n) + GAMMA * norm.ppf(1 - 1 / (n * math.e)))
-    assert deflated_sharpe(r, n, trial_sr_std=sd) == pytest.approx(probabilistic_sharpe(r, sr0), rel=1e-12)
+    assert deflated_sharpe_of_returns(r, n, trial_sr_std=sd) == pytest.approx(
+        deflated_sharpe(sr, skew, kurt, len(r), n, sd**2), rel=1e-12)
     with pytest.raises(ValueError):
-        deflated_sharpe(r, 0)
+        deflated_sharpe_of_returns(r, 0)
 
 
 # ------------------------------------------------------------------------------------- verdict

@@ -23,7 +23,7 @@ def stock_model(ray_session, stocknet_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("signals")
     cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", f"data.tickers={TICKERS}",
                              f"storage.path={root / 'results'}", f"storage.models_dir={root / 'models'}",
-                             "storage.name=sig", "train.epochs=2", "model.hidden=16"])
+                             "storage.name=sig", "train.epochs=2", "model.hidden=16", "device.name=cpu"])
     out = run_training(cfg, progress=False)
     return out.model_dir
 

@@ -31,16 +31,22 @@ def test_explicit_dates():
 def test_assign_purges_rows_whose_label_crosses_a_boundary():
     plan = plan_splits(CAL, train_frac=0.7, val_frac=0.15, embargo=2)
     dates = CAL
-    # a ticker with a 10-bar hole: its label windows reach further in calendar time
-    ticker_dates = pd.Series(np.delete(dates, np.s_[690:700]))
+    # a ticker with a 10-bar hole before each boundary (calendar dates 690-699 before val starts at
+    # 700, and 840-849 before test starts at 850): its label windows (2 bars) reach further in
+    # calendar time than the 2-bar embargo gap covers
+    ticker_dates = pd.Series(np.delete(dates, np.r_[690:700, 840:850]))
     end = label_end_dates(ticker_dates, 2)
     split = plan.assign(ticker_dates.to_numpy(), end)
     val_start = np.datetime64(plan.val_start)
     test_start = np.datetime64(plan.test_start)
     assert (end[split == 0] < val_start).all()
     assert (end[split == 1] < test_start).all()
-    # the last train rows before the hole are purged, not just the calendar gap
-    assert (split[ticker_dates.to_numpy() > np.datetime64(plan.train_end)][:5] != 0).all()
+    # the last rows before each hole are purged, not just the calendar gap: by calendar date they
+    # belong to train (688, 689) and val (838, 839), but their labels end at 700/701 and 850/851
+    by_date = pd.Series(split, index=pd.DatetimeIndex(ticker_dates))
+    at = lambda i: int(by_date[pd.Timestamp(dates[i])])  # noqa: E731
+    assert [at(i) for i in (687, 688, 689, 700)] == [0, -1, -1, 1]
+    assert [at(i) for i in (837, 838, 839, 850)] == [1, -1, -1, 2]
     assert set(np.unique(split)) == {-1, 0, 1, 2}
 
 

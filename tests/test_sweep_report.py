@@ -1,6 +1,6 @@
 """The static sweep report: rendered in a real headless Chromium, plots not blank, text escaped,
-written atomically.  Chromium is required (CI installs Debian's ``chromium``): without it the
-browser tests fail, they do not skip."""
+written atomically.  Chromium or Google Chrome is required (on PATH on Linux, or the macOS app;
+CI installs Debian's ``chromium``): without one the browser tests fail, they do not skip."""
 
 from __future__ import annotations
 
@@ -113,12 +113,24 @@ def _classes(row: dict) -> list[str]:
     return (row.get("class") or "").split()
 
 
-MISSING_CHROMIUM = ("headless Chromium is required for the sweep report tests but `chromium` is not installed: "
-                    "install Debian's chromium (`sudo apt-get install -y chromium`); CI installs it.")
+# Looked for in this order: these names on PATH (Debian/Ubuntu, Fedora, Homebrew, Google's packages),
+# then the fixed paths (the Linux package's binary, the macOS applications).
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+CHROMIUM_PATHS = ("/usr/bin/chromium",
+                  "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome",
+                  "/Applications/Chromium.app/Contents/MacOS/Chromium")
+INSTALL_HINT = ("install one: Debian/Ubuntu `sudo apt-get install -y chromium` (`make test-deps` does it as root; "
+                "CI installs it), macOS `brew install --cask chromium` or Google Chrome")
+MISSING_CHROMIUM = (f"headless Chromium or Google Chrome is required for the sweep report tests but none was found "
+                    f"(looked for {', '.join(CHROMIUM_NAMES)} on PATH and {', '.join(CHROMIUM_PATHS)}): {INSTALL_HINT}.")
 
 
 def _find_chromium() -> str | None:
-    return shutil.which("chromium") or ("/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None)
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return next((path for path in CHROMIUM_PATHS if os.access(path, os.X_OK)), None)
 
 
 def _chromium() -> str:
@@ -175,10 +187,24 @@ def _need(rendered) -> dict:
 def test_missing_chromium_fails_with_install_hint(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
     monkeypatch.setattr(os, "access", lambda *a, **k: False)
-    with pytest.raises(pytest.fail.Exception, match="install Debian's chromium"):
-        _chromium()
-    with pytest.raises(pytest.fail.Exception, match="install Debian's chromium"):
-        _need(None)
+    for call in (_chromium, lambda: _need(None)):
+        with pytest.raises(pytest.fail.Exception) as failed:
+            call()
+        message = str(failed.value)
+        assert "sudo apt-get install -y chromium" in message and "brew install --cask chromium" in message
+        assert all(name in message for name in CHROMIUM_NAMES + CHROMIUM_PATHS)
+
+
+def test_chromium_found_by_each_name_and_macos_path(monkeypatch):
+    # Linux packages name the binary differently; on macOS it is inside the application bundle
+    for name in CHROMIUM_NAMES:
+        monkeypatch.setattr(shutil, "which", lambda n, *a, want=name, **k: f"/opt/bin/{n}" if n == want else None)
+        monkeypatch.setattr(os, "access", lambda *a, **k: False)
+        assert _find_chromium() == f"/opt/bin/{name}"
+    monkeypatch.setattr(shutil, "which", lambda n, *a, **k: None)
+    for path in CHROMIUM_PATHS:
+        monkeypatch.setattr(os, "access", lambda p, mode, want=path: p == want and mode == os.X_OK)
+        assert _find_chromium() == path
 
 
 def test_chromium_dom_has_one_row_per_trial_and_one_best(rendered):

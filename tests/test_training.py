@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,10 +16,11 @@ from alchemetric_ray.data.loaders import read_split, sequence_dataset
 from alchemetric_ray.data.shards import build_shards, load_manifest
 from alchemetric_ray.hardware import device as dev
 from alchemetric_ray.models import MODELS, model_spec
-from alchemetric_ray.train.checkpoint import load_state
+from alchemetric_ray.train.checkpoint import load_state, read_meta
 from alchemetric_ray.train.export import load_model
 from alchemetric_ray.train.plan import PlanError, plan_resources
 from alchemetric_ray.train.trainer import build_trainer, run_training
+from device_probes import cpu_only_machine
 
 WINDOW = 8
 
@@ -34,7 +36,7 @@ def shards(stocknet_dir, tmp_path_factory):
 def _cfg(shards, tmp_path, *overrides):
     return load_config(None, [f"data.path={shards}", f"storage.path={tmp_path / 'results'}",
                               f"storage.models_dir={tmp_path / 'models'}", f"features.window={WINDOW}",
-                              "model.hidden=16", "train.batch_size=256", *overrides])
+                              "model.hidden=16", "train.batch_size=256", "device.name=cpu", *overrides])
 
 
 def _final_state(outcome):
@@ -76,7 +78,8 @@ def test_worker_env_carries_fallback_and_token_location_not_the_token(monkeypatc
     assert worker_env(load_config())["PYTORCH_ENABLE_MPS_FALLBACK"] == "0"
 
 
-def test_plan_laptop_cpu_defaults():
+def test_plan_laptop_cpu_defaults(monkeypatch):
+    cpu_only_machine(monkeypatch)  # a laptop without CUDA or MPS, whatever the host has
     cfg = load_config()
     plan = plan_resources(cfg, {"CPU": 2.0})
     assert (plan.num_workers, plan.use_gpu, plan.backend, plan.cpus_per_worker, plan.cpus_for_data) == (1, False, "gloo", 1.0, 1.0)
@@ -220,6 +223,79 @@ def test_streamed_run_reads_every_row_each_epoch_and_repeats_exactly(ray_session
         assert torch.equal(a[key], b[key]), key
 
 
+# ---- the selection metric's direction, checkpoint retention, complete validation ----------------
+
+
+@pytest.fixture(scope="module")
+def odd_val_shards(tmp_path_factory):
+    """Tiny synthetic shards (3 tickers x 300 days, about 2 s to build) whose val split has an odd
+    row count: Ray's default ``streaming_split(2, equal=True)`` would drop one of its rows."""
+    out = tmp_path_factory.mktemp("odd") / "shards"
+    cfg = load_config(None, ["data.source=synthetic", "data.synthetic_tickers=3", "data.synthetic_days=300"])
+    built = build_shards(cfg, out)
+    assert built.manifest["rows"]["val"] % 2 == 1, built.manifest["rows"]
+    return built.out
+
+
+class _FakeResult:
+    def __init__(self, ranked):
+        self.best_checkpoints, self.checkpoint, self.metrics = ranked, None, None
+
+
+def test_every_reader_of_the_selection_takes_the_direction_from_the_metric(tmp_path):
+    from alchemetric_ray.train.trainer import _best
+
+    cfg = load_config(None, ["train.metric=val_log_loss", f"storage.path={tmp_path}"])  # train.mode left at auto
+    trainer = build_trainer(cfg, {}, {}, plan_resources(cfg, {"CPU": 4.0}), name="direction")
+    order = trainer.run_config.checkpoint_config
+    assert (order.checkpoint_score_attribute, order.checkpoint_score_order) == ("val_log_loss", "min")
+    ranked = [("epoch-0", {"val_log_loss": 0.9}), ("epoch-1", {"val_log_loss": 0.4}), ("epoch-2", {"val_log_loss": 0.7})]
+    assert _best(_FakeResult(ranked), cfg) == ranked[1]  # the lowest log loss is exported
+    acc = load_config(None, ["train.metric=val_accuracy", f"storage.path={tmp_path}"])
+    ranked = [("epoch-0", {"val_accuracy": 0.4}), ("epoch-1", {"val_accuracy": 0.6}), ("epoch-2", {"val_accuracy": 0.5})]
+    assert _best(_FakeResult(ranked), acc) == ranked[1]
+
+
+def test_num_to_keep_leaves_the_k_best_checkpoints_by_a_min_metric_plus_the_latest(ray_session, odd_val_shards,
+                                                                                   tmp_path):
+    """Ray Train V2 keeps the ``storage.num_to_keep`` best checkpoints by ``train.metric``, plus the
+    latest one.  val_log_loss improves downwards: ranked the other way (the old default
+    ``train.mode=max`` whatever the metric), Ray kept the worst epochs and deleted the best, and the
+    export picked the worst.  The expected folders come from the loop's own per-epoch history."""
+    cfg = _cfg(odd_val_shards, tmp_path, "train.metric=val_log_loss", "train.epochs=5", "train.patience=0",
+               "storage.num_to_keep=2", "storage.name=keep", "train.lr=0.003", "train.batch_size=64")
+    out = run_training(cfg, export=False)
+    loss = {h["epoch"]: h["val_log_loss"] for h in out.summary["history"]}
+    assert sorted(loss) == [0, 1, 2, 3, 4] and len(set(loss.values())) == 5, loss
+    best_two = sorted(loss, key=loss.get)[:2]
+    kept = {p.name for p in Path(out.run_path).glob("epoch-*") if p.is_dir()}
+    assert kept == {f"epoch-{e:04d}" for e in {*best_two, 4}}, (kept, loss)
+    # the loop's best and the checkpoint the run would export agree with the history
+    assert out.summary["best"] == min(loss.values())
+    assert out.best_metrics["epoch"] == best_two[0]
+
+
+def test_ddp_validation_scores_every_row_exactly_once(ray_session, odd_val_shards, tmp_path):
+    """Two workers, a 99-row val split: the ranks score disjoint parts that together are the whole
+    split (Ray's default equal split dropped a row), and rank 0's metrics cover all 99 rows."""
+    import pandas as pd
+
+    from alchemetric_ray.data.shards import split_dir
+
+    cfg = _cfg(odd_val_shards, tmp_path, "scaling.workers=2", "train.epochs=1", "storage.name=ddpval")
+    out = run_training(cfg, export=False)
+    s = out.summary
+    features = load_manifest(odd_val_shards)["features"]
+    val = pd.read_parquet(split_dir(odd_val_shards, "val"), columns=features).to_numpy(np.float64)
+    assert s["world_size"] == 2 and len(val) == 99
+    assert sum(s["val_rows"]) == len(val), s["val_rows"]
+    # the same rows, not just as many: the parts' feature sums add up to the split's
+    assert sum(s["val_fingerprint"]) == pytest.approx(float(val.sum()), rel=1e-9, abs=1e-6)
+    with out.latest_checkpoint.as_directory() as d:
+        confusion = np.asarray(read_meta(d)["metrics"]["val_confusion"])
+    assert confusion.sum() == len(val)  # the metrics that pick the best epoch saw every row once
+
+
 # ---- export and the CLI ------------------------------------------------------------------------
 
 
@@ -229,24 +305,38 @@ def test_train_cli_exports_a_model_that_predicts_like_its_checkpoint(ray_session
     from alchemetric_ray.hardware import resolve_precision
     from alchemetric_ray.train.evaluate import model_inputs, predict_proba, split_frame
 
-    rc = main(["train", "--data", str(shards), "--model", "gru", f"storage.path={tmp_path / 'results'}",
+    rc = main(["train", "--device", "cpu", "--data", str(shards), "--model", "gru",
+               f"storage.path={tmp_path / 'results'}",
                f"storage.models_dir={tmp_path / 'models'}", "storage.name=cli-gru", f"features.window={WINDOW}",
-               "train.epochs=2", "model.hidden=16"])
+               "train.epochs=3", "model.hidden=16", "train.patience=1", "train.lr=1e-9"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "saved model:" in out and "| hist_gradient_boosting |" in out and "Only 3 tickers" in out
     model_dir = tmp_path / "models" / "cli-gru"
+    card = (model_dir / "model_card.md").read_text()  # the console names it; the card holds the table
+    assert f"saved model: {model_dir}" in out and "| hist_gradient_boosting |" in card and "Only 3 tickers" in card
     loaded = load_model(model_dir)
     meta = json.loads((model_dir / "meta.json").read_text())
     assert meta["device"]["device"] == "cpu" and "resource plan" in meta["device"]["reason"]
     assert meta["precision"]["mode"] == "fp32" and meta["precision"]["reason"]
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert set(metrics["baselines"]) == {"majority", "logistic_regression", "hist_gradient_boosting"}
-    assert metrics["test"]["balanced_accuracy"] > 0 and metrics["best_epoch"] in (0, 1)
-    # the export predicts exactly what the best checkpoint's weights predict
-    ckpts = sorted((tmp_path / "results").glob(f"cli-gru-*/epoch-{metrics['best_epoch']:04d}"))
+    assert metrics["test"]["balanced_accuracy"] > 0
+    # The best epoch from the run's own history, not from what the export says about itself: the
+    # latest checkpoint's meta holds every epoch's reported validation metrics.  At lr 1e-9 epoch 1
+    # scores what epoch 0 scored, which is no improvement: the run stops early (patience 1), so its
+    # best epoch (the first to reach the best score) is not its latest, and exporting the latest
+    # checkpoint instead of the best fails here.
+    (run_dir,) = (tmp_path / "results").glob("cli-gru-*")
+    latest = max(int(p.name.removeprefix("epoch-")) for p in run_dir.glob("epoch-*"))
+    history = read_meta(run_dir / f"epoch-{latest:04d}")["loop"]["history"]
+    assert [h["epoch"] for h in history] == list(range(latest + 1))
+    scores = [h["val_balanced_accuracy"] for h in history]  # train.metric's default; larger is better
+    best_epoch = scores.index(max(scores))
+    assert metrics["best_epoch"] == best_epoch, (metrics["best_epoch"], scores)
+    assert metrics["val"]["balanced_accuracy"] == scores[best_epoch]
+    # the export predicts exactly what that epoch's checkpoint predicts
     reference = load_model(model_dir).model
-    reference.load_state_dict(load_state(ckpts[-1])["model"])
+    reference.load_state_dict(load_state(run_dir / f"epoch-{best_epoch:04d}")["model"])
     frame = split_frame(shards, "test", loaded.manifest["features"])
     x, _ = model_inputs(frame, loaded.manifest["features"], loaded.mode, WINDOW)
     p = resolve_precision("fp32", torch.device("cpu"))

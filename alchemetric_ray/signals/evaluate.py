@@ -64,7 +64,7 @@ def contender_stats(name: str, signals: pd.DataFrame, cfg: RunConfig, *, n_trial
     row["hit_rate"] = sm.hit_rate(valid)
     net = ls.daily["net"].to_numpy() if len(ls.daily) else np.zeros(0)
     row["psr"] = sm.probabilistic_sharpe(net) if len(net) > 2 else float("nan")
-    row["dsr"] = sm.deflated_sharpe(net, n_trials) if len(net) > 2 and n_trials > 1 else None
+    row["dsr"] = sm.deflated_sharpe_of_returns(net, n_trials) if len(net) > 2 and n_trials > 1 else None
     if proba is not None and labels is not None:
         ok = labels >= 0
         row["classification"] = {k: v for k, v in classification_metrics(labels[ok], proba[ok], prefix="").items()}

@@ -44,7 +44,9 @@ __all__ = [
     "position_returns",
     "hit_rate",
     "probabilistic_sharpe",
+    "expected_max_sharpe",
     "deflated_sharpe",
+    "deflated_sharpe_of_returns",
     "edge_verdict",
 ]
 
@@ -558,6 +560,12 @@ def _sr_moments(returns) -> tuple[float, float, float, int]:
     return sr, skew, kurt, n
 
 
+def _psr_z(sr: float, skew: float, kurtosis: float, n_obs: int, benchmark_sr: float) -> float:
+    """(SR - SR*) * sqrt(n - 1) / sqrt(1 - skew * SR + (kurt - 1) / 4 * SR^2), all per period."""
+    var = max(1.0 - skew * sr + (kurtosis - 1.0) / 4.0 * sr * sr, 1e-12)
+    return (sr - float(benchmark_sr)) * math.sqrt(n_obs - 1) / math.sqrt(var)
+
+
 def probabilistic_sharpe(returns: np.ndarray, benchmark_sr: float = 0.0) -> float:
     """Probabilistic Sharpe Ratio (Bailey & Lopez de Prado 2012): P(true SR > ``benchmark_sr``).
 
@@ -569,37 +577,63 @@ def probabilistic_sharpe(returns: np.ndarray, benchmark_sr: float = 0.0) -> floa
     sr, skew, kurt, n = _sr_moments(returns)
     if not np.isfinite(sr):
         return float("nan")
-    var = 1.0 - skew * sr + (kurt - 1.0) / 4.0 * sr * sr
-    var = max(var, 1e-12)
-    return float(ndtr((sr - float(benchmark_sr)) * math.sqrt(n - 1) / math.sqrt(var)))
+    return float(ndtr(_psr_z(sr, skew, kurt, n, benchmark_sr)))
 
 
-def deflated_sharpe(returns: np.ndarray, n_trials: int, trial_sr_std: float | None = None) -> float:
-    """Deflated Sharpe Ratio (Bailey & Lopez de Prado 2014): PSR against the expected maximum SR of
-    ``n_trials`` unskilled strategies,
+def expected_max_sharpe(n_trials: int, var_trials_sr: float) -> float:
+    """Expected maximum SR of ``n_trials`` independent unskilled trials (true SR 0) whose estimated
+    SRs have variance ``var_trials_sr`` (Bailey & Lopez de Prado 2014):
 
-        SR0 = std_SR * ((1 - gamma) * Phi^-1(1 - 1/N) + gamma * Phi^-1(1 - 1/(N e))),
+        SR0 = sqrt(V) * ((1 - gamma) * Phi^-1(1 - 1/N) + gamma * Phi^-1(1 - 1/(N e))),
 
-    gamma the Euler-Mascheroni constant, N = ``n_trials``.  ``trial_sr_std`` is the std of the
-    (per-period) SR across the trials; if None it is estimated by the std of the SR estimator of
-    ``returns``, sqrt((1 - skew * SR + (kurt - 1) / 4 * SR^2) / (n - 1)).  N = 1 gives SR0 = 0, so
-    DSR equals PSR(0).  Decreases as N grows.
-    """
+    gamma the Euler-Mascheroni constant.  Per period when V is the variance of per-period SRs.
+    One trial: 0 (nothing was selected)."""
     n_trials = int(n_trials)
     if n_trials < 1:
+        raise ValueError(f"n_trials must be >= 1, got {n_trials}")
+    if var_trials_sr < 0:
+        raise ValueError(f"var_trials_sr must be >= 0, got {var_trials_sr}")
+    if n_trials == 1:
+        return 0.0
+    z = ((1.0 - EULER_GAMMA) * float(ndtri(1.0 - 1.0 / n_trials))
+         + EULER_GAMMA * float(ndtri(1.0 - 1.0 / (n_trials * math.e))))
+    return math.sqrt(float(var_trials_sr)) * z
+
+
+def deflated_sharpe(sr: float, skew: float, kurtosis: float, n_obs: int, n_trials: int,
+                    var_trials_sr: float) -> float:
+    """Deflated Sharpe Ratio (Bailey & Lopez de Prado 2014) from per-period moments: the PSR of
+    the selected strategy against the expected maximum SR of ``n_trials`` unskilled ones,
+
+        DSR = Phi( (SR - SR0) * sqrt(T - 1) / sqrt(1 - skew * SR + (kurt - 1) / 4 * SR^2) ),
+        SR0 = expected_max_sharpe(n_trials, var_trials_sr).
+
+    ``sr`` is the per-period (NOT annualised) Sharpe ratio over ``n_obs`` = T returns, ``skew`` their
+    skewness, ``kurtosis`` their non-excess kurtosis (3 for a normal) and ``var_trials_sr`` the
+    variance of the per-period SRs across the trials.  From annual figures with P periods a year:
+    SR = SR_annual / sqrt(P), V = V_annual / P.  One trial gives SR0 = 0, i.e. PSR(0); DSR falls as
+    ``n_trials`` grows.  NaN when SR or the moments are not finite or ``n_obs`` < 2.
+    """
+    sr0 = expected_max_sharpe(n_trials, var_trials_sr)
+    if not all(np.isfinite([sr, skew, kurtosis])) or int(n_obs) < 2:
+        return float("nan")
+    return float(ndtr(_psr_z(float(sr), float(skew), float(kurtosis), int(n_obs), sr0)))
+
+
+def deflated_sharpe_of_returns(returns: np.ndarray, n_trials: int, trial_sr_std: float | None = None) -> float:
+    """:func:`deflated_sharpe` of a return series: per-period SR, skewness and kurtosis from
+    ``returns``.  ``trial_sr_std`` is the std of the (per-period) SR across the trials; if None it is
+    estimated by the std of the SR estimator of ``returns``,
+    sqrt((1 - skew * SR + (kurt - 1) / 4 * SR^2) / (n - 1)).  N = 1 gives PSR(0).
+    """
+    if int(n_trials) < 1:
         raise ValueError(f"n_trials must be >= 1, got {n_trials}")
     sr, skew, kurt, n = _sr_moments(returns)
     if not np.isfinite(sr):
         return float("nan")
-    if n_trials == 1:
-        return probabilistic_sharpe(returns, 0.0)
     if trial_sr_std is None:
         trial_sr_std = math.sqrt(max(1.0 - skew * sr + (kurt - 1.0) / 4.0 * sr * sr, 1e-12) / (n - 1))
-    sr0 = float(trial_sr_std) * (
-        (1.0 - EULER_GAMMA) * float(ndtri(1.0 - 1.0 / n_trials))
-        + EULER_GAMMA * float(ndtri(1.0 - 1.0 / (n_trials * math.e)))
-    )
-    return probabilistic_sharpe(returns, sr0)
+    return deflated_sharpe(sr, skew, kurt, n, n_trials, float(trial_sr_std) ** 2)
 
 
 # --------------------------------------------------------------------------------------------

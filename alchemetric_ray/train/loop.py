@@ -7,15 +7,15 @@ report, checkpoints).  It reads top to bottom:
 2. the model (DDP when world size > 1), moved to our device by us;
 3. AdamW with a cosine or one-cycle schedule, optional class weights;
 4. each epoch: batches from this worker's Ray Data shard -> the shared optimizer step;
-5. validation under no_grad with scikit-learn metrics, predictions gathered to rank 0, the
-   early-stop decision broadcast to every rank;
+5. validation under no_grad with scikit-learn metrics: each rank scores its own part of the val
+   split (disjoint parts that together hold every row once, ``train/data_config.py``), predictions
+   gathered to rank 0, the early-stop decision broadcast to every rank;
 6. ``ray.train.report`` with the metrics and a checkpoint (rank 0 writes it);
 7. a restarted run resumes at the epoch after its latest checkpoint.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import tempfile
 import time
@@ -25,21 +25,21 @@ import numpy as np
 import torch
 from torch import nn
 
+from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.loaders import collate_for
 from alchemetric_ray.hardware import OptimizerStep, resolve_device, resolve_precision
 from alchemetric_ray.hardware.inventory import cpu_count
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.train.checkpoint import environment_meta, load_state, read_meta, save_checkpoint
-from alchemetric_ray.train.metrics import classification_metrics, is_better
-
-log = logging.getLogger("alchemetric_ray.train")
+from alchemetric_ray.train.metrics import classification_metrics, is_better, selection_mode
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     import ray.train
     import ray.train.torch
 
+    console.quiet_worker()  # this worker's own Ray Data context and loggers: our lines only
     cfg = RunConfig.from_dict(config["run"])
     manifest, plan = config["manifest"], config["plan"]
     ctx = ray.train.get_context()
@@ -54,7 +54,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     precision.apply_matmul_settings()
     threads = cfg.scaling.threads_per_worker or max(1, cpu_count() // max(1, local_world))
     torch.set_num_threads(threads)
-    _say(rank, f"worker {rank}/{world}: device {device_choice}; precision {precision}; torch threads {threads}")
+    _say(rank, f"worker {rank}/{world}: device {device_choice}; precision {precision}; torch threads {threads}",
+         detail=True)
 
     # 2. model ---------------------------------------------------------------------------------
     features, classes = manifest["features"], manifest["label"]["classes"]
@@ -88,7 +89,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         best, bad_epochs, history = meta["loop"]["best"], meta["loop"]["bad_epochs"], meta["loop"]["history"]
         _say(rank, f"resumed from the checkpoint of epoch {meta['epoch']}: continuing at epoch {start_epoch}")
 
-    stopped_early, epochs_here = False, 0
+    stopped_early, epochs_here, val_rows = False, 0, 0
     for epoch in range(start_epoch, t.epochs):
         epochs_here += 1
         # 4. train one epoch -------------------------------------------------------------------
@@ -108,14 +109,18 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         train_loss = float(torch.stack(losses).float().mean()) if losses else float("nan")
 
         # 5. validate, gather to rank 0, decide together ----------------------------------------
-        y_val, p_val = _predict(model, data.val_batches(), device, precision)
+        # Each rank scores its own part of the validation split (the parts are disjoint and together
+        # complete, so their sizes may differ): the plain module, not DDP, whose forward could wait
+        # on collectives a rank with fewer batches never joins.
+        y_val, p_val = _predict(core, data.val_batches(), device, precision)
+        val_rows = len(y_val)
         y_val, p_val = _gather(y_val, p_val, world)
         metrics: dict[str, Any] = {}
         decision = [False, False, best]
         if rank == 0:
             metrics = classification_metrics(y_val, p_val, prefix="val_")
             value = metrics[t.metric]
-            improved = is_better(value, best, t.mode)
+            improved = is_better(value, best, selection_mode(t))
             best = value if improved else best
             bad_epochs = 0 if improved else bad_epochs + 1
             stop = bool(t.patience) and bad_epochs >= t.patience
@@ -131,7 +136,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                "lr": scheduler.get_last_lr()[0], "improved": bool(improved)}
         if rank == 0:
             history.append(row)
-            _say(rank, _epoch_line(row, t, device_choice.device, precision.mode, cfg.train.metric))
+            # a sweep prints one line per finished trial instead (epoch_lines=False)
+            _say(rank, _epoch_line(row, t, device_choice.device, precision.mode, cfg.train.metric),
+                 detail=not config.get("epoch_lines", True))
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = None
             if rank == 0:
@@ -166,6 +173,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         "node_ids": _gather_list(_node_id(), world),
         "rows": _gather_list(data.rows_seen, world),
         "fingerprint": _gather_list(data.fingerprint, world),
+        "val_rows": _gather_list(val_rows, world),  # validation rows each rank scored (last epoch)
+        "val_fingerprint": _gather_list(data.val_fingerprint, world),
     }
 
 
@@ -190,12 +199,13 @@ class _ShardData:
         self._train: tuple[torch.Tensor, torch.Tensor] | None = None
         self._val: tuple[torch.Tensor, torch.Tensor] | None = None
         self.rows_seen = 0
-        self.fingerprint = 0.0
+        self.fingerprint = self.val_fingerprint = 0.0  # sums of the cached features: which rows a rank holds
         if cache:
             self._train = self._read_all(self.train_shard)
             self._val = self._read_all(self.val_shard)
             self.rows_seen = len(self._train[1])
             self.fingerprint = float(self._train[0].double().sum())
+            self.val_fingerprint = float(self._val[0].double().sum())
 
     def _stream(self, shard, shuffle_seed: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if shuffle_seed is None:
@@ -349,6 +359,7 @@ def _node_id() -> str | None:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
-def _say(rank: int, message: str) -> None:
-    if rank == 0:
-        log.info(message)
+def _say(rank: int, message: str, *, detail: bool = False) -> None:
+    """Rank 0's lines (forwarded to the driver by Ray); ``detail`` lines only with --verbose."""
+    if rank == 0 and (not detail or console.verbose()):
+        console.say(message)

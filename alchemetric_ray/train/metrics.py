@@ -1,4 +1,5 @@
-"""Classification metrics (scikit-learn) for validation and test, from probabilities and labels."""
+"""Classification metrics (scikit-learn) for validation and test, from probabilities and labels, and
+the direction in which each one improves (``train.metric``, ``train.mode``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,17 @@ import warnings
 import numpy as np
 from sklearn import metrics as skm
 
-# Metrics where larger is better; the rest (log loss) are minimised.
-HIGHER_IS_BETTER = {"accuracy", "balanced_accuracy", "macro_f1", "roc_auc", "mcc"}
+# The metric-direction table lives with the config that validates train.metric / train.mode.
+from alchemetric_ray.config import (
+    HIGHER_IS_BETTER,
+    LOWER_IS_BETTER,
+    SELECTION_METRICS,
+    metric_direction,
+    selection_mode,
+)
+
+__all__ = ["HIGHER_IS_BETTER", "LOWER_IS_BETTER", "SELECTION_METRICS", "metric_direction", "selection_mode",
+           "classification_metrics", "is_better"]
 
 
 def classification_metrics(y_true: np.ndarray, proba: np.ndarray, prefix: str = "val_") -> dict:

@@ -8,12 +8,14 @@ checkpoint exported with baselines and test metrics.  The same call serves the C
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.loaders import build_datasets
 from alchemetric_ray.data.shards import MANIFEST, build_shards, load_manifest
@@ -22,6 +24,7 @@ from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import safe_child
 from alchemetric_ray.models import model_spec
 from alchemetric_ray.train.export import check_models_dir, export_model
+from alchemetric_ray.train.metrics import selection_mode
 from alchemetric_ray.train.plan import ResourcePlan, plan_resources
 
 # Each ray.train.report() waits up to this interval (Ray's default is 2 s): a deliberate,
@@ -49,6 +52,7 @@ class TrainOutcome:
     latest_checkpoint: Any
     model_dir: Path | None
     seconds: float
+    tensorboard: Path | None = None  # the run's TensorBoard event files (local storage)
 
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:
@@ -59,6 +63,8 @@ def worker_env(cfg: RunConfig) -> dict[str, str]:
     }
     if os.environ.get("RAY_AUTH_TOKEN_PATH"):  # where the token lives, never the token itself
         env["RAY_AUTH_TOKEN_PATH"] = os.environ["RAY_AUTH_TOKEN_PATH"]
+    if console.verbose():
+        env[console.VERBOSE_ENV] = "1"
     return env
 
 
@@ -71,16 +77,25 @@ def ensure_ray(cfg: RunConfig) -> None:
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S)
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", WORKER_GROUP_START_TIMEOUT_S)
     env = {**worker_env(cfg), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"]}
+    console.quiet_ray_logger()
+    quiet = {"logging_level": logging.INFO if console.verbose() else logging.WARNING, "log_to_driver": True}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, log_to_driver=True)
-        return
-    from alchemetric_ray.hardware.inventory import cpu_count
+        # Ray's own helpers in our actors (Train's placement-group cleaner) find the cluster through
+        # RAY_ADDRESS too; without it they fail wherever several Ray instances share a machine.
+        env["RAY_ADDRESS"] = os.environ["RAY_ADDRESS"]
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, **quiet)
+    else:
+        from alchemetric_ray.hardware.inventory import cpu_count
 
-    # Logical CPUs above the physical count let Train workers and Ray Data readers coexist on a
-    # small laptop without waiting on each other (the plan still keeps one free for Ray Data).
-    # address="local": always a new Ray of our own, never one a `ray start` on this machine left running
-    ray.init(address="local", num_cpus=max(4, cpu_count()), include_dashboard=True, dashboard_host="127.0.0.1",
-             runtime_env={"env_vars": env}, log_to_driver=True)
+        # Logical CPUs above the physical count let Train workers and Ray Data readers coexist on a
+        # small laptop without waiting on each other (the plan still keeps one free for Ray Data).
+        # address="local": always a new Ray of our own, never one a `ray start` on this machine left running
+        ray.init(address="local", num_cpus=max(4, cpu_count()), include_dashboard=True, dashboard_host="127.0.0.1",
+                 runtime_env={"env_vars": env}, **quiet)
+    console.quiet_driver()
+    logs = console.session_logs()
+    if logs:
+        print(f"ray: session logs in {logs}", flush=True)
 
 
 def check_storage_reaches_every_node(cfg: RunConfig) -> None:
@@ -131,10 +146,6 @@ def run_name(cfg: RunConfig) -> str:
 
 
 def check_compatible(cfg: RunConfig, manifest: dict) -> None:
-    metric = cfg.train.metric
-    known = {f"val_{k}" for k in ("accuracy", "balanced_accuracy", "macro_f1", "log_loss", "roc_auc", "mcc")}
-    if metric not in known:
-        raise TrainError(f"config 'train.metric': {metric!r} is not one of {', '.join(sorted(known))}")
     spec = model_spec(cfg.model.name)
     if spec.inputs == "sequence":
         rows = manifest["rows"]["train"]
@@ -148,11 +159,12 @@ def check_compatible(cfg: RunConfig, manifest: dict) -> None:
 
 
 def build_trainer(cfg: RunConfig, datasets: dict, manifest: dict, plan: ResourcePlan, *, name: str,
-                  callbacks: list | None = None, local_mode: bool = False):
+                  callbacks: list | None = None, local_mode: bool = False, epoch_lines: bool = True):
     from ray.data import ExecutionOptions  # noqa: F401 (type of the options object)
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from alchemetric_ray.train.data_config import CompleteValidationConfig
     from alchemetric_ray.train.loop import train_loop_per_worker
 
     resources = {"CPU": plan.cpus_per_worker}
@@ -163,23 +175,24 @@ def build_trainer(cfg: RunConfig, datasets: dict, manifest: dict, plan: Resource
         options.preserve_order = True
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"run": cfg.to_dict(), "manifest": manifest, "plan": plan.as_dict()},
+        train_loop_config={"run": cfg.to_dict(), "manifest": manifest, "plan": plan.as_dict(), "epoch_lines": epoch_lines},
         scaling_config=ScalingConfig(num_workers=0 if local_mode else plan.num_workers, use_gpu=plan.use_gpu,
                                      resources_per_worker=None if local_mode else resources,
                                      placement_strategy=cfg.scaling.placement),
         torch_config=TorchConfig(backend=plan.backend),
         datasets=datasets,
-        dataset_config=DataConfig(execution_options=options),
+        dataset_config=CompleteValidationConfig(execution_options=options),  # val: every row, once
         run_config=TrainRunConfig(
             name=name,
             storage_path=storage_uri(cfg),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.storage.num_to_keep,
                                                checkpoint_score_attribute=cfg.train.metric,
-                                               checkpoint_score_order=cfg.train.mode),
+                                               checkpoint_score_order=selection_mode(cfg.train)),
             failure_config=FailureConfig(max_failures=cfg.scaling.max_failures,
                                          controller_failure_limit=CONTROLLER_FAILURE_LIMIT),
             worker_runtime_env={"env_vars": worker_env(cfg)},
             callbacks=callbacks,
+            logging_config=console.train_logging_config(),
         ),
     )
 
@@ -200,9 +213,16 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
     manifest = load_manifest(shards)
     check_compatible(cfg, manifest)
     print("resource plan:\n" + plan.describe(), flush=True)
+    console.quiet_ray_data()
     datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
                                  deterministic=cfg.train.deterministic)
     name = name or run_name(cfg)
+    tensorboard = None
+    if "://" not in cfg.storage.path:  # event files beside the run's checkpoints
+        from alchemetric_ray.train.tensorboard import SUBDIR, TensorBoardScalars
+
+        tensorboard = Path(storage_uri(cfg)) / name / SUBDIR
+        callbacks = [*(callbacks or []), TensorBoardScalars(tensorboard)]
     trainer = build_trainer(cfg, datasets, manifest, plan, name=name, callbacks=callbacks, local_mode=local_mode)
     try:
         result = trainer.fit()
@@ -213,7 +233,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
         raise TrainError(str(user).splitlines()[0]) from None
     best_ckpt, best_metrics = _best(result, cfg)
     outcome = TrainOutcome(name, getattr(result, "path", None), shards, plan, result.return_value or {},
-                           best_ckpt, best_metrics, result.checkpoint, None, 0.0)
+                           best_ckpt, best_metrics, result.checkpoint, None, 0.0, tensorboard)
     if export and best_ckpt is not None:
         outcome.model_dir = export_model(best_ckpt, cfg, shards)
     outcome.seconds = time.monotonic() - started
@@ -230,5 +250,5 @@ def _best(result, cfg: RunConfig):
     ranked = [(c, m) for c, m in (getattr(result, "best_checkpoints", None) or []) if cfg.train.metric in m]
     if not ranked:
         return result.checkpoint, result.metrics
-    sign = 1 if cfg.train.mode == "max" else -1
+    sign = 1 if selection_mode(cfg.train) == "max" else -1
     return max(ranked, key=lambda cm: sign * cm[1][cfg.train.metric])

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alchemetric_ray import console
 from alchemetric_ray.config import ConfigError, RunConfig
 from alchemetric_ray.data.loaders import build_datasets, check_shard_files
 from alchemetric_ray.data.shards import load_manifest
@@ -27,6 +28,7 @@ from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write_json, safe_child
 from alchemetric_ray.models import model_spec
 from alchemetric_ray.train.checkpoint import read_meta
+from alchemetric_ray.train.metrics import selection_mode
 from alchemetric_ray.train.plan import DATA_CPU_RESERVE, plan_resources
 from alchemetric_ray.train.trainer import (
     build_trainer,
@@ -124,14 +126,37 @@ def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: dict, p
 
     from alchemetric_ray.train.plan import ResourcePlan
 
+    console.quiet_ray_data()  # this trial driver builds its own datasets
     cfg = RunConfig.from_dict(base).with_values(config)
     check_compatible(cfg, manifest)
     trial_id = ray.tune.get_context().get_trial_id()
     datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
                                  deterministic=cfg.train.deterministic, check=False)
     trainer = build_trainer(cfg, datasets, manifest, ResourcePlan(**plan), name=f"{sweep}-{trial_id}",
-                            callbacks=[TuneReportCallback()])
+                            callbacks=[TuneReportCallback()], epoch_lines=False)
     trainer.fit()
+
+
+def _trial_lines(metric: str, mode: str):
+    """A Tune callback (it runs in the sweep's driver) that prints one line per finished trial."""
+    from ray import tune
+
+    class TrialLines(tune.Callback):
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._line(trial, "finished")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._line(trial, "failed")
+
+        def _line(self, trial, what: str) -> None:
+            result = trial.last_result or {}
+            best = (trial.metric_analysis.get(metric) or {}).get(mode)
+            shown = "n/a" if best is None else f"{best:.4f}"
+            config = ", ".join(f"{k}={_plain(v)}" for k, v in (trial.config or {}).items())
+            print(f"trial {trial.trial_id} {what}: {result.get('training_iteration', 0)} epoch(s), "
+                  f"best {metric} {shown}; {config}", flush=True)
+
+    return TrialLines()
 
 
 # ---- the sweep -----------------------------------------------------------------------------
@@ -190,13 +215,16 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
             trainable,
             param_space=space,
             tune_config=tune.TuneConfig(
-                metric=cfg.train.metric, mode=cfg.train.mode, scheduler=scheduler,
+                metric=cfg.train.metric, mode=selection_mode(cfg.train), scheduler=scheduler,
                 search_alg=_searcher(cfg),
                 num_samples=1 if cfg.tune.search == "grid" else cfg.tune.num_samples,
                 max_concurrent_trials=limit,
                 time_budget_s=cfg.tune.time_budget_s or None,
             ),
-            run_config=tune.RunConfig(name=name, storage_path=storage_uri(cfg), verbose=1),
+            # Tune's status table off (it ranks trials by their last value, not ours); one line per
+            # finished trial instead, and the summary names the best trial by its best epoch.
+            run_config=tune.RunConfig(name=name, storage_path=storage_uri(cfg), verbose=0 if not console.verbose() else 1,
+                                      callbacks=[_trial_lines(cfg.train.metric, selection_mode(cfg.train))]),
         )
     grid = tuner.fit()
     summary, best_ckpt, best_cfg = summarize(grid, trial_cfg, manifest, name)
@@ -240,7 +268,7 @@ def _searcher(cfg: RunConfig):
 
 def summarize(grid, cfg: RunConfig, manifest: dict, name: str) -> tuple[dict, str | None, RunConfig | None]:
     """Rank trials on validation only; find the best trial's best checkpoint (reported path)."""
-    metric, mode = cfg.train.metric, cfg.train.mode
+    metric, mode = cfg.train.metric, selection_mode(cfg.train)
     sign = 1 if mode == "max" else -1
     trials, best = [], None
     for result in grid:
