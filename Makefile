@@ -25,7 +25,7 @@ test-deps:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
-	  else echo "the report test needs Debian's chromium: sudo apt-get install -y chromium" >&2; fi; }
+	  else echo "the report test needs Chromium or Chrome: sudo apt-get install -y chromium (Debian/Ubuntu) or brew install --cask chromium (macOS)" >&2; fi; }
 
 test: install test-deps
 	$(BIN)/python -m pytest tests

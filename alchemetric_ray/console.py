@@ -52,7 +52,7 @@ RAY_LOG_LINES = (
 # Messages of Ray's own logger on the driver, dropped by their exact text.
 RAY_LOG_MESSAGES = (
     # ray.init on a local cluster: token authentication is Ray's default and what we want.
-    "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out.",
+    "Token authentication is enabled for this Ray cluster.",
     # Ray Data's advert for its progress bars, once they are off (as we asked).
     "Progress bars disabled. To enable, set",
 )

@@ -209,7 +209,10 @@ class _ShardData:
 
     def _stream(self, shard, shuffle_seed: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if shuffle_seed is None:
-            return shard.iter_torch_batches(batch_size=self.batch_size, collate_fn=self.collate, prefetch_batches=2)
+            # Host tensors ("auto" would pick Ray's GPU, or cuda:0 in local mode whatever our device):
+            # the loop moves each batch to the device it resolved.
+            return shard.iter_torch_batches(batch_size=self.batch_size, collate_fn=self.collate, prefetch_batches=2,
+                                            device="cpu")
         return self._shuffled_stream(shard, shuffle_seed)
 
     def _shuffled_stream(self, shard, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -220,7 +223,8 @@ class _ShardData:
         for every batch (bench/PROFILE.md, "Streamed loop")."""
         generator = torch.Generator().manual_seed(seed)
         window = SHUFFLE_WINDOW * self.batch_size
-        for x, y in shard.iter_torch_batches(batch_size=window, collate_fn=self.collate, prefetch_batches=1):
+        for x, y in shard.iter_torch_batches(batch_size=window, collate_fn=self.collate, prefetch_batches=1,
+                                             device="cpu"):
             order = torch.randperm(len(y), generator=generator)
             for i in range(0, len(order), self.batch_size):
                 idx = order[i:i + self.batch_size]
