@@ -27,11 +27,16 @@ test-deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "the report test needs Chromium or Chrome: sudo apt-get install -y chromium (Debian/Ubuntu) or brew install --cask chromium (macOS)" >&2; fi; }
 
+# Two pytest workers, each with its own local Ray; a test file stays on one worker (its module
+# fixtures are built once).  PYTEST_WORKERS=0 runs everything in this one process.
+PYTEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+
 test: install test-deps
-	$(BIN)/python -m pytest tests
+	$(PYTEST) tests
 
 test-fast: install
-	$(BIN)/python -m pytest tests -m "not slow"
+	$(PYTEST) tests -m "not slow"
 
 # Benchmarks (bench/, results in bench/results/*.json).  `bench` is the quick set (under 15 minutes on a quiet 2-core
 # machine); `bench-full` adds the 10M-row sizes and the 8-trial sweep.

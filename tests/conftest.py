@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 # Each ray.train.report() waits up to this interval; the default 2 s dominates small tests.
@@ -21,6 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 RAY_LOGICAL_CPUS = 8
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
 def ray_session(tmp_path_factory):
     """Start Ray once for the whole session (about 4 s here) and always shut it down."""
@@ -28,20 +38,35 @@ def ray_session(tmp_path_factory):
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(
-        num_cpus=RAY_LOGICAL_CPUS,
-        include_dashboard=True,
-        dashboard_host="127.0.0.1",
-        log_to_driver=True,
-        # Train/Tune loop functions defined in test modules are pickled by reference: the
-        # workers must be able to import the test modules (and the package) too.
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}},
-        _temp_dir=str(tmp_path_factory.mktemp("ray")) if len(str(tmp_path_factory.getbasetemp())) < 60 else None,
-    )
+    # `make test` runs two pytest workers, each with a Ray of its own.  Ray's helpers inside our
+    # actors (Train's placement-group cleaner) look the cluster up by RAY_API_SERVER_ADDRESS, else
+    # by scanning the machine, which fails where two Rays run: the raylet that ray.init starts
+    # hands this variable to every worker, so it is set while ray.init runs, then removed (the
+    # test clusters that subprocesses start must not inherit it).
+    temp_dir = tempfile.mkdtemp(prefix="ar-", dir="/tmp")
+    dashboard_port = free_port()
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dashboard_port}"
+    try:
+        ray.init(
+            address="local",
+            num_cpus=RAY_LOGICAL_CPUS,
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            dashboard_port=dashboard_port,
+            log_to_driver=True,
+            # Train/Tune loop functions defined in test modules are pickled by reference: the
+            # workers must be able to import the test modules (and the package) too.
+            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}},
+            # short: Ray's socket paths must stay under 108 bytes (pytest's temp folders are long)
+            _temp_dir=temp_dir,
+        )
+    finally:
+        os.environ.pop("RAY_API_SERVER_ADDRESS", None)
     try:
         yield ray
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +76,14 @@ def stocknet_dir(tmp_path_factory) -> Path:
     from alchemetric_ray.data.stocknet import write_csvs
 
     return write_csvs(tmp_path_factory.mktemp("stocknet"))
+
+
+# The long test files first: `make test` hands whole files to its two workers in collection order,
+# and a long file started last would run alone at the end.
+LONG_FILES = ("test_training.py", "test_signals.py", "test_faults.py", "test_cluster.py", "test_sweep.py",
+              "test_console.py", "test_loaders.py", "test_doctor.py", "test_bad_input.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: order within a file kept

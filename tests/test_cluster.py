@@ -138,3 +138,13 @@ def test_ray_job_submit_train_tune_and_a_failing_job(stocknet_dir, tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
+
+
+def test_job_entry_points_are_the_cli_commands():
+    """What `ray job submit ... -- python jobs/<x>.py` runs: the CLI's own command, same flags."""
+    for job, command, flag in (("train.py", "train", "--evaluate"), ("tune.py", "tune", "--resume")):
+        done = subprocess.run([sys.executable, str(REPO / "jobs" / job), "--help"], capture_output=True, text=True,
+                              timeout=120, cwd=REPO)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.startswith(f"usage: alchemetric-ray {command} ") and flag in done.stdout
+        assert "section.key=value" in done.stdout

@@ -26,26 +26,33 @@ from alchemetric_ray.data.shards import MANIFEST, ShardError, load_manifest, spl
 
 
 def read_split(shards: str | Path, split: str, *, columns: list[str] | None = None):
-    """One split of the shards as a Ray Dataset (``ray.data.read_parquet``)."""
-    import ray.data
-
+    """One split of the shards as a Ray Dataset."""
     folder = split_dir(shards, split)
     if not folder.is_dir() or not any(folder.glob("*.parquet")):
         raise ShardError(f"{shards}: split '{split}' has no Parquet files in {folder}")
-    # Ray 2.60's default Parquet reader (DataSource V2) starts a pool of 32 footer-reading actors
-    # for every execution of the dataset, i.e. every streamed epoch: ~2 s of fixed cost per read
-    # on a small node, more than the read itself (bench/PROFILE.md, "Ingest").  Our shards are a
-    # few files in one folder, so the V1 reader (file metadata on the driver, one task per file)
-    # plans them with none of that.  The switch is read at call time and only for this call.
-    # One read task and block per file (<= ROWS_PER_FILE rows, ~20 MB): left to itself Ray splits
-    # each file into ~24 blocks of ~0.7 MB to reach its 200-block minimum, and moving 100 tiny
-    # objects costs more than reading the rows.
+    return read_parquet_folder(folder, columns=columns)
+
+
+def read_parquet_folder(folder: str | Path, *, columns: list[str] | None = None):
+    """A folder of our own Parquet files as a Ray Dataset: one read task and block per file.
+
+    Ray 2.60's default Parquet reader (DataSource V2) starts a pool of 32 footer-reading actors
+    for every execution of the dataset, i.e. every streamed epoch and every prediction: ~2 s of
+    fixed cost per read on a small node, more than the read itself (bench/PROFILE.md, "Ingest").
+    Our shards and staging folders are a few files in one folder, so the V1 reader (file metadata
+    on the driver, one task per file) plans them with none of that.  The switch is read at call
+    time and only for this call.  One read task and block per file (<= ROWS_PER_FILE rows, ~20 MB):
+    left to itself Ray splits each file into ~24 blocks of ~0.7 MB to reach its 200-block
+    minimum, and moving 100 tiny objects costs more than reading the rows."""
+    import ray.data
+
+    folder = Path(folder)
     files = sorted(folder.glob("*.parquet"))
     ctx = ray.data.DataContext.get_current()
     previous, ctx.use_datasource_v2 = ctx.use_datasource_v2, False
     try:
         return ray.data.read_parquet(str(folder.resolve()), columns=columns, partitioning=None,
-                                     file_extensions=["parquet"], override_num_blocks=len(files))
+                                     file_extensions=["parquet"], override_num_blocks=max(1, len(files)))
     finally:
         ctx.use_datasource_v2 = previous
 

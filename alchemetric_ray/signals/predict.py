@@ -2,7 +2,7 @@
 
 The model's own manifest decides everything about the inputs: its feature set, its label's
 horizon, its window and its training normalization.  Features are computed ticker by ticker into
-a staging folder, then ``ray.data.read_parquet(...).map_batches(ModelPredictor, compute=ActorPoolStrategy(size=N))``
+a staging folder, then ``read_parquet_folder(...).map_batches(ModelPredictor, compute=ActorPoolStrategy(size=N))``
 runs a pool of actors that each load the model once (on a GPU each when the cluster has them).
 
 One row per (date, ticker) with enough history: class probabilities, the predicted class, the
@@ -138,7 +138,7 @@ def predict(model_dir: str | Path, data: str | None, out: str | Path, cfg: RunCo
     """Score ``data`` (OHLCV folder/file; None = the model's training data) with a saved model into ``out``."""
     import ray
 
-    from alchemetric_ray.data.loaders import sequence_dataset
+    from alchemetric_ray.data.loaders import read_parquet_folder, sequence_dataset
     from alchemetric_ray.train.export import load_model
     from alchemetric_ray.train.trainer import ensure_ray
 
@@ -150,7 +150,7 @@ def predict(model_dir: str | Path, data: str | None, out: str | Path, cfg: RunCo
     with tempfile.TemporaryDirectory(prefix="alchemetric-predict-") as tmp:
         staging = Path(tmp)
         stage_inputs(loaded, data, staging)
-        ds = ray.data.read_parquet(str(staging), file_extensions=["parquet"])
+        ds = read_parquet_folder(staging)
         names = loaded.manifest["features"]
         if loaded.mode == "sequence":
             ds = sequence_dataset(ds, names, loaded.config.features.window)
