@@ -27,10 +27,9 @@ test-deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "the report test needs Chromium or Chrome: sudo apt-get install -y chromium (Debian/Ubuntu) or brew install --cask chromium (macOS)" >&2; fi; }
 
-# Two pytest workers, each with its own local Ray; a test file stays on one worker (its module
-# fixtures are built once).  PYTEST_WORKERS=0 runs everything in this one process.
-PYTEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+# One pytest process with one local Ray: two workers (pytest-xdist) were tried and took as long on
+# 2 cores, since the tests' time is Ray's processes computing, not waiting.
+PYTEST := $(BIN)/python -m pytest
 
 test: install test-deps
 	$(PYTEST) tests

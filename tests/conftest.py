@@ -38,11 +38,11 @@ def ray_session(tmp_path_factory):
 
     if ray.is_initialized():
         ray.shutdown()
-    # `make test` runs two pytest workers, each with a Ray of its own.  Ray's helpers inside our
-    # actors (Train's placement-group cleaner) look the cluster up by RAY_API_SERVER_ADDRESS, else
-    # by scanning the machine, which fails where two Rays run: the raylet that ray.init starts
-    # hands this variable to every worker, so it is set while ray.init runs, then removed (the
-    # test clusters that subprocesses start must not inherit it).
+    # Some tests start Ray heads and clusters of their own beside this one.  Ray's helpers inside
+    # our actors (Train's placement-group cleaner) look the cluster up by RAY_API_SERVER_ADDRESS,
+    # else by scanning the machine, which fails where two Rays run: the raylet that ray.init
+    # starts hands this variable to every worker, so it is set while ray.init runs, then removed
+    # (the test clusters that subprocesses start must not inherit it).
     temp_dir = tempfile.mkdtemp(prefix="ar-", dir="/tmp")
     dashboard_port = free_port()
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dashboard_port}"
@@ -77,13 +77,3 @@ def stocknet_dir(tmp_path_factory) -> Path:
 
     return write_csvs(tmp_path_factory.mktemp("stocknet"))
 
-
-# The long test files first: `make test` hands whole files to its two workers in collection order,
-# and a long file started last would run alone at the end.
-LONG_FILES = ("test_training.py", "test_signals.py", "test_faults.py", "test_cluster.py", "test_sweep.py",
-              "test_console.py", "test_loaders.py", "test_doctor.py", "test_bad_input.py")
-
-
-def pytest_collection_modifyitems(session, config, items):
-    rank = {name: i for i, name in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: order within a file kept
