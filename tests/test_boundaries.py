@@ -3,20 +3,12 @@
 import ast
 from pathlib import Path
 
+from source_scan import dotted as _dotted
+
 PACKAGE = Path(__file__).resolve().parents[1] / "alchemetric_ray"
 ALLOWED = {"hardware", "doctor"}
 DEVICE_WORDS = {"cuda", "mps", "xpu", "cpu"}
 PROBE_PREFIXES = ("torch.cuda.", "torch.backends.mps", "torch.mps.", "torch.xpu.", "torch.backends.cudnn")
-
-
-def _dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 def _violations(path: Path) -> list[str]:

@@ -32,6 +32,8 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from source_scan import dotted as _dotted
+
 TESTS = Path(__file__).resolve().parent
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 _DEVICE = r"(?:cpu|cuda|mps|xpu)(?::\d+)?"
@@ -65,16 +67,6 @@ class Finding:
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line} {self.function} expects device {self.literal!r} without pinning the device"
-
-
-def _dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 def _device_text(value: str) -> str | None:
