@@ -32,7 +32,7 @@ def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
         out = {{}}
         try:
             base = ["data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT",
-                    "storage.path={tmp_path / 'shared'}", "storage.models_dir={tmp_path / 'models'}",
+                    "storage.path={tmp_path / 'nfs'}", "storage.models_dir={tmp_path / 'models'}",
                     "storage.name=multi", "train.epochs=2", "model.hidden=16", "scaling.workers=2",
                     "scaling.cpus_per_worker=1", "scaling.placement=STRICT_SPREAD", "device.name=cpu"]
             try:
@@ -58,7 +58,7 @@ def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
     assert "is a local folder but the Ray cluster has 2 nodes" in out["refused"]
     assert len(out["node_ids"]) == 2 and out["node_ids"][0] != out["node_ids"][1]
     checkpoints = sorted(Path(out["run_path"]).glob("epoch-*/state.pt"))
-    assert checkpoints and str(tmp_path / "shared") in out["run_path"]
+    assert checkpoints and str(tmp_path / "nfs") in out["run_path"]
     assert (Path(out["model_dir"]) / "weights.pt").is_file()
 
 

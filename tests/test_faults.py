@@ -228,7 +228,7 @@ def test_node_lost_mid_training_recovers_on_the_remaining_node(stocknet_dir, tmp
         out = {{}}
         try:
             cfg = load_config(None, ["data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT",
-                                     "storage.path={tmp_path / 'shared'}", "storage.shared=true",
+                                     "storage.path={tmp_path / 'nfs'}", "storage.shared=true",
                                      "storage.models_dir={tmp_path / 'models'}", "storage.name=lost",
                                      "storage.run=lost", "train.epochs=6", "train.patience=0", "model.name=lstm",
                                      "model.hidden=32", "train.batch_size=32", "scaling.workers=1",
@@ -241,7 +241,7 @@ def test_node_lost_mid_training_recovers_on_the_remaining_node(stocknet_dir, tmp
                     error.append(f"{{type(exc).__name__}}: {{exc}}")
             runner = threading.Thread(target=go, daemon=True)
             runner.start()
-            first = "{tmp_path / 'shared' / 'lost' / 'epoch-0000' / 'meta.json'}"
+            first = "{tmp_path / 'nfs' / 'lost' / 'epoch-0000' / 'meta.json'}"
             deadline = time.monotonic() + 600
             while not os.path.exists(first) and time.monotonic() < deadline and runner.is_alive():
                 time.sleep(0.05)
