@@ -1,4 +1,13 @@
-"""Small file-system helpers: atomic writes and names that cannot escape their folder."""
+"""Small file-system helpers: atomic writes and names that cannot escape their folder.
+
+Two ways to write, one for a file and one for a folder, so that a reader never sees half of either:
+
+* :func:`atomic_write` (and its text, JSON and torch forms): the file is written beside its final
+  name and renamed over it.
+* :func:`staged_dir`: ``with staged_dir(target) as stage: ...`` builds a folder in a stage and puts
+  it in place of ``target`` when the block ends, or removes the stage when the block raises.  A
+  local folder is swapped in atomically; a URI (``s3://...``) goes through ``pyarrow.fs``.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +18,11 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from alchemetric_ray.errors import UserError
 
@@ -43,17 +54,25 @@ def _tmp_beside(path: Path) -> Path:
     return path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
+def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> None:
+    """``write(tmp)`` a file beside ``path``, then rename it over ``path``; never half a file, no leftover."""
     path = Path(path)
     tmp = _tmp_beside(path)
     try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    def write(tmp: Path) -> None:
         with open(tmp, "w") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    atomic_write(path, write)
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
@@ -63,13 +82,7 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
     import torch
 
-    path = Path(path)
-    tmp = _tmp_beside(path)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -136,3 +149,89 @@ def staging_dir(target: Path) -> Path:
     tmp = _tmp_beside(target)
     tmp.mkdir()
     return tmp
+
+
+def is_uri(location: str | Path) -> bool:
+    return "://" in str(location)
+
+
+@contextmanager
+def staged_dir(target: str | Path, filesystem: Any = None) -> Iterator[Path]:
+    """Build a folder and put it in place of ``target`` in one step; on an error, leave no trace.
+
+    ``with staged_dir(target) as stage:`` yields an empty local folder.  When the block ends, the
+    folder replaces ``target`` (any old one goes); when it raises, the stage is removed and
+    ``target`` is untouched.  Readers of a local folder call :func:`recover_dir` first.
+
+    Where ``target`` is on object storage (a URI such as ``s3://bucket/models/m``, or a path on a
+    given ``pyarrow.fs.FileSystem``), the stage is a local temporary folder: it is uploaded to a
+    hidden prefix beside ``target``, then the old ``target`` is deleted and the upload moved (copied,
+    on object stores) into its place, and the hidden prefix deleted.  An error before the final move
+    leaves the old ``target`` whole; during the move a reader can see no folder or part of the new
+    one, which is weaker than the atomic swap of a local folder (object stores have no rename).
+    """
+    local = None if filesystem is not None else _local_path(target)
+    if local is not None:
+        stage = staging_dir(local)
+        try:
+            yield stage
+            replace_dir(stage, local)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        return
+    stage = Path(tempfile.mkdtemp(prefix="alchemetric-stage-"))
+    try:
+        yield stage
+        _publish(stage, str(target), filesystem)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _local_path(target: str | Path) -> Path | None:
+    """``target`` as a local path, or None where it lives on another file system."""
+    if not is_uri(target):
+        return Path(target)
+    from pyarrow import fs
+
+    filesystem, path = fs.FileSystem.from_uri(str(target))
+    return Path(path) if isinstance(filesystem, fs.LocalFileSystem) else None
+
+
+def _publish(stage: Path, target: str, filesystem: Any = None) -> None:
+    """Upload the finished local folder ``stage`` to ``target`` on ``filesystem`` (or the URI's own)."""
+    from pyarrow import fs
+
+    if filesystem is None:
+        filesystem, target = fs.FileSystem.from_uri(target)
+    target = target.rstrip("/")
+    parent, _, name = target.rpartition("/")
+    upload = f"{parent}/.{name}.tmp-{uuid.uuid4().hex[:8]}" if parent else f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+    local = fs.LocalFileSystem()
+    try:
+        filesystem.create_dir(upload, recursive=True)
+        fs.copy_files(str(stage), upload, source_filesystem=local, destination_filesystem=filesystem)
+        if filesystem.get_file_info(target).type != fs.FileType.NotFound:
+            filesystem.delete_dir(target)
+        try:
+            filesystem.move(upload, target)
+        except (OSError, NotImplementedError):  # object stores move files, not folders: copy it over
+            fs.copy_files(upload, target, source_filesystem=filesystem, destination_filesystem=filesystem)
+    finally:
+        if filesystem.get_file_info(upload).type != fs.FileType.NotFound:
+            filesystem.delete_dir(upload)
+
+
+def subfolders(location: str | Path, pattern: str = "*") -> list[str]:
+    """Names of the folders in ``location`` (a local folder or a URI) that match ``pattern``, sorted."""
+    import fnmatch
+
+    local = _local_path(location)
+    if local is not None:
+        return sorted(p.name for p in local.glob(pattern) if p.is_dir())
+    from pyarrow import fs
+
+    filesystem, path = fs.FileSystem.from_uri(str(location))
+    infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
+    folders = (i.base_name for i in infos if i.type == fs.FileType.Directory)
+    return sorted(name for name in folders if fnmatch.fnmatch(name, pattern))

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
 
     from alchemetric_ray.config import load_config
     from alchemetric_ray.data.shards import build_shards
-    from alchemetric_ray.train.trainer import ensure_ray
+    from alchemetric_ray.train.session import ensure_ray
 
     batch = args.batch or (4096 if args.model == "mlp" else 1024)
     with tempfile.TemporaryDirectory() as tmp:

@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     import ray
 
     from alchemetric_ray.config import load_config
-    from alchemetric_ray.train.trainer import ensure_ray
+    from alchemetric_ray.train.session import ensure_ray
     from alchemetric_ray.data.shards import build_shards
 
     lrs = LRS[:args.trials]

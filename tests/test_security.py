@@ -204,8 +204,8 @@ def test_model_name_cannot_name_a_path(capsys):
 def test_the_path_helpers_refuse_names_the_config_never_saw(tmp_path, name):
     """Defence in depth: a config built without validation (a library caller) is refused again
     where the name becomes a path."""
-    from alchemetric_ray.train.trainer import prepare_shards, run_name
-    from alchemetric_ray.tune.sweep import sweep_name
+    from alchemetric_ray.train.session import run_name
+    from alchemetric_ray.train.trainer import prepare_shards
 
     with pytest.raises(UnsafeNameError) as err:
         safe_child(tmp_path, name, "storage.name")
@@ -213,8 +213,8 @@ def test_the_path_helpers_refuse_names_the_config_never_saw(tmp_path, name):
     base = load_config(None, [f"storage.path={tmp_path / 'results'}", f"data.path={tmp_path / 'raw'}"])
     bad_name = dataclasses.replace(base, storage=dataclasses.replace(base.storage, name=name))
     bad_run = dataclasses.replace(base, storage=dataclasses.replace(base.storage, run=name or "..."))
-    for call in (lambda: run_name(bad_name), lambda: run_name(bad_run), lambda: sweep_name(bad_name),
-                 lambda: sweep_name(bad_run), lambda: prepare_shards(bad_name, progress=False)):
+    for call in (lambda: run_name(bad_name), lambda: run_name(bad_run), lambda: run_name(bad_name, sweep=True),
+                 lambda: run_name(bad_run, sweep=True), lambda: prepare_shards(bad_name, progress=False)):
         with pytest.raises(UnsafeNameError, match=r"^storage\.(name|run) .* is not a plain name"):
             call()
     assert _tree(tmp_path) == set()

@@ -68,7 +68,7 @@ def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
 
 
 def test_worker_env_carries_fallback_and_token_location_not_the_token(monkeypatch):
-    from alchemetric_ray.train.trainer import worker_env
+    from alchemetric_ray.train.session import worker_env
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/home/ray/.ray/auth_token")
     monkeypatch.setenv("RAY_AUTH_TOKEN", "secret-value")

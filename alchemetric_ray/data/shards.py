@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_write_json, replace_dir, staging_dir, unwritable_ancestor
+from alchemetric_ray.fsutil import atomic_write_json, staged_dir, unwritable_ancestor
 from alchemetric_ray.data import features as feat
 from alchemetric_ray.data.labels import LabelSpec, make_labels
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
@@ -127,41 +127,39 @@ def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, p
         source = open_source(cfg.data, min_history=min_history(cfg))
         bars, source_description, report = source.bars, source.description, source.report
 
-    tmp = staging_dir(out)
-    staging = tmp / "_staging"
     bar = _Progress("features", progress)
-    staging.mkdir(parents=True)
     try:
-        stats = _pass_features(bars, names, spec, staging, min_history(cfg), bar)
-        plan = plan_splits(stats["calendar"], train_frac=cfg.features.train_frac, val_frac=cfg.features.val_frac,
-                           embargo=embargo, train_end=cfg.features.train_end, val_end=cfg.features.val_end)
-        normalizer = _fit_normalizer(staging, names, plan, cfg)
-        counts = _write_shards(staging, tmp, names, plan, normalizer, len(spec.classes))
-        shutil.rmtree(staging)
-        _check_classes(counts, spec.classes)
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "source": source_description,
-            "input_hash": stats["hash"],
-            "features": names,
-            "label": {**spec.__dict__, "classes": spec.classes, "reach": spec.reach},
-            "window": cfg.features.window,
-            "splits": plan.as_dict(),
-            "normalization": normalizer.as_dict(),
-            "rows": counts["rows"],
-            "class_counts": counts["classes"],
-            "tickers": stats["tickers"],
-            "skipped_tickers": stats["skipped"],
-            "dropped_nonfinite_rows": stats["nonfinite"],
-            "ingest": _ingest_summary(report),
-            "columns": {"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
-        }
-        atomic_write_json(tmp / MANIFEST, manifest)
-        replace_dir(tmp, out)
+        with staged_dir(out) as tmp:
+            staging = tmp / "_staging"
+            staging.mkdir(parents=True)
+            stats = _pass_features(bars, names, spec, staging, min_history(cfg), bar)
+            plan = plan_splits(stats["calendar"], train_frac=cfg.features.train_frac, val_frac=cfg.features.val_frac,
+                               embargo=embargo, train_end=cfg.features.train_end, val_end=cfg.features.val_end)
+            normalizer = _fit_normalizer(staging, names, plan, cfg)
+            counts = _write_shards(staging, tmp, names, plan, normalizer, len(spec.classes))
+            shutil.rmtree(staging)
+            _check_classes(counts, spec.classes)
+            manifest = {
+                "format_version": FORMAT_VERSION,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "source": source_description,
+                "input_hash": stats["hash"],
+                "features": names,
+                "label": {**spec.__dict__, "classes": spec.classes, "reach": spec.reach},
+                "window": cfg.features.window,
+                "splits": plan.as_dict(),
+                "normalization": normalizer.as_dict(),
+                "rows": counts["rows"],
+                "class_counts": counts["classes"],
+                "tickers": stats["tickers"],
+                "skipped_tickers": stats["skipped"],
+                "dropped_nonfinite_rows": stats["nonfinite"],
+                "ingest": _ingest_summary(report),
+                "columns": {"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
+            }
+            atomic_write_json(tmp / MANIFEST, manifest)
     except BaseException:
-        bar.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        bar.close()  # an open progress line ends before the error message
         raise
     return ShardSummary(out, manifest, time.monotonic() - start)
 

@@ -3,7 +3,8 @@
 The model's predictions on the same rows on each backend and precision are compared with its
 training backend (or CPU float32 when that backend is not here): rank correlation of the scores,
 the share of positions that flip, and the change in rank IC.  ``certificate.json`` is written into
-the model folder; ``predict`` warns when it serves on a backend that was never certified.
+the model folder (its name and reader are in ``train/export.py``, with the rest of the folder's
+layout); ``predict`` warns when it serves on a backend that was never certified.
 """
 
 from __future__ import annotations
@@ -17,19 +18,15 @@ import numpy as np
 import pandas as pd
 
 from alchemetric_ray.fsutil import atomic_write_json
+from alchemetric_ray.signals.predict import direction_score, positions, stage_inputs
+from alchemetric_ray.train.export import CERTIFICATE, backend_key
 
-CERTIFICATE = "certificate.json"
 MAX_FLIP_SHARE = 0.01  # more than 1% of positions flipping blocks a backend
 MAX_ROWS = 20_000
 
 
-def backend_key(device_type: str, mode: str) -> str:
-    return f"{device_type}/{mode}"
-
-
 def certificate_rows(loaded) -> tuple[np.ndarray, pd.DataFrame]:
     """Inputs (the model's own normalized features) and keys for its test segment."""
-    from alchemetric_ray.signals.predict import stage_inputs
     from alchemetric_ray.train.evaluate import model_inputs
 
     with tempfile.TemporaryDirectory(prefix="alchemetric-cert-") as tmp:
@@ -45,13 +42,12 @@ def certificate_rows(loaded) -> tuple[np.ndarray, pd.DataFrame]:
 def _scores(loaded, x: np.ndarray, device, precision) -> np.ndarray:
     from alchemetric_ray.train.evaluate import predict_proba
 
-    classes = loaded.manifest["label"]["classes"]
     model = loaded.model.to(device)
     try:
         proba = predict_proba(model, x, device, precision)
     finally:
         loaded.model.to("cpu")
-    return proba[:, classes.index("up")] - proba[:, classes.index("down")]
+    return direction_score(proba, loaded.manifest["label"]["classes"])
 
 
 def _rank_ic(rows: pd.DataFrame, score: np.ndarray) -> float:
@@ -65,8 +61,6 @@ def _rank_ic(rows: pd.DataFrame, score: np.ndarray) -> float:
 def certify(loaded, backends: list[tuple[Any, Any]], reference: tuple[Any, Any]) -> dict:
     """Compare every (device, precision) in ``backends`` with ``reference`` on the same rows."""
     from scipy.stats import spearmanr
-
-    from alchemetric_ray.signals.predict import positions
 
     x, rows = certificate_rows(loaded)
     th = loaded.config.signals
@@ -97,11 +91,3 @@ def write_certificate(model_dir: Path, cert: dict) -> Path:
     atomic_write_json(path, cert)
     return path
 
-
-def certified_backends(model_dir: Path) -> list[str] | None:
-    import json
-
-    path = Path(model_dir) / CERTIFICATE
-    if not path.is_file():
-        return None
-    return list(json.loads(path.read_text()).get("certified", []))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,9 @@ import pandas as pd
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text, replace_dir, staging_dir
+from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text, staged_dir
 from alchemetric_ray.signals import metrics as sm
-from alchemetric_ray.signals.predict import positions, predict
+from alchemetric_ray.signals.predict import direction_score, positions, predict, stage_inputs
 from alchemetric_ray.train.metrics import classification_metrics
 
 FEW_TICKERS = 10
@@ -94,7 +93,6 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     start, end = segment or (s["test_start"], s["test_end"])
     names, classes = manifest["features"], manifest["label"]["classes"]
     horizon = manifest["label"]["horizon"]
-    up, down = classes.index("up"), classes.index("down")
     test = _segment(inputs, start, end)
     if test.empty:
         raise EvaluationError(f"no rows of the data fall in the test segment {start}..{end}")
@@ -114,7 +112,7 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
         model.fit(train[names].to_numpy(), train["label"].to_numpy())
         p = np.zeros((len(test), len(classes)))
         p[:, model.classes_.astype(int)] = model.predict_proba(test[names].to_numpy())
-        score = p[:, up] - p[:, down]
+        score = direction_score(p, classes)
         rows.append(contender_stats(name, _scored(test, score, positions(score, *th)), cfg, horizon=horizon,
                                     proba=p, labels=test["label"].to_numpy()))
     mom = test["mom_20"].to_numpy()
@@ -139,7 +137,6 @@ def _inputs_frame(staging: Path) -> pd.DataFrame:
 
 def evaluate(model_dir: str | Path, data: str | None, out_dir: str | Path, cfg: RunConfig | None = None) -> dict:
     """Predict, score the test segment against the baselines, and write the report to ``out_dir``."""
-    from alchemetric_ray.signals.predict import stage_inputs
     from alchemetric_ray.train.export import load_model
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
@@ -147,8 +144,7 @@ def evaluate(model_dir: str | Path, data: str | None, out_dir: str | Path, cfg: 
     cfg = cfg or loaded.config
     metrics = json.loads((model_dir / "metrics.json").read_text()) if (model_dir / "metrics.json").is_file() else {}
     n_trials = int(metrics.get("sweep", {}).get("num_trials", 1))
-    tmp = staging_dir(out_dir)
-    try:
+    with staged_dir(out_dir) as tmp:
         signals = predict(model_dir, data, tmp / "signals.parquet", cfg)
         with tempfile.TemporaryDirectory(prefix="alchemetric-eval-") as inputs_dir:
             stage_inputs(loaded, data, Path(inputs_dir))
@@ -162,10 +158,6 @@ def evaluate(model_dir: str | Path, data: str | None, out_dir: str | Path, cfg: 
         _plot_equity(result, tmp / "equity.png")
         atomic_write_text(tmp / "report.md", render_report(result))
         atomic_write_json(tmp / "evaluation.json", _public(result))
-        replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return result
 
 
@@ -173,7 +165,6 @@ def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: P
     """Retrain per fold (expanding window) and score each fold's test block; mean and spread."""
     from alchemetric_ray.data.labels import LabelSpec
     from alchemetric_ray.data.splits import walk_forward_folds
-    from alchemetric_ray.signals.predict import stage_inputs
     from alchemetric_ray.train.export import load_model as load
     from alchemetric_ray.train.trainer import run_training
 

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,9 +26,9 @@ import pyarrow.parquet as pq
 from alchemetric_ray.config import DataConfig, RunConfig
 from alchemetric_ray.data.labels import LabelSpec
 from alchemetric_ray.data.normalize import Normalizer
-from alchemetric_ray.data.shards import MANIFEST, feature_table, load_manifest, split_dir
+from alchemetric_ray.data.shards import MANIFEST, feature_table, load_manifest
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import staging_dir
+from alchemetric_ray.fsutil import atomic_write
 
 SIGNAL_COLUMNS = ("date", "ticker", "score", "position", "pred_class", "effective_date", "fwd_ret")
 
@@ -73,6 +71,11 @@ class ModelPredictor:
 def model_id(model_dir: Path) -> str:
     digest = hashlib.sha256((model_dir / "weights.pt").read_bytes()).hexdigest()[:12]
     return f"{model_dir.name}@{digest}"
+
+
+def direction_score(proba: np.ndarray, classes: list[str]) -> np.ndarray:
+    """The signal's score: P(up) - P(down), from class probabilities (one column per class)."""
+    return proba[:, classes.index("up")] - proba[:, classes.index("down")]
 
 
 def positions(score: np.ndarray, long_threshold: float, short_threshold: float) -> np.ndarray:
@@ -140,7 +143,7 @@ def predict(model_dir: str | Path, data: str | None, out: str | Path, cfg: RunCo
 
     from alchemetric_ray.data.loaders import read_parquet_folder, sequence_dataset
     from alchemetric_ray.train.export import load_model
-    from alchemetric_ray.train.trainer import ensure_ray
+    from alchemetric_ray.train.session import ensure_ray
 
     model_dir, out = Path(model_dir), Path(out)
     loaded = load_model(model_dir)
@@ -185,24 +188,17 @@ def _datetimes(column) -> np.ndarray:
 
 def warn_if_uncertified(model_dir: Path, device_type: str, mode: str) -> str | None:
     """The warning ``predict`` prints when serving on a backend the doctor never certified."""
-    from alchemetric_ray.doctor.certificate import backend_key, certified_backends
+    from alchemetric_ray.train.export import backend_key, certified_backends, trained_backend
 
     certified = certified_backends(model_dir)
     key = backend_key(device_type, mode)
-    trained = loaded_backend(model_dir)
+    trained = trained_backend(model_dir)
     if key == trained or (certified is not None and key in certified):
         return None
     message = (f"warning: serving {model_dir.name} on {key}, which was never certified for this model "
                f"(trained on {trained}); run `alchemetric-ray doctor --model {model_dir}` first")
     print(message, file=sys.stderr)
     return message
-
-
-def loaded_backend(model_dir: Path) -> str:
-    import json
-
-    meta = json.loads((model_dir / "meta.json").read_text())
-    return f"{meta['device']['device'].split(':')[0]}/{meta['precision']['mode']}"
 
 
 def _write_signals(scored: pd.DataFrame, loaded, model_dir: Path, out: Path, cfg: RunConfig) -> pd.DataFrame:
@@ -212,7 +208,7 @@ def _write_signals(scored: pd.DataFrame, loaded, model_dir: Path, out: Path, cfg
     for j, name in enumerate(classes):
         frame[f"p_{name}"] = proba[:, j]
     frame["pred_class"] = np.asarray(classes, dtype=object)[proba.argmax(axis=1)] if len(frame) else []
-    frame["score"] = proba[:, classes.index("up")] - proba[:, classes.index("down")]
+    frame["score"] = direction_score(proba, classes)
     frame["position"] = positions(frame["score"].to_numpy(), cfg.signals.long_threshold, cfg.signals.short_threshold)
     frame["effective_date"] = _datetimes(scored["effective_date"])
     frame["fwd_ret"] = scored["fwd_ret"].astype("float32")
@@ -223,7 +219,5 @@ def _write_signals(scored: pd.DataFrame, loaded, model_dir: Path, out: Path, cfg
     if len(frame):
         warn_if_uncertified(model_dir, frame["device"].iloc[0].split(":")[0], frame["precision"].iloc[0])
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp"
-    frame.to_parquet(tmp, index=False)
-    tmp.replace(out)
+    atomic_write(out, lambda tmp: frame.to_parquet(tmp, index=False))
     return frame

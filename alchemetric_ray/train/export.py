@@ -6,6 +6,7 @@
                       metrics.json   best validation metrics, test metrics, baselines side by side
                       meta.json      device and precision with reasons, versions, machine, git commit
                       model_card.md  the same for people
+                      certificate.json  the backends the doctor certified it on (written later, by the doctor)
 """
 
 from __future__ import annotations
@@ -20,16 +21,16 @@ import torch
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import (atomic_torch_save, atomic_write_json, atomic_write_text, recover_dir, replace_dir,
-                                    safe_child, staging_dir, unwritable_ancestor)
+from alchemetric_ray.fsutil import (atomic_torch_save, atomic_write_json, atomic_write_text, recover_dir, safe_child,
+                                    staged_dir, unwritable_ancestor)
 from alchemetric_ray.hardware import resolve_device, resolve_precision
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.train.checkpoint import CheckpointError, load_state, read_meta
 from alchemetric_ray.train.evaluate import model_inputs, predict_proba, split_frame
 from alchemetric_ray.train.metrics import classification_metrics
 
-WEIGHTS, CONFIG, MANIFEST, METRICS, META, CARD = (
-    "weights.pt", "config.json", "manifest.json", "metrics.json", "meta.json", "model_card.md")
+WEIGHTS, CONFIG, MANIFEST, METRICS, META, CARD, CERTIFICATE = (
+    "weights.pt", "config.json", "manifest.json", "metrics.json", "meta.json", "model_card.md", "certificate.json")
 FEW_TICKERS = 10
 
 
@@ -82,8 +83,7 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict 
     }
     target = safe_child(Path(cfg.storage.models_dir), cfg.storage.name, "storage.name")
     check_models_dir(target.parent)
-    tmp = staging_dir(target)
-    try:
+    with staged_dir(target) as tmp:
         atomic_torch_save({"model": state["model"]}, tmp / WEIGHTS)
         atomic_write_json(tmp / CONFIG, cfg.to_dict())
         atomic_write_json(tmp / MANIFEST, manifest)
@@ -91,12 +91,6 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict 
         info = {k: meta[k] for k in ("device", "precision", "plan", "world_size", "environment", "epoch")}
         atomic_write_json(tmp / META, {**info, "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         atomic_write_text(tmp / CARD, model_card(cfg, manifest, metrics, info))
-        replace_dir(tmp, target)
-    except BaseException:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 
@@ -139,6 +133,25 @@ def load_model(path: str | Path) -> LoadedModel:
                             f"with {len(manifest['features'])} features ({lines[min(1, len(lines) - 1)][:200]})") from None
     model.eval()
     return LoadedModel(model, cfg, manifest, meta, path)
+
+
+def backend_key(device_type: str, mode: str) -> str:
+    """How a backend is named in a saved model's certificate: ``cuda/bf16``, ``cpu/fp32``."""
+    return f"{device_type}/{mode}"
+
+
+def trained_backend(model_dir: str | Path) -> str:
+    """The backend a saved model was trained on, from its meta.json."""
+    meta = json.loads((Path(model_dir) / META).read_text())
+    return backend_key(meta["device"]["device"].split(":")[0], meta["precision"]["mode"])
+
+
+def certified_backends(model_dir: str | Path) -> list[str] | None:
+    """The backends the doctor certified the saved model on; None where it never ran for it."""
+    path = Path(model_dir) / CERTIFICATE
+    if not path.is_file():
+        return None
+    return list(json.loads(path.read_text()).get("certified", []))
 
 
 def model_card(cfg: RunConfig, manifest: dict, metrics: dict, info: dict) -> str:

@@ -2,14 +2,14 @@
 
 ``run_training(cfg)`` is the whole ``train`` command: Ray (local, or the cluster a job runs in),
 feature shards (built from raw OHLCV when needed), the resource plan, ``fit()``, then the best
-checkpoint exported with baselines and test metrics.  The same call serves the CLI, the
-``ray job submit`` entry point and each Tune trial.
+checkpoint exported with baselines and test metrics.  The same call serves the CLI and the
+``ray job submit`` entry point.  ``prepare_run`` is the setup it shares with ``tune`` (the sweep's
+trials build their ``TorchTrainer`` with ``build_trainer`` too); the Ray session itself is in
+``train/session.py``.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +17,7 @@ from typing import Any
 
 from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig
-from alchemetric_ray.data.loaders import build_datasets
+from alchemetric_ray.data.loaders import build_datasets, check_shard_files
 from alchemetric_ray.data.shards import MANIFEST, build_shards, load_manifest
 from alchemetric_ray.doctor.records import require_checked_mps_autocast
 from alchemetric_ray.errors import UserError
@@ -26,14 +26,18 @@ from alchemetric_ray.models import model_spec
 from alchemetric_ray.train.export import check_models_dir, export_model
 from alchemetric_ray.train.metrics import selection_mode
 from alchemetric_ray.train.plan import ResourcePlan, plan_resources
+from alchemetric_ray.train.session import (
+    check_storage_reaches_every_node,
+    ensure_ray,
+    local_storage,
+    run_name,
+    storage_uri,
+    worker_env,
+)
 
-# Each ray.train.report() waits up to this interval (Ray's default is 2 s): a deliberate,
-# small value keeps the per-epoch overhead low without busy-polling the workers.
-HEALTH_CHECK_INTERVAL_S = "0.25"
 # How often the controller may fail (e.g. a worker group that cannot start) before the run
 # fails; Ray's default (-1) retries forever.
 CONTROLLER_FAILURE_LIMIT = 2
-WORKER_GROUP_START_TIMEOUT_S = "120"
 
 
 class TrainError(UserError, RuntimeError):
@@ -55,94 +59,15 @@ class TrainOutcome:
     tensorboard: Path | None = None  # the run's TensorBoard event files (local storage)
 
 
-def worker_env(cfg: RunConfig) -> dict[str, str]:
-    """Environment every Ray worker needs before torch loads."""
-    env = {
-        "PYTORCH_ENABLE_MPS_FALLBACK": "1" if cfg.device.mps_fallback == "warn" else "0",
-        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S),
-    }
-    if os.environ.get("RAY_AUTH_TOKEN_PATH"):  # where the token lives, never the token itself
-        env["RAY_AUTH_TOKEN_PATH"] = os.environ["RAY_AUTH_TOKEN_PATH"]
-    if console.verbose():
-        env[console.VERBOSE_ENV] = "1"
-    return env
-
-
-def ensure_ray(cfg: RunConfig) -> None:
-    """Join the cluster this process runs in (``ray job submit`` sets RAY_ADDRESS), else start a local Ray."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S)
-    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", WORKER_GROUP_START_TIMEOUT_S)
-    env = {**worker_env(cfg), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"]}
-    console.quiet_ray_logger()
-    quiet = {"logging_level": logging.INFO if console.verbose() else logging.WARNING, "log_to_driver": True}
-    if os.environ.get("RAY_ADDRESS"):
-        # Ray's own helpers in our actors (Train's placement-group cleaner) find the cluster through
-        # RAY_ADDRESS too; without it they fail wherever several Ray instances share a machine.
-        env["RAY_ADDRESS"] = os.environ["RAY_ADDRESS"]
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, **quiet)
-    else:
-        from alchemetric_ray.hardware.inventory import cpu_count
-
-        # Logical CPUs above the physical count let Train workers and Ray Data readers coexist on a
-        # small laptop without waiting on each other (the plan still keeps one free for Ray Data).
-        # address="local": always a new Ray of our own, never one a `ray start` on this machine left running
-        ray.init(address="local", num_cpus=max(4, cpu_count()), include_dashboard=True, dashboard_host="127.0.0.1",
-                 runtime_env={"env_vars": env}, **quiet)
-    console.quiet_driver()
-    logs = console.session_logs()
-    if logs:
-        print(f"ray: session logs in {logs}", flush=True)
-
-
-def check_storage_reaches_every_node(cfg: RunConfig) -> None:
-    """Checkpoints must be on storage every node sees: refuse a plain local path on a multi-node
-    cluster unless the user says it is a shared mount (storage.shared=true)."""
-    import ray
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    if len(nodes) > 1 and "://" not in cfg.storage.path and not cfg.storage.shared:
-        raise TrainError(f"config 'storage.path': {cfg.storage.path} is a local folder but the Ray cluster has "
-                         f"{len(nodes)} nodes; use storage every node sees (s3://..., gs://...) or, for an NFS/EFS "
-                         "mount at the same path on every node, set storage.shared=true")
-
-
 def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Path:
     """The feature shards for ``cfg``: ``data.path`` itself if it holds shards, else built once."""
     if cfg.data.path and (Path(cfg.data.path) / MANIFEST).is_file():
         return Path(cfg.data.path)
-    storage = _local_storage(cfg)
+    storage = local_storage(cfg)
     out = safe_child(storage / "features", cfg.storage.name, "storage.name")
     print(f"features: building shards from {cfg.data.path or cfg.data.source} into {out}", flush=True)
     build_shards(cfg, out, progress=progress)
     return out
-
-
-def _local_storage(cfg: RunConfig) -> Path:
-    if "://" in cfg.storage.path:
-        raise TrainError(f"config 'storage.path': {cfg.storage.path} is a URI; build the feature shards on shared storage "
-                         "first (`alchemetric-ray features --out ...`) and pass that folder as --data")
-    return Path(cfg.storage.path).resolve()
-
-
-def storage_uri(cfg: RunConfig) -> str:
-    return cfg.storage.path if "://" in cfg.storage.path else str(Path(cfg.storage.path).resolve())
-
-
-def run_name(cfg: RunConfig) -> str:
-    """The Train run's name: storage.run, the latest run of this name (resume), or a fresh one."""
-    if cfg.storage.run:
-        return safe_child(".", cfg.storage.run, "storage.run").name
-    base = safe_child(".", cfg.storage.name, "storage.name").name
-    if cfg.storage.resume and "://" not in cfg.storage.path:
-        runs = sorted(p.name for p in Path(cfg.storage.path).glob(f"{base}-*") if p.is_dir())
-        if runs:
-            return runs[-1]
-        raise TrainError(f"storage.resume=true but there is no earlier run named {base}-* in {cfg.storage.path}")
-    return f"{base}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def check_compatible(cfg: RunConfig, manifest: dict) -> None:
@@ -197,33 +122,59 @@ def build_trainer(cfg: RunConfig, datasets: dict, manifest: dict, plan: Resource
     )
 
 
-def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None = None, local_mode: bool = False,
-                 progress: bool = True, name: str | None = None) -> TrainOutcome:
+@dataclass
+class Prepared:
+    """What :func:`prepare_run` hands to ``run_training`` and ``run_sweep``."""
+
+    name: str  # the Train run's (or the sweep's) name
+    plan: ResourcePlan
+    shards: Path
+    manifest: dict[str, Any]
+    datasets: dict[str, Any] | None  # None for a sweep: each trial builds its own
+
+
+def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, name: str | None = None,
+                progress: bool = True) -> Prepared:
+    """The steps before ``fit()`` that ``train`` and ``tune`` share, in one order: the cheap checks
+    first, then Ray, the plan (before any shard is written), the shards and what they must hold.
+
+    A sweep passes its trial config (its plan is per trial) and gets no datasets: each trial builds
+    its own, without checking the shard files again."""
     import ray
 
-    started = time.monotonic()
     model_spec(cfg.model.name)  # an unknown model fails before anything starts
     if export:
         check_models_dir(cfg.storage.models_dir)  # refused now, not after the training
     ensure_ray(cfg)
     check_storage_reaches_every_node(cfg)
-    plan = plan_resources(cfg, ray.cluster_resources())  # before any shard is written
+    plan = plan_resources(cfg, ray.cluster_resources())
     require_checked_mps_autocast(cfg, plan.accelerator)
     shards = prepare_shards(cfg, progress=progress)
     manifest = load_manifest(shards)
     check_compatible(cfg, manifest)
-    print("resource plan:\n" + plan.describe(), flush=True)
+    name = name or run_name(cfg, sweep=sweep)
+    print(("resource plan per trial:\n" if sweep else "resource plan:\n") + plan.describe(), flush=True)
+    if sweep:
+        check_shard_files(shards, manifest)  # once here; the trials skip it
+        return Prepared(name, plan, shards, manifest, None)
     console.quiet_ray_data()
     datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
                                  deterministic=cfg.train.deterministic)
-    name = name or run_name(cfg)
+    return Prepared(name, plan, shards, manifest, datasets)
+
+
+def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None = None, local_mode: bool = False,
+                 progress: bool = True, name: str | None = None) -> TrainOutcome:
+    started = time.monotonic()
+    run = prepare_run(cfg, export=export, name=name, progress=progress)
     tensorboard = None
     if "://" not in cfg.storage.path:  # event files beside the run's checkpoints
         from alchemetric_ray.train.tensorboard import SUBDIR, TensorBoardScalars
 
-        tensorboard = Path(storage_uri(cfg)) / name / SUBDIR
+        tensorboard = Path(storage_uri(cfg)) / run.name / SUBDIR
         callbacks = [*(callbacks or []), TensorBoardScalars(tensorboard)]
-    trainer = build_trainer(cfg, datasets, manifest, plan, name=name, callbacks=callbacks, local_mode=local_mode)
+    trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name, callbacks=callbacks,
+                            local_mode=local_mode)
     try:
         result = trainer.fit()
     except Exception as exc:  # ray.train.TrainingFailedError: the worker's whole traceback
@@ -232,10 +183,10 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
             raise
         raise TrainError(str(user).splitlines()[0]) from None
     best_ckpt, best_metrics = _best(result, cfg)
-    outcome = TrainOutcome(name, getattr(result, "path", None), shards, plan, result.return_value or {},
+    outcome = TrainOutcome(run.name, getattr(result, "path", None), run.shards, run.plan, result.return_value or {},
                            best_ckpt, best_metrics, result.checkpoint, None, 0.0, tensorboard)
     if export and best_ckpt is not None:
-        outcome.model_dir = export_model(best_ckpt, cfg, shards)
+        outcome.model_dir = export_model(best_ckpt, cfg, run.shards)
     outcome.seconds = time.monotonic() - started
     return outcome
 

@@ -15,11 +15,10 @@ import html
 import json
 import math
 import numbers
-import shutil
 from pathlib import Path
 from typing import Any
 
-from alchemetric_ray.fsutil import replace_dir, staging_dir
+from alchemetric_ray.fsutil import staged_dir
 
 INDEX = "index.html"
 LEARNING_PNG = "learning_curves.png"
@@ -524,13 +523,8 @@ def write_sweep_report(out_dir: str | Path, summary: dict) -> Path:
     if not isinstance(summary, dict):
         raise TypeError(f"summary must be a dict, not {type(summary).__name__}")
     target = Path(out_dir)
-    tmp = staging_dir(target)
-    try:
+    with staged_dir(target) as tmp:
         _build(tmp, summary)
-        replace_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target / INDEX
 
 

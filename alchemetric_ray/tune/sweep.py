@@ -14,30 +14,21 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from alchemetric_ray import console
 from alchemetric_ray.config import ConfigError, RunConfig
-from alchemetric_ray.data.loaders import build_datasets, check_shard_files
-from alchemetric_ray.data.shards import load_manifest
-from alchemetric_ray.doctor.records import require_checked_mps_autocast
+from alchemetric_ray.data.loaders import build_datasets
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_write_json, safe_child
+from alchemetric_ray.fsutil import atomic_write_json
 from alchemetric_ray.models import model_spec
 from alchemetric_ray.train.checkpoint import read_meta
 from alchemetric_ray.train.metrics import selection_mode
-from alchemetric_ray.train.plan import DATA_CPU_RESERVE, plan_resources
-from alchemetric_ray.train.trainer import (
-    build_trainer,
-    check_compatible,
-    check_storage_reaches_every_node,
-    ensure_ray,
-    prepare_shards,
-    storage_uri,
-)
+from alchemetric_ray.train.plan import DATA_CPU_RESERVE
+from alchemetric_ray.train.session import storage_uri
+from alchemetric_ray.train.trainer import build_trainer, check_compatible, prepare_run
 
 TRIAL_DRIVER_CPU = 0.1  # the trial function only waits on its TorchTrainer
 SPEC_KINDS = ("loguniform", "uniform", "choice", "grid", "randint", "quniform")
@@ -162,18 +153,6 @@ def _trial_lines(metric: str, mode: str):
 # ---- the sweep -----------------------------------------------------------------------------
 
 
-def sweep_name(cfg: RunConfig) -> str:
-    base = safe_child(".", cfg.storage.name, "storage.name").name
-    if cfg.storage.run:
-        return safe_child(".", cfg.storage.run, "storage.run").name
-    if cfg.storage.resume:
-        runs = sorted(p.name for p in Path(cfg.storage.path).glob(f"sweep-{base}-*") if p.is_dir())
-        if not runs:
-            raise SweepError(f"--resume: no earlier sweep named sweep-{base}-* in {cfg.storage.path}")
-        return runs[-1]
-    return f"sweep-{base}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> SweepOutcome:
     import ray
     from ray import tune
@@ -182,20 +161,12 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     space = build_space(cfg)
     for name in _values_of(cfg.tune.space.get("model.name"), cfg.model.name):
         model_spec(name)
-    ensure_ray(cfg)
-    check_storage_reaches_every_node(cfg)
-    shards = prepare_shards(cfg, progress=progress)
-    manifest = load_manifest(shards)
-    check_shard_files(shards, manifest)  # once here; the trials skip it
-    check_compatible(cfg, manifest)
-    cluster = ray.cluster_resources()
     trial_cfg = cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
-    plan = plan_resources(trial_cfg, cluster)
-    require_checked_mps_autocast(trial_cfg, plan.accelerator)
-    name = sweep_name(cfg)
+    run = prepare_run(trial_cfg, sweep=True, export=export, progress=progress)
+    name, plan, shards, manifest = run.name, run.plan, run.shards, run.manifest
     path = f"{storage_uri(cfg).rstrip('/')}/{name}"
-    limit = concurrency(cfg, plan, cluster.get("CPU", 1))
-    print(f"sweep {name}: up to {limit} trial(s) at once; per trial:\n{plan.describe()}", flush=True)
+    limit = concurrency(cfg, plan, ray.cluster_resources().get("CPU", 1))
+    print(f"sweep {name}: up to {limit} trial(s) at once", flush=True)
 
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=trial_cfg.to_dict(), shards=str(shards), manifest=manifest,

@@ -1,0 +1,117 @@
+"""The Ray session a command runs in: Ray itself, the workers' environment, and the run storage.
+
+``train``, ``tune`` and ``predict`` all start here: :func:`ensure_ray` joins the cluster a job runs
+in or starts a local Ray; :func:`worker_env` is what every Ray worker needs before torch loads;
+:func:`storage_uri`, :func:`check_storage_reaches_every_node` and :func:`run_name` say where a run
+keeps its checkpoints and under what name.
+
+It sits in the ``train`` layer, not at the bottom: it reads the machine's CPU count from
+``hardware`` and sets Ray Train's own knobs (health-check interval, worker-group timeout), and
+every command that needs it (train, tune, signals) is at or above ``train``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from alchemetric_ray import console
+from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import UserError
+from alchemetric_ray.fsutil import is_uri, safe_child, subfolders
+
+# Each ray.train.report() waits up to this interval (Ray's default is 2 s): a deliberate,
+# small value keeps the per-epoch overhead low without busy-polling the workers.
+HEALTH_CHECK_INTERVAL_S = "0.25"
+WORKER_GROUP_START_TIMEOUT_S = "120"
+
+
+class StorageError(UserError, RuntimeError):
+    pass
+
+
+def worker_env(cfg: RunConfig) -> dict[str, str]:
+    """Environment every Ray worker needs before torch loads."""
+    env = {
+        "PYTORCH_ENABLE_MPS_FALLBACK": "1" if cfg.device.mps_fallback == "warn" else "0",
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S),
+    }
+    if os.environ.get("RAY_AUTH_TOKEN_PATH"):  # where the token lives, never the token itself
+        env["RAY_AUTH_TOKEN_PATH"] = os.environ["RAY_AUTH_TOKEN_PATH"]
+    if console.verbose():
+        env[console.VERBOSE_ENV] = "1"
+    return env
+
+
+def ensure_ray(cfg: RunConfig) -> None:
+    """Join the cluster this process runs in (``ray job submit`` sets RAY_ADDRESS), else start a local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S)
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", WORKER_GROUP_START_TIMEOUT_S)
+    env = {**worker_env(cfg), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"]}
+    console.quiet_ray_logger()
+    quiet = {"logging_level": logging.INFO if console.verbose() else logging.WARNING, "log_to_driver": True}
+    if os.environ.get("RAY_ADDRESS"):
+        # Ray's own helpers in our actors (Train's placement-group cleaner) find the cluster through
+        # RAY_ADDRESS too; without it they fail wherever several Ray instances share a machine.
+        env["RAY_ADDRESS"] = os.environ["RAY_ADDRESS"]
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, **quiet)
+    else:
+        from alchemetric_ray.hardware.inventory import cpu_count
+
+        # Logical CPUs above the physical count let Train workers and Ray Data readers coexist on a
+        # small laptop without waiting on each other (the plan still keeps one free for Ray Data).
+        # address="local": always a new Ray of our own, never one a `ray start` on this machine left running
+        ray.init(address="local", num_cpus=max(4, cpu_count()), include_dashboard=True, dashboard_host="127.0.0.1",
+                 runtime_env={"env_vars": env}, **quiet)
+    console.quiet_driver()
+    logs = console.session_logs()
+    if logs:
+        print(f"ray: session logs in {logs}", flush=True)
+
+
+def check_storage_reaches_every_node(cfg: RunConfig) -> None:
+    """Checkpoints must be on storage every node sees: refuse a plain local path on a multi-node
+    cluster unless the user says it is a shared mount (storage.shared=true)."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) > 1 and not is_uri(cfg.storage.path) and not cfg.storage.shared:
+        raise StorageError(f"config 'storage.path': {cfg.storage.path} is a local folder but the Ray cluster has "
+                           f"{len(nodes)} nodes; use storage every node sees (s3://..., gs://...) or, for an NFS/EFS "
+                           "mount at the same path on every node, set storage.shared=true")
+
+
+def storage_uri(cfg: RunConfig) -> str:
+    """Where Ray Train and Tune keep runs: the URI as given, or the local folder made absolute."""
+    return cfg.storage.path if is_uri(cfg.storage.path) else str(Path(cfg.storage.path).resolve())
+
+
+def local_storage(cfg: RunConfig) -> Path:
+    """``storage.path`` as a local folder; a URI is refused (the feature shards are built locally)."""
+    if is_uri(cfg.storage.path):
+        raise StorageError(f"config 'storage.path': {cfg.storage.path} is a URI; build the feature shards on shared "
+                           "storage first (`alchemetric-ray features --out ...`) and pass that folder as --data")
+    return Path(cfg.storage.path).resolve()
+
+
+def run_name(cfg: RunConfig, *, sweep: bool = False) -> str:
+    """The name of a Train run or, with ``sweep``, a Tune sweep: storage.run as given; with
+    storage.resume, the latest run (sweep) of this name; else a fresh one with the time in it.
+
+    A sweep's names start with ``sweep-`` so that runs and sweeps of one name never mix."""
+    base = ("sweep-" if sweep else "") + safe_child(".", cfg.storage.name, "storage.name").name
+    if cfg.storage.run:
+        return safe_child(".", cfg.storage.run, "storage.run").name
+    if cfg.storage.resume:
+        earlier = subfolders(cfg.storage.path, f"{base}-*")
+        if not earlier:
+            raise StorageError(f"--resume (storage.resume=true): no earlier {'sweep' if sweep else 'run'} named "
+                               f"{base}-* in {cfg.storage.path}")
+        return earlier[-1]
+    return f"{base}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -1,0 +1,203 @@
+"""Architecture rules, checked on the source: no import cycle inside the package, and every import
+points down the layers (or stays in its own layer).
+
+Every import statement counts, wherever it stands: at the top of a module, inside a function (the
+lazy imports that keep Ray and torch off the CLI's start-up path), under ``if TYPE_CHECKING``, and
+``importlib.import_module("alchemetric_ray....")`` with a literal name.  A cycle hidden in two
+function bodies is still a cycle: whichever module loads second sees the other half-initialised.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from source_scan import dotted
+
+PACKAGE = Path(__file__).resolve().parents[1] / "alchemetric_ray"
+ROOT = PACKAGE.name
+
+# The layers, lowest first.  A module may import modules of its own layer or of a lower one, never
+# of a higher one.  Names are the package's top-level modules and sub-packages.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "config", "fsutil", "console"),  # plain helpers: no Ray, no torch models, no devices
+    ("hardware",),  # the only package that knows device kinds
+    ("data",),  # bars -> features -> shards -> Ray Data
+    ("models",),  # nn.Modules chosen by name
+    ("train",),  # the Ray session, the plan, the per-worker loop, checkpoints, export
+    ("tune", "signals", "doctor"),  # what is built on training: sweeps, predictions, backend checks
+    ("cli",),  # the commands
+)
+
+# The one known upward arrow, and only until issue 16 item 2 lands: train/trainer.py gates MPS mixed
+# precision with doctor/records.py, and item 2 moves that gate into hardware/.  Delete this entry
+# (and the set) then; nothing else may be exempt.
+KNOWN_UPWARD_UNTIL_ISSUE16_ITEM2 = {
+    ("alchemetric_ray.train.trainer", "alchemetric_ray.doctor.records"),
+}
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_modules(package: Path = PACKAGE) -> dict[str, Path]:
+    return {module_name(p, package): p for p in sorted(package.rglob("*.py"))}
+
+
+def _resolve(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".")
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(importer: str, modules: dict[str, Path]) -> list[tuple[str, int]]:
+    """(module of the package, line) for every import statement of ``importer``, nested ones included.
+
+    ``from pkg import name`` imports the module ``pkg.name`` where there is one, else ``pkg``."""
+    path = modules[importer]
+    root = importer.split(".")[0]
+    is_package = path.name == "__init__.py"
+    found: list[tuple[str, int]] = []
+
+    def add(target: str, line: int) -> None:
+        if target == root or target.startswith(root + "."):
+            while target not in modules and "." in target:  # `import pkg.mod.attr` style: the module part
+                target = target.rsplit(".", 1)[0]
+            found.append((target, line))
+
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(node, importer, is_package)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                add(sub if sub in modules else base, node.lineno)
+        elif isinstance(node, ast.Call) and dotted(node.func).split(".")[-1] in ("import_module", "__import__"):
+            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                add(node.args[0].value, node.lineno)
+    return found
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, dict[str, int]]:
+    """module -> {imported module of this package: first line that imports it}."""
+    modules = package_modules(package)
+    graph: dict[str, dict[str, int]] = {}
+    for name in modules:
+        edges: dict[str, int] = {}
+        for target, line in imports_of(name, modules):
+            if target != name:
+                edges.setdefault(target, line)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, int]] | dict[str, set[str]]) -> list[list[str]]:
+    """Every elementary cycle, each once, as [a, b, ..., a] starting at its smallest name."""
+    found = []
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph.get(node, ())):
+                if nxt == start:
+                    found.append([*path, start])
+                elif nxt > start and nxt not in path:  # each cycle from its smallest member only
+                    stack.append((nxt, [*path, nxt]))
+    return sorted(found)
+
+
+def unit(module: str) -> str:
+    """The layer unit of a module: its top-level module or sub-package (``train``, ``fsutil``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layer_of(module: str) -> int | None:
+    name = unit(module)
+    if name == ROOT:
+        return 0  # the package's own __init__: a version string and two flags
+    return next((k for k, names in enumerate(LAYERS) if name in names), None)
+
+
+def upward_imports(graph: dict[str, dict[str, int]], modules: dict[str, Path]) -> list[str]:
+    found = []
+    for importer, edges in graph.items():
+        for target, line in edges.items():
+            if (importer, target) in KNOWN_UPWARD_UNTIL_ISSUE16_ITEM2:
+                continue
+            if layer_of(target) > layer_of(importer):
+                where = modules[importer].relative_to(PACKAGE.parent)
+                found.append(f"{where}:{line} imports {target} (layer {unit(target)!r} is above {unit(importer)!r})")
+    return sorted(found)
+
+
+# ---- the rules --------------------------------------------------------------------------------------
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted({unit(m) for m in package_modules() if layer_of(m) is None})
+    assert unplaced == [], "add these to LAYERS in tests/test_layers.py"
+
+
+def test_no_import_cycle_between_modules():
+    assert cycles(import_graph()) == []
+
+
+def test_no_import_cycle_between_packages():
+    """Coarser than modules: signals/ and doctor/ share a layer, but only one may lean on the other."""
+    coarse: dict[str, set[str]] = {}
+    for importer, edges in import_graph().items():
+        kept = [t for t in edges if (importer, t) not in KNOWN_UPWARD_UNTIL_ISSUE16_ITEM2]
+        coarse.setdefault(unit(importer), set()).update(unit(t) for t in kept if unit(t) != unit(importer))
+    assert cycles(coarse) == []
+
+
+def test_imports_point_down_the_layers():
+    graph = import_graph()
+    assert upward_imports(graph, package_modules()) == []
+    stale = {edge for edge in KNOWN_UPWARD_UNTIL_ISSUE16_ITEM2 if edge[1] not in graph.get(edge[0], {})}
+    assert stale == set(), "an allowlisted edge is gone: delete it from KNOWN_UPWARD_UNTIL_ISSUE16_ITEM2"
+
+
+# ---- the checker itself -------------------------------------------------------------------------------
+
+
+def _fake_package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / ROOT
+    for rel, text in {"__init__.py": "", **files}.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_the_checker_sees_imports_inside_functions(tmp_path):
+    package = _fake_package(tmp_path, {
+        "signals/__init__.py": "",
+        "signals/predict.py": "def f():\n    from alchemetric_ray.doctor.certificate import key\n",
+        "doctor/__init__.py": "",
+        "doctor/certificate.py": "def g():\n    if True:\n        from alchemetric_ray.signals import predict\n",
+        "train/__init__.py": "",
+        "train/a.py": "import alchemetric_ray.train.b as b\n",
+        "train/b.py": "import importlib\nX = importlib.import_module('alchemetric_ray.train.a')\n",
+        "data/__init__.py": "",
+        "data/c.py": "from .. import fsutil\nfrom . import d\n",
+        "data/d.py": "",
+        "fsutil.py": "def h():\n    from alchemetric_ray.data.c import x\n",
+    })
+    graph = import_graph(package)
+    assert graph[f"{ROOT}.data.c"] == {f"{ROOT}.fsutil": 1, f"{ROOT}.data.d": 2}
+    assert cycles(graph) == [
+        [f"{ROOT}.data.c", f"{ROOT}.fsutil", f"{ROOT}.data.c"],
+        [f"{ROOT}.doctor.certificate", f"{ROOT}.signals.predict", f"{ROOT}.doctor.certificate"],
+        [f"{ROOT}.train.a", f"{ROOT}.train.b", f"{ROOT}.train.a"],
+    ]
+    assert layer_of(f"{ROOT}.fsutil") < layer_of(f"{ROOT}.data.c") < layer_of(f"{ROOT}.train.a")
