@@ -151,15 +151,15 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     require_checked_mps_autocast(cfg, plan.accelerator)
     shards = prepare_shards(cfg, progress=progress)
     manifest = load_manifest(shards)
+    check_shard_files(shards, manifest)  # once, here: a sweep's trials skip it
     check_compatible(cfg, manifest)
     name = name or run_name(cfg, sweep=sweep)
     print(("resource plan per trial:\n" if sweep else "resource plan:\n") + plan.describe(), flush=True)
     if sweep:
-        check_shard_files(shards, manifest)  # once here; the trials skip it
         return Prepared(name, plan, shards, manifest, None)
     console.quiet_ray_data()
     datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
-                                 deterministic=cfg.train.deterministic)
+                                 deterministic=cfg.train.deterministic, check=False)
     return Prepared(name, plan, shards, manifest, datasets)
 
 
