@@ -159,7 +159,7 @@ class FeaturesConfig:
 @dataclass
 class ModelConfig:
     name: str = "mlp"  # a registered model (models/registry.py; `alchemetric-ray train --help` lists them)
-    module: str | None = None  # an importable module that registers more models (imported on the driver and every worker)
+    module: str | None = None  # an importable module that registers more models (imported on driver and workers)
     hidden: int = 64
     layers: int = 2
     dropout: float = 0.1

@@ -55,7 +55,8 @@ def test_model_module_is_imported_before_the_lookup(registry):
     assert "tiny" not in MODELS
     spec = model_spec(load_config(None, ["model.module=tiny_model", "model.name=tiny"]).model)
     assert spec.name == "tiny" and spec.inputs == "tabular"
-    with pytest.raises(ModelModuleError, match=r"config 'model.module': cannot import 'no_such_module' \(ModuleNotFoundError"):
+    with pytest.raises(ModelModuleError,
+                       match=r"config 'model.module': cannot import 'no_such_module' \(ModuleNotFoundError"):
         model_spec(ModelConfig(name="tiny", module="no_such_module"))
 
 

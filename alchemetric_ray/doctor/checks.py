@@ -184,7 +184,10 @@ def parity(model_cfg: ModelConfig, device: torch.device, precision: Precision, *
     ref = _run_steps(model_cfg, reference, resolve_precision("fp32", reference), steps, batch)
     got = _run_steps(model_cfg, device, precision, steps, batch)
     logit_abs, logit_rel = _max_diffs(got[0], ref[0])
-    grad_rel = float("inf") if got[2] is None else max((_max_diffs(g, r)[1] for g, r in zip(got[2], ref[2])), default=0.0)
+    if got[2] is None:  # the gradients were not finite
+        grad_rel = float("inf")
+    else:
+        grad_rel = max((_max_diffs(g, r)[1] for g, r in zip(got[2], ref[2])), default=0.0)
     loss_abs = abs(got[1] - ref[1])
     tol = TOLERANCE[precision.mode]
     passed = logit_rel <= tol and grad_rel <= tol * 10 and loss_abs <= LOSS_TOLERANCE[precision.mode]

@@ -108,7 +108,8 @@ def run_doctor(cfg: RunConfig, *, device: str | None = None, model_dir: str | No
     loaded = load_model(model_dir) if model_dir else None
     model_cfg = loaded.config if loaded else cfg
     spec = model_spec(model_cfg.model)
-    report: dict[str, Any] = {"inventory": environment_report(cfg.device.name, "auto", spec), "model": model_cfg.model.name}
+    report: dict[str, Any] = {"inventory": environment_report(cfg.device.name, "auto", spec),
+                              "model": model_cfg.model.name}
     found = [examine(model_cfg, dev, mode, quick=quick) for dev, mode in targets(model_cfg, device)]
     certificate = None
     if loaded is not None:

@@ -169,8 +169,8 @@ def _cpu(requested: str, model: ModelTraits | None) -> Precision:
     if requested == "fp16":
         raise PrecisionError("precision 'fp16' on CPU is refused: it needs a GradScaler and runs slower than float32 on CPUs; use fp32 or bf16")
     if model is not None and model.cpu_autocast_broken:
-        raise PrecisionError(f"precision 'bf16' on CPU is refused for model '{model.name}': {model.cpu_autocast_broken}; "
-                             "use fp32")
+        raise PrecisionError(f"precision 'bf16' on CPU is refused for model '{model.name}': "
+                             f"{model.cpu_autocast_broken}; use fp32")
     if inventory.cpu_has_bf16():
         note = "this CPU has bf16 instructions"
     else:

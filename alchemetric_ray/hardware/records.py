@@ -50,10 +50,12 @@ def require_doctor_checked_precision(cfg: RunConfig, accelerator_kind: str) -> N
     if shown is None or cfg.precision.mode in ("auto", "fp32"):
         return
     path = record_path(cfg, accelerator_kind, cfg.precision.mode)
-    hint = (f"run `alchemetric-ray doctor --device {accelerator_kind} model.name={cfg.model.name}` "
+    module = f" model.module={cfg.model.module}" if cfg.model.module else ""
+    hint = (f"run `alchemetric-ray doctor --device {accelerator_kind} model.name={cfg.model.name}{module}` "
             "(same model settings) first")
     if not path.is_file():
-        raise DoctorRequired(f"precision '{cfg.precision.mode}' on {shown} needs a passing doctor check for this model; {hint}")
+        raise DoctorRequired(f"precision '{cfg.precision.mode}' on {shown} needs a passing doctor check for this model"
+                             f"; {hint}")
     record = json.loads(path.read_text())
     if not record.get("passed"):
         raise DoctorRequired(f"precision '{cfg.precision.mode}' on {shown}: the doctor blocked this model there "

@@ -27,7 +27,7 @@ from alchemetric_ray.errors import UserError
 Inputs = Literal["tabular", "sequence"]
 # What a constructor may ask for besides n_features and n_classes: the model section's settings
 # (not its name or module) and the sequence length.
-HYPERPARAMETERS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("name", "module")) + ("window",)
+HYPERPARAMETERS = (*(f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("name", "module")), "window")
 
 M = TypeVar("M", bound=type[nn.Module])
 
@@ -82,7 +82,8 @@ def load_model_module(model_cfg: Any) -> None:
     try:
         importlib.import_module(module)
     except ImportError as exc:
-        raise ModelModuleError(f"config 'model.module': cannot import {module!r} ({type(exc).__name__}: {exc})") from None
+        why = f"{type(exc).__name__}: {exc}"
+        raise ModelModuleError(f"config 'model.module': cannot import {module!r} ({why})") from None
 
 
 def model_spec(model: str | Any) -> ModelSpec:
