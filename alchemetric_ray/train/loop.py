@@ -28,7 +28,7 @@ from torch import nn
 from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.loaders import collate_for
-from alchemetric_ray.hardware import OptimizerStep, resolve_device, resolve_precision
+from alchemetric_ray.hardware import OptimizerStep, device_for_worker, resolve_precision
 from alchemetric_ray.hardware.inventory import cpu_count
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.train.checkpoint import environment_meta, load_state, read_meta, save_checkpoint
@@ -47,10 +47,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     t = cfg.train
 
     # 1. device, precision, threads ------------------------------------------------------------
-    device_choice = resolve_device(plan["worker_device"], in_ray_worker=True,
-                                   source=f"the resource plan: {plan['reasons']['accelerator']}")
+    device_choice = device_for_worker(plan["worker_device"],
+                                      source=f"the resource plan: {plan['reasons']['accelerator']}")
     device = device_choice.device
-    precision = resolve_precision(cfg.precision.mode, device, model_name=cfg.model.name, tf32=cfg.precision.tf32)
+    precision = resolve_precision(cfg.precision.mode, device, model=model_spec(cfg.model), tf32=cfg.precision.tf32)
     precision.apply_matmul_settings()
     threads = cfg.scaling.threads_per_worker or max(1, cpu_count() // max(1, local_world))
     torch.set_num_threads(threads)

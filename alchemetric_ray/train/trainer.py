@@ -19,7 +19,7 @@ from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.loaders import build_datasets
 from alchemetric_ray.data.shards import MANIFEST, build_shards, load_manifest
-from alchemetric_ray.doctor.records import require_checked_mps_autocast
+from alchemetric_ray.hardware.records import require_doctor_checked_precision
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import safe_child
 from alchemetric_ray.models import model_spec
@@ -146,7 +146,7 @@ def run_name(cfg: RunConfig) -> str:
 
 
 def check_compatible(cfg: RunConfig, manifest: dict) -> None:
-    spec = model_spec(cfg.model.name)
+    spec = model_spec(cfg.model)
     if spec.inputs == "sequence":
         rows = manifest["rows"]["train"]
         per_ticker = rows / max(1, len(manifest["tickers"]))
@@ -202,13 +202,13 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
     import ray
 
     started = time.monotonic()
-    model_spec(cfg.model.name)  # an unknown model fails before anything starts
+    model_spec(cfg.model)  # an unknown model (or model.module) fails before anything starts
     if export:
         check_models_dir(cfg.storage.models_dir)  # refused now, not after the training
     ensure_ray(cfg)
     check_storage_reaches_every_node(cfg)
     plan = plan_resources(cfg, ray.cluster_resources())  # before any shard is written
-    require_checked_mps_autocast(cfg, plan.accelerator)
+    require_doctor_checked_precision(cfg, plan.accelerator)
     shards = prepare_shards(cfg, progress=progress)
     manifest = load_manifest(shards)
     check_compatible(cfg, manifest)

@@ -23,10 +23,10 @@ from alchemetric_ray import console
 from alchemetric_ray.config import ConfigError, RunConfig
 from alchemetric_ray.data.loaders import build_datasets, check_shard_files
 from alchemetric_ray.data.shards import load_manifest
-from alchemetric_ray.doctor.records import require_checked_mps_autocast
+from alchemetric_ray.hardware.records import require_doctor_checked_precision
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write_json, safe_child
-from alchemetric_ray.models import model_spec
+from alchemetric_ray.models import load_model_module, model_spec
 from alchemetric_ray.train.checkpoint import read_meta
 from alchemetric_ray.train.metrics import selection_mode
 from alchemetric_ray.train.plan import DATA_CPU_RESERVE, plan_resources
@@ -180,6 +180,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     from ray.tune.schedulers import ASHAScheduler
 
     space = build_space(cfg)
+    load_model_module(cfg.model)
     for name in _values_of(cfg.tune.space.get("model.name"), cfg.model.name):
         model_spec(name)
     ensure_ray(cfg)
@@ -191,7 +192,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     cluster = ray.cluster_resources()
     trial_cfg = cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
     plan = plan_resources(trial_cfg, cluster)
-    require_checked_mps_autocast(trial_cfg, plan.accelerator)
+    require_doctor_checked_precision(trial_cfg, plan.accelerator)
     name = sweep_name(cfg)
     path = f"{storage_uri(cfg).rstrip('/')}/{name}"
     limit = concurrency(cfg, plan, cluster.get("CPU", 1))
