@@ -175,7 +175,7 @@ def build_trainer(cfg: RunConfig, datasets: dict, manifest: dict, plan: Resource
         options.preserve_order = True
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"run": cfg.to_dict(), "manifest": manifest, "plan": plan.as_dict(), "epoch_lines": epoch_lines},
+        train_loop_config={"run": cfg.to_dict(), "manifest": manifest, "plan": plan, "epoch_lines": epoch_lines},
         scaling_config=ScalingConfig(num_workers=0 if local_mode else plan.num_workers, use_gpu=plan.use_gpu,
                                      resources_per_worker=None if local_mode else resources,
                                      placement_strategy=cfg.scaling.placement),

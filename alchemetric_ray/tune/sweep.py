@@ -29,7 +29,7 @@ from alchemetric_ray.fsutil import atomic_write_json, safe_child
 from alchemetric_ray.models import load_model_module, model_spec
 from alchemetric_ray.train.checkpoint import read_meta
 from alchemetric_ray.train.metrics import selection_mode
-from alchemetric_ray.train.plan import DATA_CPU_RESERVE, plan_resources
+from alchemetric_ray.train.plan import DATA_CPU_RESERVE, ResourcePlan, plan_resources
 from alchemetric_ray.train.trainer import (
     build_trainer,
     check_compatible,
@@ -120,11 +120,9 @@ def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
 # ---- one trial -----------------------------------------------------------------------------
 
 
-def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: dict, plan: dict, sweep: str) -> None:
+def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: dict, plan: ResourcePlan, sweep: str) -> None:
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
-
-    from alchemetric_ray.train.plan import ResourcePlan
 
     console.quiet_ray_data()  # this trial driver builds its own datasets
     cfg = RunConfig.from_dict(base).with_values(config)
@@ -132,7 +130,7 @@ def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: dict, p
     trial_id = ray.tune.get_context().get_trial_id()
     datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
                                  deterministic=cfg.train.deterministic, check=False)
-    trainer = build_trainer(cfg, datasets, manifest, ResourcePlan(**plan), name=f"{sweep}-{trial_id}",
+    trainer = build_trainer(cfg, datasets, manifest, plan, name=f"{sweep}-{trial_id}",
                             callbacks=[TuneReportCallback()], epoch_lines=False)
     trainer.fit()
 
@@ -200,7 +198,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
 
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=trial_cfg.to_dict(), shards=str(shards), manifest=manifest,
-                             plan=plan.as_dict(), sweep=name),
+                             plan=plan, sweep=name),
         {"CPU": TRIAL_DRIVER_CPU})
     if cfg.storage.resume or (cfg.storage.run and tune.Tuner.can_restore(path)):
         if not tune.Tuner.can_restore(path):
