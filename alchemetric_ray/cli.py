@@ -6,11 +6,14 @@ import argparse
 import json
 import logging
 import sys
+import typing
 from typing import Callable, Sequence
 
 from alchemetric_ray import console
-from alchemetric_ray.config import RunConfig, load_config
+from alchemetric_ray.config import DeviceName, PrecisionMode, RunConfig, load_config
 from alchemetric_ray.errors import UserError
+
+MODEL_NAMES = "{model names}"  # in a help text: the registered models, looked up only when help is printed
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, RunConfig], int]]] = {}
 
@@ -45,8 +48,9 @@ def _env_args(p: argparse.ArgumentParser) -> None:
 @command("env", "versions, devices, CPU flags, and the device/precision a run would choose", _env_args)
 def _env(args: argparse.Namespace, cfg: RunConfig) -> int:
     from alchemetric_ray.hardware.report import environment_report, format_report
+    from alchemetric_ray.models import model_spec
 
-    report = environment_report(cfg.device.name, cfg.precision.mode, cfg.model.name, cfg.precision.tf32)
+    report = environment_report(cfg.device.name, cfg.precision.mode, model_spec(cfg.model), cfg.precision.tf32)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     failed = "error" in report["device"] or "error" in report.get("precision", {})
     return 2 if failed else 0
@@ -77,7 +81,7 @@ def _features(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="OHLCV folder/file, or a feature-shard folder; default: the packaged stocknet prices (data.source)")
-    p.add_argument("--model", dest="model_name", help="mlp | lstm | gru | transformer | tcn (overrides model.name)")
+    p.add_argument("--model", dest="model_name", help=f"{MODEL_NAMES} (overrides model.name)")
     p.add_argument("--workers", type=int, help="number of Ray Train workers (overrides scaling.workers)")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this name from its checkpoint")
     p.add_argument("--evaluate", action="store_true",
@@ -206,14 +210,26 @@ def _doctor(args: argparse.Namespace, cfg: RunConfig) -> int:
 # ---- entry point ---------------------------------------------------------------------------
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Fills in the registered model names when help is printed, so parsing never imports torch."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = super()._get_help_string(action)
+        if text and MODEL_NAMES in text:
+            from alchemetric_ray.models import MODELS
+
+            text = text.replace(MODEL_NAMES, " | ".join(MODELS))
+        return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="alchemetric-ray", description="Train financial deep-learning models on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, add_args, _) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)
         p.add_argument("--config", help="YAML run config")
-        p.add_argument("--device", help="auto | cpu | cuda | cuda:N | mps (overrides device.name)")
-        p.add_argument("--precision", help="auto | fp32 | fp16 | bf16 (overrides precision.mode)")
+        p.add_argument("--device", help=f"{DeviceName.expected()} (overrides device.name)")
+        p.add_argument("--precision", help=f"{' | '.join(typing.get_args(PrecisionMode))} (overrides precision.mode)")
         p.add_argument("--verbose", action="store_true",
                        help=f"print Ray's own logs and progress bars too (or set {console.VERBOSE_ENV}=1)")
         add_args(p)

@@ -16,22 +16,79 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from alchemetric_ray.errors import UserError
 
+# --------------------------------------------------------------------------------------------
+# The choices: each written once, as a type.  Validation (``_coerce``) and the CLI's help read
+# the allowed values from these types with ``typing.get_args``; so does every other package.
+# --------------------------------------------------------------------------------------------
 
-# What a user may write in device.name; the hardware package decides what each one means.
-DEVICE_NAMES = ("auto", "cpu", "mps", "cuda", "xpu")
-INDEXED_DEVICE_NAMES = ("cuda", "xpu")
+DataSource = Literal["stocknet", "builtin", "synthetic", "files"]
+LabelScheme = Literal["three_class", "binary", "triple_barrier"]
+ThresholdMode = Literal["fixed", "vol"]
+Normalization = Literal["zscore", "robust"]
+Schedule = Literal["cosine", "onecycle", "constant"]
+SelectionMode = Literal["auto", "max", "min"]  # train.mode; "auto" = the metric's own direction
+PrecisionMode = Literal["auto", "fp32", "fp16", "bf16"]
+MpsFallback = Literal["error", "warn"]  # PYTORCH_ENABLE_MPS_FALLBACK = 0 | 1
+Placement = Literal["PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"]  # Ray placement group strategy
+SearchAlgorithm = Literal["random", "grid", "optuna"]
+TuneScheduler = Literal["asha", "none"]
+# The device kinds a user may name; hardware/ owns what each one means (its probes and rules).
+DeviceKind = Literal["cpu", "mps", "cuda", "xpu"]
+IndexedDeviceKind = Literal["cuda", "xpu"]  # kinds with several devices on a machine: cuda:N
 
 
 # The direction in which each metric improves: larger is better, or smaller is better.
 HIGHER_IS_BETTER = {"accuracy", "balanced_accuracy", "macro_f1", "roc_auc", "mcc"}
 LOWER_IS_BETTER = {"log_loss"}
-# What train.metric may name: a validation metric of the loop's report.
+# What train.metric may name: a validation metric of the loop's report (built from the two sets above).
 SELECTION_METRICS = tuple(f"val_{name}" for name in sorted(HIGHER_IS_BETTER | LOWER_IS_BETTER))
-SELECTION_MODES = ("auto", "max", "min")  # train.mode; "auto" = the metric's own direction
+SelectionMetric = Literal[SELECTION_METRICS]  # type: ignore[valid-type]
+
+
+class DeviceName(str):
+    """What ``device.name`` may hold: ``auto``, a device kind, or ``kind:N`` for a kind with several
+    devices (``cuda:1``).  A ``Literal`` cannot say ``cuda:N``; this type can.  Building one validates
+    it (``ValueError`` otherwise): the config and the device resolver parse names here and nowhere else.
+    """
+
+    AUTO = "auto"
+
+    def __new__(cls, text: str) -> "DeviceName":
+        kind, index = cls.split(text)
+        if text != cls.AUTO and (kind not in typing.get_args(DeviceKind)
+                                 or (index is not None and kind not in typing.get_args(IndexedDeviceKind))):
+            raise ValueError(f"{text!r} is not a device name; expected {cls.expected()}")
+        return super().__new__(cls, text)
+
+    @staticmethod
+    def split(text: str) -> tuple[str, int | None]:
+        """``"cuda:1"`` -> ``("cuda", 1)``, ``"mps"`` -> ``("mps", None)``; ValueError if the index is not a number."""
+        kind, colon, index = str(text).partition(":")
+        if colon and not index.isdigit():
+            raise ValueError(f"{text!r} is not a device name: the part after ':' must be a device index")
+        return kind, (int(index) if colon else None)
+
+    @classmethod
+    def expected(cls) -> str:
+        """The names a user may write, for messages: auto, cpu, mps, cuda, cuda:N or xpu."""
+        indexed = typing.get_args(IndexedDeviceKind)
+        names = [cls.AUTO]
+        for kind in typing.get_args(DeviceKind):
+            names += [kind, f"{kind}:N"] if kind in indexed else [kind]
+        return f"{', '.join(names[:-1])} or {names[-1]}"
+
+    @property
+    def kind(self) -> str:
+        """The device kind, or ``auto``."""
+        return self.split(self)[0]
+
+    @property
+    def index(self) -> int | None:
+        return self.split(self)[1]
 
 
 def metric_direction(metric: str) -> str:
@@ -69,7 +126,7 @@ class DataConfig:
     path: str | None = None
     # "stocknet" (88 US stocks 2012-2017, shipped with the package) | "builtin" (4 US large caps
     # 2000-2013, from bokeh-sampledata; kept because saved models name it) | "synthetic" | "files"
-    source: str = "stocknet"
+    source: DataSource = "stocknet"
     tickers: list[str] | None = None  # restrict to these tickers
     synthetic_tickers: int = 50
     synthetic_days: int = 1000
@@ -83,15 +140,15 @@ class DataConfig:
 class FeaturesConfig:
     names: list[str] | None = None  # None = the default feature set
     horizon: int = 1  # label horizon in bars
-    label: str = "three_class"  # three_class | binary | triple_barrier
+    label: LabelScheme = "three_class"
     threshold: float = 0.0  # flat band for three_class (fixed return, or vol multiple)
-    threshold_mode: str = "vol"  # fixed | vol
+    threshold_mode: ThresholdMode = "vol"
     vol_multiple: float = 0.25
     barrier_up: float = 2.0  # triple barrier: multiples of rolling vol
     barrier_down: float = 2.0
     barrier_bars: int = 10
     window: int = 20  # sequence length for sequence models
-    normalization: str = "zscore"  # zscore | robust
+    normalization: Normalization = "zscore"
     train_frac: float = 0.7
     val_frac: float = 0.15
     train_end: str | None = None  # explicit split dates (YYYY-MM-DD) override fractions
@@ -101,7 +158,8 @@ class FeaturesConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "mlp"  # mlp | lstm | gru | transformer | tcn
+    name: str = "mlp"  # a registered model (models/registry.py; `alchemetric-ray train --help` lists them)
+    module: str | None = None  # an importable module that registers more models (imported on driver and workers)
     hidden: int = 64
     layers: int = 2
     dropout: float = 0.1
@@ -115,13 +173,13 @@ class TrainConfig:
     batch_size: int = 512
     lr: float = 1e-3
     weight_decay: float = 1e-4
-    schedule: str = "cosine"  # cosine | onecycle | constant
+    schedule: Schedule = "cosine"
     class_weights: bool = False
     grad_clip: float = 1.0  # max grad norm; 0 = no clipping
     seed: int = 0
     patience: int = 5  # epochs without improvement before early stop; 0 = never
-    metric: str = "val_balanced_accuracy"  # the validation metric that picks the best epoch
-    mode: str = "auto"  # auto (the metric's own direction) | max | min; a mode contradicting the metric is refused
+    metric: SelectionMetric = "val_balanced_accuracy"  # the validation metric that picks the best epoch
+    mode: SelectionMode = "auto"  # the metric's own direction, or max | min; a mode contradicting the metric is refused
     max_skipped_steps: int = 100  # consecutive skipped (non-finite) steps before failing
     deterministic: bool = False  # ordered data and seeded shuffles for bitwise reproducibility
     cache_data: bool = True  # read a worker's shard into memory once and reuse it every epoch
@@ -130,14 +188,14 @@ class TrainConfig:
 
 @dataclass
 class PrecisionConfig:
-    mode: str = "auto"  # auto | fp32 | fp16 | bf16
+    mode: PrecisionMode = "auto"
     tf32: bool = False  # allow TF32 matmuls when training fp32 on CUDA
 
 
 @dataclass
 class DeviceConfig:
-    name: str = "auto"  # auto | cpu | cuda | cuda:N | mps | xpu
-    mps_fallback: str = "error"  # error | warn (PYTORCH_ENABLE_MPS_FALLBACK = 0 | 1)
+    name: DeviceName = DeviceName("auto")
+    mps_fallback: MpsFallback = "error"
 
 
 @dataclass
@@ -147,15 +205,15 @@ class ScalingConfig:
     gpus_per_worker: float = 1.0
     threads_per_worker: int = 0  # torch threads; 0 = from the CPUs a worker holds
     max_failures: int = 0  # worker-group restarts before the run fails
-    placement: str = "PACK"  # PACK | SPREAD | STRICT_SPREAD | STRICT_PACK (Ray placement group strategy)
+    placement: Placement = "PACK"
 
 
 @dataclass
 class TuneConfig:
     num_samples: int = 4
-    search: str = "random"  # random | grid | optuna
+    search: SearchAlgorithm = "random"
     space: dict[str, Any] = field(default_factory=dict)
-    scheduler: str = "asha"  # asha | none
+    scheduler: TuneScheduler = "asha"
     grace_period: int = 1
     max_concurrent_trials: int = 0  # 0 = from the resource plan
     time_budget_s: float = 0.0  # 0 = no time limit
@@ -335,6 +393,16 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         return _coerce(inner[0], value, key)
     if tp is Any:
         return value
+    if origin is Literal:
+        text = _coerce(str, value, key)
+        _choice(key, text, args)
+        return text
+    if tp is DeviceName:
+        text = _coerce(str, value, key)
+        try:
+            return DeviceName(text)
+        except ValueError:
+            raise ConfigError(f"config '{key}': {text!r} is invalid, expected {DeviceName.expected()}") from None
     if origin is list:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -374,7 +442,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# Validation (ranges and choices); every message names the key and the value
+# Validation (ranges; a choice is a Literal type, checked as it is built); every message names
+# the key and the value
 # --------------------------------------------------------------------------------------------
 
 
@@ -393,20 +462,16 @@ def _check(ok: bool, key: str, value: Any, expected: str) -> None:
 
 def validate(cfg: RunConfig) -> None:
     d, f, m, t = cfg.data, cfg.features, cfg.model, cfg.train
-    _choice("data.source", d.source, ["stocknet", "builtin", "synthetic", "files"])
     _check(d.synthetic_tickers >= 1, "data.synthetic_tickers", d.synthetic_tickers, ">= 1")
     _check(d.synthetic_days >= 10, "data.synthetic_days", d.synthetic_days, ">= 10")
 
     _check(f.horizon >= 1, "features.horizon", f.horizon, ">= 1")
-    _choice("features.label", f.label, ["three_class", "binary", "triple_barrier"])
-    _choice("features.threshold_mode", f.threshold_mode, ["fixed", "vol"])
     _check(f.threshold >= 0, "features.threshold", f.threshold, ">= 0")
     _check(f.vol_multiple >= 0, "features.vol_multiple", f.vol_multiple, ">= 0")
     _check(f.barrier_up > 0, "features.barrier_up", f.barrier_up, "> 0")
     _check(f.barrier_down > 0, "features.barrier_down", f.barrier_down, "> 0")
     _check(f.barrier_bars >= 1, "features.barrier_bars", f.barrier_bars, ">= 1")
     _check(f.window >= 1, "features.window", f.window, ">= 1")
-    _choice("features.normalization", f.normalization, ["zscore", "robust"])
     _check(0 < f.train_frac < 1, "features.train_frac", f.train_frac, "between 0 and 1")
     _check(0 < f.val_frac < 1, "features.val_frac", f.val_frac, "between 0 and 1")
     _check(f.train_frac + f.val_frac < 1, "features.val_frac", f.val_frac,
@@ -429,11 +494,8 @@ def validate(cfg: RunConfig) -> None:
     _check(t.batch_size >= 1, "train.batch_size", t.batch_size, ">= 1")
     _check(t.lr > 0, "train.lr", t.lr, "> 0")
     _check(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, ">= 0")
-    _choice("train.schedule", t.schedule, ["cosine", "onecycle", "constant"])
     _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, ">= 0")
     _check(t.patience >= 0, "train.patience", t.patience, ">= 0")
-    _choice("train.metric", t.metric, SELECTION_METRICS)
-    _choice("train.mode", t.mode, SELECTION_MODES)
     direction = metric_direction(t.metric)
     if t.mode not in ("auto", direction):
         better = "larger" if direction == "max" else "smaller"
@@ -442,24 +504,15 @@ def validate(cfg: RunConfig) -> None:
     _check(t.stop_after >= 0, "train.stop_after", t.stop_after, ">= 0 (0 = run all epochs)")
     _check(t.max_skipped_steps >= 1, "train.max_skipped_steps", t.max_skipped_steps, ">= 1")
 
-    _choice("precision.mode", cfg.precision.mode, ["auto", "fp32", "fp16", "bf16"])
-    dev = cfg.device.name
-    _check(dev in DEVICE_NAMES or _indexed(dev), "device.name", dev,
-           "auto, cpu, mps, cuda, cuda:N or xpu")
-    _choice("device.mps_fallback", cfg.device.mps_fallback, ["error", "warn"])
-
     s = cfg.scaling
     _check(s.workers >= 0, "scaling.workers", s.workers, ">= 0 (0 = automatic)")
     _check(s.cpus_per_worker >= 0, "scaling.cpus_per_worker", s.cpus_per_worker, ">= 0 (0 = automatic)")
     _check(s.gpus_per_worker > 0, "scaling.gpus_per_worker", s.gpus_per_worker, "> 0")
     _check(s.threads_per_worker >= 0, "scaling.threads_per_worker", s.threads_per_worker, ">= 0")
-    _choice("scaling.placement", s.placement, ["PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"])
     _check(s.max_failures >= -1, "scaling.max_failures", s.max_failures, ">= -1 (-1 = retry forever)")
 
     tu = cfg.tune
     _check(tu.num_samples >= 1, "tune.num_samples", tu.num_samples, ">= 1")
-    _choice("tune.search", tu.search, ["random", "grid", "optuna"])
-    _choice("tune.scheduler", tu.scheduler, ["asha", "none"])
     _check(tu.grace_period >= 1, "tune.grace_period", tu.grace_period, ">= 1")
     _check(tu.max_concurrent_trials >= 0, "tune.max_concurrent_trials", tu.max_concurrent_trials, ">= 0")
     _check(tu.time_budget_s >= 0, "tune.time_budget_s", tu.time_budget_s, ">= 0")
@@ -490,11 +543,6 @@ def _is_date(value: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-def _indexed(dev: str) -> bool:
-    kind, _, idx = dev.partition(":")
-    return kind in INDEXED_DEVICE_NAMES and idx.isdigit()
 
 
 def _safe_name(name: str) -> bool:

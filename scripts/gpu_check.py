@@ -39,7 +39,7 @@ def run_one(model_name: str, mode: str, tf32: bool, device: torch.device, steps:
     label = f"{mode}+tf32" if tf32 else mode
     row = {"model": model_name, "precision": label}
     try:
-        precision = resolve_precision(mode, device, model_name=model_name, tf32=tf32)
+        precision = resolve_precision(mode, device, model=model_spec(model_name), tf32=tf32)
     except PrecisionError as exc:
         return {**row, "refused": str(exc)}
     precision.apply_matmul_settings()

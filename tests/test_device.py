@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from alchemetric_ray.hardware import device as dev
-from alchemetric_ray.hardware.device import DeviceError, resolve_device
+from alchemetric_ray.hardware.device import DeviceError, device_for_worker, resolve_device, train_accelerator
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_real_probes_resolve_to_what_torch_reports_here():
 
 def test_ray_worker_takes_the_device_ray_assigned(machine):
     machine(cuda=4, ray_gpu=torch.device("cuda", 1))
-    choice = resolve_device(in_ray_worker=True)
+    choice = device_for_worker("cuda", source="the resource plan")
     assert choice.device == torch.device("cuda", 1)
     assert "assigned by Ray Train" in choice.reason
     # the driver (not a worker) never asks Ray
@@ -75,7 +75,7 @@ def test_ray_worker_takes_the_device_ray_assigned(machine):
 def test_apple_gpu_in_ray_never_means_cuda(machine):
     # Ray advertises an Apple GPU as GPU: 1; torch's probe says there is no CUDA: MPS it is.
     machine(cuda=0, mps=True, ray_gpu=torch.device("cuda", 0))
-    choice = resolve_device(in_ray_worker=True)
+    choice = device_for_worker(train_accelerator("auto", 1.0, 1).kind, source="the resource plan")
     assert choice.device == torch.device("mps")
 
 

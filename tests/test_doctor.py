@@ -143,6 +143,7 @@ def test_certificate_flip_share_on_a_known_case(monkeypatch):
 
     from alchemetric_ray.doctor import certificate
     from alchemetric_ray.hardware import resolve_precision
+    from alchemetric_ray.models import model_spec
 
     rng = np.random.default_rng(3)
     n = 400
@@ -157,7 +158,7 @@ def test_certificate_flip_share_on_a_known_case(monkeypatch):
                         lambda loaded, x, device, precision: ref if precision.mode == "fp32" else perturbed)
     loaded = type("Loaded", (), {"config": load_config()})()  # thresholds 0.05 / 0.05
     cpu = torch.device("cpu")
-    fp32, bf16 = resolve_precision("fp32", cpu), resolve_precision("bf16", cpu, model_name="mlp")
+    fp32, bf16 = resolve_precision("fp32", cpu), resolve_precision("bf16", cpu, model=model_spec("mlp"))
     cert = certificate.certify(loaded, [(cpu, fp32), (cpu, bf16)], (cpu, fp32))
     same, other = cert["backends"]["cpu/fp32"], cert["backends"]["cpu/bf16"]
     assert same["flipped_positions"] == 0.0 and same["passed"] and same["max_abs_score_diff"] == 0.0
@@ -209,20 +210,25 @@ def test_doctor_cli_json_and_exit_code(monkeypatch, capsys):
 
 
 def test_mps_autocast_in_training_needs_a_passing_doctor_record(tmp_path):
-    from alchemetric_ray.doctor.records import DoctorRequired, record_path, require_checked_mps_autocast, write_records
+    from alchemetric_ray.hardware.records import (
+        DoctorRequired,
+        record_path,
+        require_doctor_checked_precision,
+        write_records,
+    )
 
     cfg = load_config(None, [f"storage.path={tmp_path}", "precision.mode=bf16", "model.hidden=16"])
-    require_checked_mps_autocast(cfg, "cpu")  # only MPS is gated
-    require_checked_mps_autocast(cfg.replace("precision.mode=fp32"), "mps")  # float32 needs nothing
+    require_doctor_checked_precision(cfg, "cpu")  # only MPS is gated
+    require_doctor_checked_precision(cfg.replace("precision.mode=fp32"), "mps")  # float32 needs nothing
     with pytest.raises(DoctorRequired, match="needs a passing doctor check for this model; run `alchemetric-ray doctor"):
-        require_checked_mps_autocast(cfg, "mps")
+        require_doctor_checked_precision(cfg, "mps")
     write_records(cfg, [{"device": "mps", "device_type": "mps", "mode": "bf16", "passed": False,
                          "blockers": ["operators without a mps kernel: aten::foo"]}])
     with pytest.raises(DoctorRequired, match="the doctor blocked this model there .*aten::foo"):
-        require_checked_mps_autocast(cfg, "mps")
+        require_doctor_checked_precision(cfg, "mps")
     write_records(cfg, [{"device": "mps", "device_type": "mps", "mode": "bf16", "passed": True, "blockers": []}])
-    require_checked_mps_autocast(cfg, "mps")
+    require_doctor_checked_precision(cfg, "mps")
     # another model setting is another model: its record is separate
     with pytest.raises(DoctorRequired):
-        require_checked_mps_autocast(cfg.replace("model.hidden=32"), "mps")
+        require_doctor_checked_precision(cfg.replace("model.hidden=32"), "mps")
     assert record_path(cfg, "mps", "bf16").is_file()

@@ -29,14 +29,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),  # the commands
 )
 
-# The one known upward arrow, and only until issue 16 item 2 lands: train/trainer.py gates MPS mixed
-# precision with doctor/records.py, and item 2 moves that gate into hardware/.  Delete this entry
-# (and the set) then; nothing else may be exempt.
-KNOWN_UPWARD_UNTIL_ISSUE16_ITEM2 = {
-    ("alchemetric_ray.train.trainer", "alchemetric_ray.doctor.records"),
-}
-
-
 def module_name(path: Path, package: Path = PACKAGE) -> str:
     parts = list(path.relative_to(package.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -131,8 +123,6 @@ def upward_imports(graph: dict[str, dict[str, int]], modules: dict[str, Path]) -
     found = []
     for importer, edges in graph.items():
         for target, line in edges.items():
-            if (importer, target) in KNOWN_UPWARD_UNTIL_ISSUE16_ITEM2:
-                continue
             if layer_of(target) > layer_of(importer):
                 where = modules[importer].relative_to(PACKAGE.parent)
                 found.append(f"{where}:{line} imports {target} (layer {unit(target)!r} is above {unit(importer)!r})")
@@ -155,16 +145,13 @@ def test_no_import_cycle_between_packages():
     """Coarser than modules: signals/ and doctor/ share a layer, but only one may lean on the other."""
     coarse: dict[str, set[str]] = {}
     for importer, edges in import_graph().items():
-        kept = [t for t in edges if (importer, t) not in KNOWN_UPWARD_UNTIL_ISSUE16_ITEM2]
-        coarse.setdefault(unit(importer), set()).update(unit(t) for t in kept if unit(t) != unit(importer))
+        coarse.setdefault(unit(importer), set()).update(unit(t) for t in edges if unit(t) != unit(importer))
     assert cycles(coarse) == []
 
 
 def test_imports_point_down_the_layers():
-    graph = import_graph()
-    assert upward_imports(graph, package_modules()) == []
-    stale = {edge for edge in KNOWN_UPWARD_UNTIL_ISSUE16_ITEM2 if edge[1] not in graph.get(edge[0], {})}
-    assert stale == set(), "an allowlisted edge is gone: delete it from KNOWN_UPWARD_UNTIL_ISSUE16_ITEM2"
+    """No exemption: every module of the package, every import."""
+    assert upward_imports(import_graph(), package_modules()) == []
 
 
 # ---- the checker itself -------------------------------------------------------------------------------

@@ -153,8 +153,7 @@ def test_streamed_epochs_shuffle_in_windows_and_see_every_row_once(ray_session, 
         batch = 32
 
         def epoch(seed, ep):
-            data = _ShardData(datasets["train"], datasets["val"], collate, batch, cache=False, deterministic=True,
-                              seed=seed, rank=0)
+            data = _ShardData(datasets["train"], datasets["val"], collate, batch, cache=False, seed=seed)
             batches = list(data.train_batches(ep))
             assert data.rows_seen == m["rows"]["train"]
             return batches

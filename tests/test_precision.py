@@ -15,6 +15,7 @@ from alchemetric_ray.hardware.precision import (
     TooManySkippedSteps,
     resolve_precision,
 )
+from alchemetric_ray.models import model_spec
 
 CUDA0 = torch.device("cuda", 0)
 MPS = torch.device("mps")
@@ -93,15 +94,15 @@ def test_mps_fp16_refused_for_gradscaler_bugs():
 
 def test_cpu_bf16_allowed_with_warning_unless_recurrent(monkeypatch):
     monkeypatch.setattr(inventory, "cpu_has_bf16", lambda: False)
-    p = resolve_precision("bf16", CPU, model_name="mlp")
+    p = resolve_precision("bf16", CPU, model=model_spec("mlp"))
     assert p.autocast_dtype == torch.bfloat16 and not p.use_scaler
     assert "often slower than float32" in p.reason
     monkeypatch.setattr(inventory, "cpu_has_bf16", lambda: True)
-    assert "has bf16 instructions" in resolve_precision("bf16", CPU, model_name="mlp").reason
+    assert "has bf16 instructions" in resolve_precision("bf16", CPU, model=model_spec("mlp")).reason
     with pytest.raises(PrecisionError, match="model 'lstm': LSTM fails under CPU autocast"):
-        resolve_precision("bf16", CPU, model_name="lstm")
+        resolve_precision("bf16", CPU, model=model_spec("lstm"))
     with pytest.raises(PrecisionError, match="model 'gru': GRU silently stays float32"):
-        resolve_precision("bf16", CPU, model_name="gru")
+        resolve_precision("bf16", CPU, model=model_spec("gru"))
 
 
 def test_cpu_fp16_refused():
@@ -145,7 +146,7 @@ def test_fp32_step_reduces_loss():
 
 
 def test_cpu_bf16_autocast_step_reduces_loss():
-    p = resolve_precision("bf16", CPU, model_name="mlp")
+    p = resolve_precision("bf16", CPU, model=model_spec("mlp"))
     losses = _train(p)
     assert losses[-1] < 0.5 * losses[0]
 

@@ -110,7 +110,7 @@ def test_plan_cuda_cluster_one_worker_per_gpu(monkeypatch):
     monkeypatch.setattr(dev, "mps_available", lambda: False)
     plan = plan_resources(load_config(), {"CPU": 32.0, "GPU": 4.0})
     assert (plan.num_workers, plan.use_gpu, plan.backend, plan.gpus_per_worker) == (4, True, "nccl", 1.0)
-    assert plan.worker_device == "auto" and "one per GPU" in plan.reasons["workers"]
+    assert plan.worker_device == "cuda" and "one per GPU" in plan.reasons["workers"]
     with pytest.raises(PlanError, match="need 8 GPUs; the cluster has 4"):
         plan_resources(load_config(None, ["scaling.workers=8"]), {"CPU": 32.0, "GPU": 4.0})
 

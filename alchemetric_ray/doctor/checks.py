@@ -19,15 +19,15 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from alchemetric_ray.config import ModelConfig
-from alchemetric_ray.hardware import OptimizerStep, Precision
-from alchemetric_ray.hardware.device import synchronize
+from alchemetric_ray.hardware import NonFiniteLossError, OptimizerStep, Precision, resolve_device, resolve_precision
+from alchemetric_ray.hardware.device import peak_memory, reference_device, reset_peak_memory, synchronize
+from alchemetric_ray.hardware.inventory import MPS_FALLBACK_VAR
 from alchemetric_ray.models import build_model, model_spec
 
 N_FEATURES, N_CLASSES, WINDOW = 16, 3, 20
@@ -36,9 +36,9 @@ TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
 LOSS_TOLERANCE = {"fp32": 1e-3, "bf16": 0.05, "fp16": 0.03}
 
 
-def make_batch(model_name: str, batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(model_cfg: ModelConfig, batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    seq = model_spec(model_name).inputs == "sequence"
+    seq = model_spec(model_cfg).inputs == "sequence"
     x = torch.randn((batch, WINDOW, N_FEATURES) if seq else (batch, N_FEATURES), generator=g)
     signal = x[:, -1, :4] if seq else x[:, :4]
     y = (signal.sum(dim=-1) > 0).long() + (signal.sum(dim=-1) > 1).long()
@@ -75,7 +75,7 @@ def record_ops(model_cfg: ModelConfig, batch: int = 32) -> list[str]:
     """The aten operators one forward + backward + AdamW step uses, recorded on the CPU."""
     model = make_model(model_cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = make_batch(model_cfg.name, batch)
+    x, y = make_batch(model_cfg, batch)
     rec = _Recorder()
     with rec:
         loss = nn.functional.cross_entropy(model(x), y)
@@ -104,18 +104,15 @@ class _Prober(TorchDispatchMode):
             return torch.utils._pytree.tree_map(back, out)
 
 
-def probe_in_process(model_cfg: dict, device: str, precision: dict) -> dict:
-    """Run in the fresh subprocess: one step on ``device`` under the prober."""
-    from alchemetric_ray.hardware import resolve_device
-
+def probe_in_process(model_cfg: dict, device: str, mode: str) -> dict:
+    """Run in the fresh subprocess: one step on ``device`` in precision ``mode`` under the prober."""
     cfg = ModelConfig(**model_cfg)
     dev = resolve_device(device, source="the doctor").device
-    prec = Precision(precision["mode"], dev.type, getattr(torch, precision["autocast_dtype"]) if precision["autocast_dtype"] else None,
-                     precision["grad_scaler"], False, "doctor probe")
+    prec = resolve_precision(mode, dev, model=model_spec(cfg))  # the parent's policy decision, made again here
     model = make_model(cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    step_fn = OptimizerStep(opt, prec, scaler=torch.amp.GradScaler(dev.type, enabled=prec.use_scaler))
-    x, y = make_batch(cfg.name, 32)
+    step_fn = OptimizerStep(opt, prec)
+    x, y = make_batch(cfg, 32)
     prober = _Prober(dev)
     error = None
     try:
@@ -129,10 +126,10 @@ def probe_in_process(model_cfg: dict, device: str, precision: dict) -> dict:
 def op_coverage(model_cfg: ModelConfig, device: torch.device, precision: Precision, timeout: int = 300) -> dict:
     """Probe the model's operators on ``device`` in a fresh process with fallback disabled."""
     ops = record_ops(model_cfg)
-    env = {**os.environ, "PYTORCH_ENABLE_MPS_FALLBACK": "0"}
+    env = {**os.environ, MPS_FALLBACK_VAR: "0"}
     code = ("import json,sys; from alchemetric_ray.doctor.checks import probe_in_process; "
             "a=json.loads(sys.argv[1]); print('DOCTOR:'+json.dumps(probe_in_process(a['m'], a['d'], a['p'])))")
-    arg = json.dumps({"m": model_cfg.__dict__, "d": str(device), "p": precision.as_dict()})
+    arg = json.dumps({"m": model_cfg.__dict__, "d": str(device), "p": precision.mode})
     started = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, timeout=timeout, env=env)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("DOCTOR:")]
@@ -142,7 +139,7 @@ def op_coverage(model_cfg: ModelConfig, device: torch.device, precision: Precisi
     else:
         probe = json.loads(lines[-1][len("DOCTOR:"):])
     return {"ops": ops, "n_ops": len(ops), "unsupported": probe["unsupported"], "error": probe["error"],
-            "fallback_env": "PYTORCH_ENABLE_MPS_FALLBACK=0", "seconds": round(time.monotonic() - started, 2),
+            "fallback_env": f"{MPS_FALLBACK_VAR}=0", "seconds": round(time.monotonic() - started, 2),
             "passed": not probe["unsupported"] and probe["error"] is None}
 
 
@@ -150,26 +147,30 @@ def op_coverage(model_cfg: ModelConfig, device: torch.device, precision: Precisi
 
 
 def _run_steps(model_cfg: ModelConfig, device: torch.device, precision: Precision, steps: int, batch: int):
+    """Logits and loss of the last of ``steps`` SGD steps, and the gradients it applied (None where
+    they were not finite: a GradScaler skipped the step, or float32/bf16 met a NaN)."""
     model = make_model(model_cfg).to(device)
     model.train(False)  # no dropout: the same function on both sides
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    step_fn = OptimizerStep(opt, precision, grad_clip=0, scaler=torch.amp.GradScaler(device.type, enabled=precision.use_scaler))
-    x, y = make_batch(model_cfg.name, batch)
+    step_fn = OptimizerStep(opt, precision, grad_clip=0)
+    grads: list[torch.Tensor] = []
+
+    def keep_grads(*_):  # what the optimizer is about to apply: unscaled, and unclipped (grad_clip=0)
+        grads[:] = [p.grad.detach().float().cpu().clone() for p in model.parameters() if p.grad is not None]
+
+    opt.register_step_pre_hook(keep_grads)
+    x, y = make_batch(model_cfg, batch)
     x, y = x.to(device), y.to(device)
-    logits = loss = None
-    grads = []
-    for _ in range(steps):
+    logits = loss = outcome = None
+    for step in range(steps):
         with precision.autocast():
             logits = model(x)
             loss = nn.functional.cross_entropy(logits.float(), y)
-        scaler = step_fn.scaler
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        grads = [p.grad.detach().float().cpu().clone() for p in model.parameters() if p.grad is not None]
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
-    return logits.detach().float().cpu(), float(loss.detach()), grads
+        try:
+            outcome = step_fn(loss, epoch=0, step=step)
+        except NonFiniteLossError:  # no GradScaler to skip the step: it fails parity, it does not stop the doctor
+            return logits.detach().float().cpu(), float(loss.detach()), None
+    return logits.detach().float().cpu(), float(loss.detach()), None if outcome.skipped else grads
 
 
 def _max_diffs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
@@ -179,11 +180,14 @@ def _max_diffs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 
 def parity(model_cfg: ModelConfig, device: torch.device, precision: Precision, *, steps: int = 3, batch: int = 64) -> dict:
-    ref_prec = Precision("fp32", "cpu", None, False, False, "reference")
-    ref = _run_steps(model_cfg, torch.device("cpu"), ref_prec, steps, batch)
+    reference = reference_device()
+    ref = _run_steps(model_cfg, reference, resolve_precision("fp32", reference), steps, batch)
     got = _run_steps(model_cfg, device, precision, steps, batch)
     logit_abs, logit_rel = _max_diffs(got[0], ref[0])
-    grad_rel = max((_max_diffs(g, r)[1] for g, r in zip(got[2], ref[2])), default=0.0)
+    if got[2] is None:  # the gradients were not finite
+        grad_rel = float("inf")
+    else:
+        grad_rel = max((_max_diffs(g, r)[1] for g, r in zip(got[2], ref[2])), default=0.0)
     loss_abs = abs(got[1] - ref[1])
     tol = TOLERANCE[precision.mode]
     passed = logit_rel <= tol and grad_rel <= tol * 10 and loss_abs <= LOSS_TOLERANCE[precision.mode]
@@ -200,11 +204,10 @@ def amp_sanity(model_cfg: ModelConfig, device: torch.device, precision: Precisio
     def run(prec: Precision):
         model = make_model(model_cfg).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        step_fn = OptimizerStep(opt, prec, grad_clip=1.0, max_skipped_steps=steps + 1,
-                                scaler=torch.amp.GradScaler(device.type, enabled=prec.use_scaler))
+        step_fn = OptimizerStep(opt, prec, grad_clip=1.0, max_skipped_steps=steps + 1)
         losses, scales = [], []
         for step in range(steps):
-            x, y = make_batch(model_cfg.name, batch, seed=step)
+            x, y = make_batch(model_cfg, batch, seed=step)
             x, y = x.to(device), y.to(device)
             with prec.autocast():
                 loss = nn.functional.cross_entropy(model(x).float(), y)
@@ -214,8 +217,7 @@ def amp_sanity(model_cfg: ModelConfig, device: torch.device, precision: Precisio
                 scales.append(step_fn.scaler.get_scale())
         return losses, scales, step_fn.skipped_total
 
-    fp32 = Precision("fp32", device.type, None, False, False, "reference")
-    ref_losses, _, _ = run(fp32)
+    ref_losses, _, _ = run(resolve_precision("fp32", device))
     losses, scales, skipped = run(precision)
     final_ref = sum(ref_losses[-10:]) / 10
     final = sum(losses[-10:]) / 10
@@ -230,30 +232,16 @@ def amp_sanity(model_cfg: ModelConfig, device: torch.device, precision: Precisio
 # ---- speed and memory ----------------------------------------------------------------------
 
 
-def _peak_memory(device: torch.device) -> int | None:
-    """Peak device memory; on the CPU the process's resident high-water mark (it never goes down,
-    so a rise along the batch ladder is what the larger batch needed)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    if device.type == "mps":
-        return int(torch.mps.driver_allocated_memory())
-    import resource
-
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
-
-
 def speed(model_cfg: ModelConfig, device: torch.device, precision: Precision, *, ladder=(256, 1024, 4096),
           warmup: int = 3, repeats: int = 5) -> dict:
     rows = []
     for batch in ladder:
         model = make_model(model_cfg).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        step_fn = OptimizerStep(opt, precision, scaler=torch.amp.GradScaler(device.type, enabled=precision.use_scaler))
-        x, y = make_batch(model_cfg.name, batch)
+        step_fn = OptimizerStep(opt, precision)
+        x, y = make_batch(model_cfg, batch)
         x, y = x.to(device), y.to(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        reset_peak_memory(device)
         try:
             for _ in range(warmup):
                 _step(model, x, y, precision, opt, step_fn)
@@ -270,11 +258,7 @@ def speed(model_cfg: ModelConfig, device: torch.device, precision: Precision, *,
         times.sort()
         median = times[len(times) // 2]
         rows.append({"batch": batch, "samples_per_s": batch / median, "median_s": median,
-                     "peak_memory_bytes": _peak_memory(device)})
+                     "peak_memory_bytes": peak_memory(device)})
     best = max((r for r in rows if "samples_per_s" in r), key=lambda r: r["samples_per_s"], default=None)
     return {"ladder": rows, "best_samples_per_s": best["samples_per_s"] if best else None,
             "best_batch": best["batch"] if best else None}
-
-
-def describe_precision(p: Precision) -> dict[str, Any]:
-    return p.as_dict()

@@ -13,31 +13,36 @@ from typing import Any
 
 import torch
 
-from alchemetric_ray.config import RunConfig
+from alchemetric_ray.config import DeviceName, RunConfig
 from alchemetric_ray.doctor import checks
 from alchemetric_ray.hardware import PrecisionError, resolve_device, resolve_precision
-from alchemetric_ray.hardware.device import device_kind_available
-from alchemetric_ray.hardware.report import environment_report
+from alchemetric_ray.hardware.device import is_reference, kinds_to_check, reference_device
+from alchemetric_ray.hardware.precision import EXPLICIT_MODES
+from alchemetric_ray.hardware.records import write_records
+from alchemetric_ray.hardware.report import environment_report, summary_line
+from alchemetric_ray.models import model_spec
 
-DEVICE_KINDS = ("cuda", "mps", "cpu")
-MODES = ("fp32", "bf16", "fp16")
+REFERENCE_MODE = "fp32"  # with the reference device: what every other target is compared with
 
 
 def targets(cfg: RunConfig, requested: str | None) -> list[tuple[torch.device, str]]:
-    """(device, mode) pairs to examine: the requested device (plus the CPU reference) or all here."""
-    kinds = [k for k in DEVICE_KINDS if device_kind_available(k)]
-    if requested and requested != "auto":
+    """(device, mode) pairs to examine: the requested device (plus the reference) or every kind here."""
+    if requested and requested != DeviceName.AUTO:
         dev = resolve_device(requested, source="--device").device
-        devices = [dev] + ([torch.device("cpu")] if dev.type != "cpu" else [])
+        devices = [dev] + ([] if is_reference(dev.type) else [reference_device()])
     else:
-        devices = [resolve_device(k, source="the doctor").device for k in kinds]
-    return [(d, m) for d in devices for m in MODES]
+        devices = [resolve_device(kind, source="the doctor").device for kind in kinds_to_check()]
+    return [(d, m) for d in devices for m in EXPLICIT_MODES]
+
+
+def _is_reference(target: dict[str, Any]) -> bool:
+    return is_reference(target["device_type"]) and target["mode"] == REFERENCE_MODE
 
 
 def examine(cfg: RunConfig, device: torch.device, mode: str, *, quick: bool = False) -> dict[str, Any]:
     target: dict[str, Any] = {"device": str(device), "device_type": device.type, "mode": mode}
     try:
-        precision = resolve_precision(mode, device, model_name=cfg.model.name, tf32=cfg.precision.tf32)
+        precision = resolve_precision(mode, device, model=model_spec(cfg.model), tf32=cfg.precision.tf32)
     except PrecisionError as exc:
         target.update(refused=str(exc), blockers=[f"refused by the precision policy: {exc}"])
         return target
@@ -53,7 +58,7 @@ def examine(cfg: RunConfig, device: torch.device, mode: str, *, quick: bool = Fa
 
 def decide(found: list[dict[str, Any]], certificate: dict | None = None) -> dict[str, Any]:
     """Blockers per target, then the fastest target with none; exit code 0 only when one exists."""
-    cpu_fp32 = next((t for t in found if t["device_type"] == "cpu" and t["mode"] == "fp32" and "speed" in t), None)
+    cpu_fp32 = next((t for t in found if _is_reference(t) and "speed" in t), None)
     cpu_speed = cpu_fp32["speed"]["best_samples_per_s"] if cpu_fp32 else None
     for t in found:
         blockers = list(t.get("blockers", []))
@@ -73,7 +78,7 @@ def decide(found: list[dict[str, Any]], certificate: dict | None = None) -> dict
                 blockers.append(f"mixed precision diverged or drifted from float32 (final loss {a['final_loss']:.4f} vs "
                                 f"{a['final_loss_fp32']:.4f}, {a['skipped_steps']} skipped steps)")
             rate = t["speed"]["best_samples_per_s"]
-            if t["device_type"] != "cpu" and cpu_speed and rate and rate < cpu_speed:
+            if not is_reference(t["device_type"]) and cpu_speed and rate and rate < cpu_speed:
                 blockers.append(f"slower than the CPU for this model ({rate:,.0f} vs {cpu_speed:,.0f} samples/s)")
             key = f"{t['device_type']}/{t['mode']}"
             if certificate and key in certificate["backends"] and not certificate["backends"][key]["passed"]:
@@ -102,33 +107,31 @@ def run_doctor(cfg: RunConfig, *, device: str | None = None, model_dir: str | No
 
     loaded = load_model(model_dir) if model_dir else None
     model_cfg = loaded.config if loaded else cfg
-    report: dict[str, Any] = {"inventory": environment_report(cfg.device.name, "auto", model_cfg.model.name),
+    spec = model_spec(model_cfg.model)
+    report: dict[str, Any] = {"inventory": environment_report(cfg.device.name, "auto", spec),
                               "model": model_cfg.model.name}
     found = [examine(model_cfg, dev, mode, quick=quick) for dev, mode in targets(model_cfg, device)]
     certificate = None
     if loaded is not None:
         usable = [t for t in found if "refused" not in t]
-        trained = (loaded.meta.get("device", {}).get("device", "cpu").split(":")[0], loaded.meta.get("precision", {}).get("mode", "fp32"))
+        trained_device = loaded.meta.get("device", {}).get("device") or str(reference_device())
+        trained = (torch.device(trained_device).type, loaded.meta.get("precision", {}).get("mode", REFERENCE_MODE))
         ref = next((t for t in usable if (t["device_type"], t["mode"]) == trained), None) \
-            or next(t for t in usable if t["device_type"] == "cpu" and t["mode"] == "fp32")
+            or next(t for t in usable if _is_reference(t))
         as_pair = lambda t: (torch.device(t["device"]), resolve_precision(t["mode"], torch.device(t["device"]),  # noqa: E731
-                                                                          model_name=model_cfg.model.name))
+                                                                          model=spec))
         certificate = certify(loaded, [as_pair(t) for t in usable], as_pair(ref))
         write_certificate(Path(model_dir), certificate)
     report["targets"] = found
     report["certificate"] = certificate
     report["verdict"] = decide(found, certificate)
-    from alchemetric_ray.doctor.records import write_records
-
     write_records(model_cfg if loaded is None else loaded.config.replace(f"storage.path={cfg.storage.path}"), found)
     return report
 
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"doctor: model {report['model']}"]
-    inv = report["inventory"]
-    lines.append(f"  torch {inv['torch']}, CUDA available {inv['cuda']['available']}, MPS available {inv['mps']['available']}, "
-                 f"CPU {inv['cpu']['model']}")
+    lines.append(f"  {summary_line(report['inventory'])}")
     for t in report["targets"]:
         head = f"  {t['device']:8s} {t['mode']:5s}"
         if "refused" in t:

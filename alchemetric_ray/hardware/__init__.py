@@ -1,7 +1,14 @@
 """The only package that branches on the kind of device: resolver, precision policy, inventory."""
 
-from alchemetric_ray.hardware.device import DeviceChoice, DeviceError, resolve_device
+from alchemetric_ray.hardware.device import (
+    DeviceChoice,
+    DeviceError,
+    device_for_worker,
+    resolve_device,
+    train_accelerator,
+)
 from alchemetric_ray.hardware.precision import (
+    ModelTraits,
     NonFiniteLossError,
     OptimizerStep,
     Precision,
@@ -12,6 +19,7 @@ from alchemetric_ray.hardware.precision import (
 )
 
 __all__ = [
-    "DeviceChoice", "DeviceError", "resolve_device", "NonFiniteLossError", "OptimizerStep", "Precision",
-    "PrecisionError", "StepOutcome", "TooManySkippedSteps", "resolve_precision",
+    "DeviceChoice", "DeviceError", "device_for_worker", "resolve_device", "train_accelerator", "ModelTraits",
+    "NonFiniteLossError", "OptimizerStep", "Precision", "PrecisionError", "StepOutcome", "TooManySkippedSteps",
+    "resolve_precision",
 ]

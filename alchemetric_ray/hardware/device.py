@@ -1,29 +1,42 @@
 """The one place that decides which device trains, predicts and is checked.
 
-Precedence: explicit argument > ``ALCHEMETRIC_DEVICE`` > auto.  Auto tries, in order,
-CUDA -> MPS -> XPU -> CPU (``_AUTO_ORDER``; add an accelerator by adding a probe there).
+One decision, made once where the work is planned, then passed on:
 
-Inside a Ray Train worker that Ray gave a GPU, the CUDA device comes from
-``ray.train.torch.get_device()``: Ray maps its GPU ids through CUDA_VISIBLE_DEVICES, so
-``cuda:<local_rank>`` is wrong with several or fractional GPUs per worker.  Ray advertises an
-Apple GPU as ``GPU: 1`` too, so a Ray GPU count never implies CUDA: CUDA is whatever torch's
-own probe says.
+* :func:`resolve_device` answers "which device here?" (the env report, the doctor, the export):
+  explicit argument > ``ALCHEMETRIC_DEVICE`` > auto.  Auto tries, in order, CUDA -> MPS -> XPU ->
+  CPU (``_AUTO_ORDER``; add an accelerator by adding a probe there).
+* :func:`train_accelerator` answers "which kind of device do the Ray workers (Train workers,
+  prediction actors) use?" on the driver, from the same request, and names a decided kind (never
+  "auto").  Each worker then only maps that kind to its own device with :func:`device_for_worker`,
+  and fails with a one-line :class:`DeviceError` where the kind is not there.
+
+Inside a Ray worker that Ray gave a GPU, the CUDA device comes from ``ray.train.torch.get_device()``:
+Ray maps its GPU ids through CUDA_VISIBLE_DEVICES, so ``cuda:<local_rank>`` is wrong with several or
+fractional GPUs per worker.  Ray advertises an Apple GPU as ``GPU: 1`` too, so a Ray GPU count never
+implies CUDA: CUDA is whatever torch's own probe says.
 
 An explicit request for a device that is not there raises :class:`DeviceError` naming what was
-asked and what exists; there is no silent fallback.
+asked and what exists; there is no silent fallback.  What a user may write (the kinds, ``cuda:N``)
+is :class:`alchemetric_ray.config.DeviceName`; what each kind means lives here.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
+import typing
 from dataclasses import dataclass
 
 import torch
 
+from alchemetric_ray.config import DeviceKind, DeviceName
 from alchemetric_ray.errors import UserError
 
 ENV_VAR = "ALCHEMETRIC_DEVICE"
+DEVICE_KINDS: tuple[str, ...] = typing.get_args(DeviceKind)
+REFERENCE_KIND = "cpu"  # the device every other one is checked against (the doctor's reference)
+_CHECKED_KINDS = ("cuda", "mps", "cpu")  # the kinds the doctor examines, in its order
 log = logging.getLogger("alchemetric_ray.hardware")
 _logged: set[str] = set()
 
@@ -40,14 +53,6 @@ class DeviceChoice:
     @property
     def type(self) -> str:
         return self.device.type
-
-    @property
-    def is_cuda(self) -> bool:
-        return self.device.type == "cuda"
-
-    @property
-    def is_mps(self) -> bool:
-        return self.device.type == "mps"
 
     def __str__(self) -> str:
         return f"{self.device} ({self.reason})"
@@ -126,23 +131,19 @@ def _inventory() -> str:
 # ---- resolution ----------------------------------------------------------------------------
 
 
-def _auto_cuda(in_ray_worker: bool) -> DeviceChoice | None:
+def _auto_cuda() -> DeviceChoice | None:
     if not cuda_available():
         return None
-    dev = ray_worker_device() if in_ray_worker else None
-    if dev is not None:
-        index = dev.index or 0
-        return DeviceChoice(dev, f"{_describe_cuda(index)}; assigned by Ray Train")
     return DeviceChoice(torch.device("cuda", 0), _describe_cuda(0))
 
 
-def _auto_mps(in_ray_worker: bool) -> DeviceChoice | None:
+def _auto_mps() -> DeviceChoice | None:
     if not mps_available():
         return None
     return DeviceChoice(torch.device("mps"), "Apple GPU; no CUDA")
 
 
-def _auto_xpu(in_ray_worker: bool) -> DeviceChoice | None:
+def _auto_xpu() -> DeviceChoice | None:
     if not xpu_available():
         return None
     return DeviceChoice(torch.device("xpu", 0), "Intel GPU; no CUDA or MPS")
@@ -151,11 +152,31 @@ def _auto_xpu(in_ray_worker: bool) -> DeviceChoice | None:
 _AUTO_ORDER = (_auto_cuda, _auto_mps, _auto_xpu)
 
 
-def _explicit(requested: str, source: str, in_ray_worker: bool) -> DeviceChoice:
-    kind, _, idx_text = requested.partition(":")
-    if idx_text and not idx_text.isdigit():
-        raise DeviceError(f"{source} asked for device {requested!r}: not a device name (try cpu, cuda, cuda:0, mps)")
-    index = int(idx_text) if idx_text else None
+def _request(requested: str | None, source: str) -> tuple[str, str]:
+    """What was asked for, and by whom: explicit argument > ``ALCHEMETRIC_DEVICE`` > auto."""
+    if requested and requested != DeviceName.AUTO:
+        return requested, source
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env and env != DeviceName.AUTO:
+        return env, ENV_VAR
+    return DeviceName.AUTO, source
+
+
+def _parse(requested: str, source: str) -> tuple[str, int | None]:
+    """``requested`` as (kind, index), or a DeviceError naming who asked for what."""
+    try:
+        kind, index = DeviceName.split(requested)
+    except ValueError:
+        raise DeviceError(f"{source} asked for device {requested!r}: not a device name "
+                          f"(try {DeviceName.expected()})") from None
+    if kind not in DEVICE_KINDS:
+        raise DeviceError(f"{source} asked for device {requested!r}: unknown device kind "
+                          f"(use {DeviceName.expected()})")
+    return kind, index
+
+
+def _explicit(requested: str, source: str, in_ray_worker: bool = False) -> DeviceChoice:
+    kind, index = _parse(requested, source)
     asked = f"{source} asked for device {requested!r}"
     if kind == "cpu":
         return DeviceChoice(torch.device("cpu"), f"requested by {source}")
@@ -184,27 +205,40 @@ def _explicit(requested: str, source: str, in_ray_worker: bool) -> DeviceChoice:
         if index >= xpu_count():
             raise DeviceError(f"{asked} but this machine has {xpu_count()} XPU device(s)")
         return DeviceChoice(torch.device("xpu", index), f"Intel GPU; requested by {source}")
-    raise DeviceError(f"{asked}: unknown device kind (use auto, cpu, cuda, cuda:N, mps or xpu)")
+    raise DeviceError(f"{asked}: device kind {kind!r} has no resolver here yet")
 
 
-def resolve_device(requested: str | None = None, *, in_ray_worker: bool = False, source: str = "the config") -> DeviceChoice:
-    """Decide the device. ``requested`` is "auto"/None, "cpu", "cuda", "cuda:N", "mps" or "xpu".
+def resolve_device(requested: str | None = None, *, source: str = "the config") -> DeviceChoice:
+    """Decide the device of this process. ``requested`` is "auto"/None, "cpu", "cuda", "cuda:N", "mps" or "xpu".
 
-    ``in_ray_worker=True`` lets a Ray Train worker take the CUDA device Ray assigned to it;
-    ``source`` names who asked, for the reason and for errors.
+    ``source`` names who asked, for the reason and for errors.  Ray workers do not call this:
+    they get a decided kind from :func:`train_accelerator` and map it with :func:`device_for_worker`.
     """
-    if requested and requested != "auto":
-        choice = _explicit(requested, source, in_ray_worker)
-    elif os.environ.get(ENV_VAR, "auto").strip() not in ("", "auto"):
-        choice = _explicit(os.environ[ENV_VAR].strip(), ENV_VAR, in_ray_worker)
+    name, source = _request(requested, source)
+    if name != DeviceName.AUTO:
+        choice = _explicit(name, source)
     else:
         choice = None
         for probe in _AUTO_ORDER:
-            choice = probe(in_ray_worker)
+            choice = probe()
             if choice is not None:
                 break
         if choice is None:
             choice = DeviceChoice(torch.device("cpu"), "no CUDA, MPS or XPU available")
+    _log_once(f"device: {choice}")
+    return choice
+
+
+def device_for_worker(kind: str, *, source: str) -> DeviceChoice:
+    """The device of a Ray worker (Train worker, prediction actor) for the kind the driver decided.
+
+    ``kind`` comes from :func:`train_accelerator` (never "auto", and no environment variable is read
+    again here).  A CUDA worker takes the GPU Ray assigned to it; a kind this worker's torch does
+    not see fails with a one-line DeviceError, so a worker never trains elsewhere than planned.
+    """
+    if kind == DeviceName.AUTO:
+        raise ValueError("device_for_worker needs the decided device kind, not 'auto' (see train_accelerator)")
+    choice = _explicit(kind, source, in_ray_worker=True)
     _log_once(f"device: {choice}")
     return choice
 
@@ -220,6 +254,20 @@ def device_kind_available(kind: str) -> bool:
     return {"cuda": cuda_available, "mps": mps_available, "xpu": xpu_available}.get(kind, lambda: kind == "cpu")()
 
 
+def kinds_to_check() -> list[str]:
+    """The device kinds the doctor examines on this machine (CUDA, MPS, CPU; those that are here)."""
+    return [kind for kind in _CHECKED_KINDS if device_kind_available(kind)]
+
+
+def reference_device() -> torch.device:
+    """The device every other one is checked against."""
+    return torch.device(REFERENCE_KIND)
+
+
+def is_reference(device_type: str) -> bool:
+    return device_type == REFERENCE_KIND
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued work on ``device`` (for honest timings)."""
     if device.type == "cuda":
@@ -228,15 +276,38 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak for :func:`peak_memory` where the device keeps one (CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> int | None:
+    """Peak device memory in bytes; on the CPU the process's resident high-water mark (it never goes
+    down, so a rise along a batch ladder is what the larger batch needed)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    if device.type == "mps":
+        return int(torch.mps.driver_allocated_memory())
+    import resource
+
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+
 @dataclass(frozen=True)
 class TrainAccelerator:
     """What a Ray Train run should ask Ray for, decided from torch's probes, never Ray's GPU count."""
 
-    kind: str  # "cuda" | "mps" | "cpu"
+    kind: str  # "cuda" | "mps" | "cpu": decided, never "auto"
     use_gpu: bool  # ask Ray for GPUs (CUDA only)
     backend: str  # collective backend: nccl (CUDA) or gloo
-    worker_device: str  # what each worker passes to resolve_device
     reason: str
+
+    @property
+    def worker_device(self) -> str:
+        """What each worker passes to :func:`device_for_worker`: the decided kind itself."""
+        return self.kind
 
     @property
     def default_workers_reason(self) -> str:
@@ -245,39 +316,39 @@ class TrainAccelerator:
         return "one CPU worker (laptop default; --workers N for more)"
 
 
-def train_accelerator(requested: str, cluster_gpus: float, world_size: int) -> TrainAccelerator:
-    """Decide the Train workers' accelerator for a cluster advertising ``cluster_gpus`` GPUs.
+def train_accelerator(requested: str | None, cluster_gpus: float, world_size: int) -> TrainAccelerator:
+    """Decide the Ray workers' accelerator for a cluster advertising ``cluster_gpus`` GPUs.
 
+    The request is read as :func:`resolve_device` reads it (argument > ``ALCHEMETRIC_DEVICE`` >
+    auto); a ``cuda:N`` index is the driver's business, a worker takes the GPU Ray assigns it.
     Ray advertises an Apple GPU as ``GPU: 1``, so on a Mac (MPS here, no CUDA) the run takes no
-    Ray GPUs and its single worker picks MPS itself; several workers without CUDA are CPU workers
+    Ray GPUs and its single worker uses MPS; several workers without CUDA are CPU workers
     (gloo has no MPS).  A CPU-only head of a GPU cluster (no local CUDA or MPS) trusts the
     cluster's GPUs to be CUDA: Ray only advertises Apple GPUs on Macs.
     """
-    req = (requested or "auto").split(":")[0]
-    env = os.environ.get(ENV_VAR, "auto").strip() or "auto"
-    if req == "auto" and env != "auto":
-        req = env.split(":")[0]
+    name, source = _request(requested, "the config")
+    req = DeviceName.AUTO if name == DeviceName.AUTO else _parse(name, source)[0]
     if req == "cpu":
-        return TrainAccelerator("cpu", False, "gloo", "cpu", "CPU requested")
+        return TrainAccelerator("cpu", False, "gloo", "CPU requested")
     local_mps = mps_available() and not cuda_available()
-    if req in ("auto", "cuda") and cluster_gpus > 0 and not local_mps:
-        return TrainAccelerator("cuda", True, "nccl", "auto",
+    if req in (DeviceName.AUTO, "cuda") and cluster_gpus > 0 and not local_mps:
+        return TrainAccelerator("cuda", True, "nccl",
                                 f"{cluster_gpus:g} GPU(s) in the Ray cluster and no Apple GPU here: CUDA workers")
     if req == "cuda":
-        raise DeviceError(f"the config asked for device 'cuda' but no node of the Ray cluster has a CUDA GPU "
+        raise DeviceError(f"{source} asked for device 'cuda' but no node of the Ray cluster has a CUDA GPU "
                           f"(cluster GPUs: {cluster_gpus:g}{', an Apple GPU' if local_mps else ''})")
-    if req in ("auto", "mps") and local_mps:
+    if req in (DeviceName.AUTO, "mps") and local_mps:
         if world_size > 1:
             if req == "mps":
                 raise DeviceError(f"device 'mps' with {world_size} workers: DDP on MPS is not supported (gloo has no MPS); "
                                   "use one worker or device cpu")
-            return TrainAccelerator("cpu", False, "gloo", "cpu",
+            return TrainAccelerator("cpu", False, "gloo",
                                     f"{world_size} workers without CUDA: CPU workers with gloo (gloo has no MPS)")
-        return TrainAccelerator("mps", False, "gloo", "mps",
-                                "Apple GPU (mps): one worker with use_gpu=False picks MPS itself"
+        return TrainAccelerator("mps", False, "gloo",
+                                "Apple GPU (mps): one worker with use_gpu=False uses MPS"
                                 + (" (Ray's GPU: 1 is the Apple GPU, not CUDA)" if cluster_gpus else ""))
     if req == "mps":
-        raise DeviceError(f"the config asked for device 'mps' but MPS is not available (found: {_inventory()})")
+        raise DeviceError(f"{source} asked for device 'mps' but MPS is not available (found: {_inventory()})")
     if req == "xpu":
         raise DeviceError("device 'xpu' is not supported for Ray Train runs yet; use cpu")
-    return TrainAccelerator("cpu", False, "gloo", "cpu", "no CUDA GPU in the Ray cluster and no Apple GPU: CPU workers")
+    return TrainAccelerator("cpu", False, "gloo", "no CUDA GPU in the Ray cluster and no Apple GPU: CPU workers")

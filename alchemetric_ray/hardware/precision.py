@@ -5,8 +5,12 @@ Seed rule: mixed precision only where it is safe, i.e. on CUDA.  ``auto`` gives
   * older CUDA: fp16 autocast with ``torch.amp.GradScaler("cuda")``;
   * MPS, CPU, XPU: float32.
 Explicit requests off CUDA are honoured only where they work: bf16 on MPS (torch >= 2.6,
-macOS 14+, never with a GradScaler), bf16 on CPU for non-recurrent models.  Everything else is
-refused with a one-line :class:`PrecisionError` that says why.
+macOS 14+, never with a GradScaler, and only once the doctor passed the model there: see
+``records.py``), bf16 on CPU for models that do not declare CPU autocast broken.  Everything else
+is refused with a one-line :class:`PrecisionError` that says why.
+
+What the policy needs to know about a model comes from the model's own declaration
+(:class:`ModelTraits`, which ``models.ModelSpec`` satisfies): hardware/ never imports models/.
 
 One ``GradScaler`` built with ``enabled=False`` does nothing, so :class:`OptimizerStep` has a
 single code path for fp32, fp16 and bf16: scale -> backward -> unscale -> clip -> step -> update.
@@ -16,20 +20,21 @@ from __future__ import annotations
 
 import contextlib
 import math
+import typing
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
+from alchemetric_ray.config import PrecisionMode
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware import inventory
 
-MODES = ("auto", "fp32", "fp16", "bf16")
-# Recurrent layers break under CPU autocast: LSTM fails inside oneDNN ("could not create a
-# primitive descriptor"), GRU silently stays float32.  Names match models/ registry names.
-CPU_AUTOCAST_BROKEN = {
-    "lstm": "LSTM fails under CPU autocast (oneDNN: could not create a primitive descriptor)",
-    "gru": "GRU silently stays float32 under CPU autocast, so bf16 would be a false claim",
-}
+MODES: tuple[str, ...] = typing.get_args(PrecisionMode)
+EXPLICIT_MODES = tuple(mode for mode in MODES if mode != "auto")  # what the doctor examines
+# Device kinds where explicit mixed precision also needs a passing doctor record of the model
+# (records.require_doctor_checked_precision), with the name messages give them.
+DOCTOR_GATED_KINDS = {"mps": "MPS"}
 MPS_GRADSCALER_BUGS = "GradScaler on MPS had unscale and fused-Adam correctness bugs (pytorch#184286, #186360)"
 
 
@@ -90,14 +95,22 @@ def _cuda_capability(device: torch.device) -> str:
 # ---- the policy ----------------------------------------------------------------------------
 
 
+class ModelTraits(Protocol):
+    """What the policy needs to know about a model: its name (for messages) and, where CPU autocast
+    is wrong for it, why (None = safe).  ``models.ModelSpec`` declares both."""
+
+    name: str
+    cpu_autocast_broken: str | None
+
+
 def resolve_precision(
     requested: str,
     device: torch.device,
     *,
-    model_name: str | None = None,
+    model: ModelTraits | None = None,
     tf32: bool = False,
 ) -> Precision:
-    """Choose the precision for ``device`` (and model), with a human-readable reason."""
+    """Choose the precision for ``device`` (and ``model``, the model's declaration), with a human-readable reason."""
     if requested not in MODES:
         raise PrecisionError(f"precision {requested!r} is not one of {', '.join(MODES)}")
     kind = device.type
@@ -106,7 +119,7 @@ def resolve_precision(
     if kind == "mps":
         return _mps(requested)
     if kind == "cpu":
-        return _cpu(requested, model_name)
+        return _cpu(requested, model)
     if requested in ("auto", "fp32"):
         return _fp32(kind, f"float32 on {kind}: mixed precision is automatic only on CUDA")
     raise PrecisionError(f"precision {requested!r} on {kind} is not supported here; use fp32")
@@ -149,15 +162,15 @@ def _mps(requested: str) -> Precision:
                      "bf16 autocast on MPS as requested (torch >= 2.6, macOS 14+); no GradScaler on MPS")
 
 
-def _cpu(requested: str, model_name: str | None) -> Precision:
+def _cpu(requested: str, model: ModelTraits | None) -> Precision:
     if requested in ("auto", "fp32"):
         why = "requested" if requested == "fp32" else "mixed precision is automatic only on CUDA"
         return _fp32("cpu", f"float32 on CPU ({why})")
     if requested == "fp16":
         raise PrecisionError("precision 'fp16' on CPU is refused: it needs a GradScaler and runs slower than float32 on CPUs; use fp32 or bf16")
-    name = (model_name or "").lower()
-    if name in CPU_AUTOCAST_BROKEN:
-        raise PrecisionError(f"precision 'bf16' on CPU is refused for model '{name}': {CPU_AUTOCAST_BROKEN[name]}; use fp32")
+    if model is not None and model.cpu_autocast_broken:
+        raise PrecisionError(f"precision 'bf16' on CPU is refused for model '{model.name}': "
+                             f"{model.cpu_autocast_broken}; use fp32")
     if inventory.cpu_has_bf16():
         note = "this CPU has bf16 instructions"
     else:

@@ -12,11 +12,12 @@ import torch
 import alchemetric_ray
 from alchemetric_ray.hardware import device as dev
 from alchemetric_ray.hardware import inventory
-from alchemetric_ray.hardware.precision import PrecisionError, cuda_bf16_native, resolve_precision
+from alchemetric_ray.hardware.precision import ModelTraits, PrecisionError, cuda_bf16_native, resolve_precision
 
 
-def environment_report(device_name: str = "auto", precision_mode: str = "auto", model_name: str | None = None,
+def environment_report(device_name: str = "auto", precision_mode: str = "auto", model: ModelTraits | None = None,
                        tf32: bool = False) -> dict[str, Any]:
+    """Versions, devices and CPU flags, and the device and precision a run of ``model`` would choose here."""
     try:
         import ray
 
@@ -62,7 +63,7 @@ def environment_report(device_name: str = "auto", precision_mode: str = "auto", 
         choice = dev.resolve_device(device_name)
         report["device"] = {"device": str(choice.device), "reason": choice.reason}
         try:
-            prec = resolve_precision(precision_mode, choice.device, model_name=model_name, tf32=tf32)
+            prec = resolve_precision(precision_mode, choice.device, model=model, tf32=tf32)
             report["precision"] = prec.as_dict()
         except PrecisionError as exc:
             report["precision"] = {"error": str(exc)}
@@ -95,3 +96,9 @@ def format_report(report: dict[str, Any]) -> str:
     if p is not None:
         lines.append(f"precision         {p['mode']} ({p['reason']})" if "mode" in p else f"precision         ERROR: {p['error']}")
     return "\n".join(lines)
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    """One line of the report: torch, the accelerators and the CPU (the doctor's header)."""
+    return (f"torch {report['torch']}, CUDA available {report['cuda']['available']}, "
+            f"MPS available {report['mps']['available']}, CPU {report['cpu']['model']}")

@@ -1,18 +1,24 @@
 """Plain nn.Modules that return class logits, chosen by name. No Ray and no device logic here.
 
-Adding a model: one file with an ``nn.Module`` and one ``register(...)`` line below.
+Adding a model is one file in this folder: an ``nn.Module`` under ``@register_model(...)``
+(see ``registry.py``).  Every module here is imported below, so its models register themselves.
+A model outside the package: ``model.module=your.module`` (``registry.load_model_module``).
 """
 
-from alchemetric_ray.models.registry import MODELS, ModelSpec, build_model, model_spec, register
-from alchemetric_ray.models.mlp import MLP
-from alchemetric_ray.models.recurrent import GRUClassifier, LSTMClassifier
-from alchemetric_ray.models.tcn import TCN
-from alchemetric_ray.models.transformer import TransformerClassifier
+import importlib as _importlib
+import pkgutil as _pkgutil
 
-register("mlp", MLP, "tabular")
-register("lstm", LSTMClassifier, "sequence")
-register("gru", GRUClassifier, "sequence")
-register("transformer", TransformerClassifier, "sequence")
-register("tcn", TCN, "sequence")
+from alchemetric_ray.models.registry import (
+    MODELS,
+    ModelSpec,
+    build_model,
+    load_model_module,
+    model_spec,
+    register_model,
+)
 
-__all__ = ["MODELS", "ModelSpec", "build_model", "model_spec", "register"]
+for _module in _pkgutil.iter_modules(__path__):
+    if _module.name != "registry":
+        _importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["MODELS", "ModelSpec", "build_model", "load_model_module", "model_spec", "register_model"]

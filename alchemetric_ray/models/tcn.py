@@ -1,5 +1,7 @@
 from torch import nn
 
+from alchemetric_ray.models.registry import register_model
+
 
 class _CausalBlock(nn.Module):
     def __init__(self, channels_in: int, channels_out: int, kernel_size: int, dilation: int, dropout: float):
@@ -17,11 +19,12 @@ class _CausalBlock(nn.Module):
         return self.act(h + self.skip(x))
 
 
+@register_model("tcn", inputs="sequence", hyperparameters=("hidden", "layers", "dropout", "kernel_size"))
 class TCN(nn.Module):
     """Temporal convolutional network: dilated causal convolutions over (batch, window, n_features)."""
 
     def __init__(self, n_features: int, n_classes: int, hidden: int = 64, layers: int = 2,
-                 dropout: float = 0.1, kernel_size: int = 3, **_unused):
+                 dropout: float = 0.1, kernel_size: int = 3):
         super().__init__()
         blocks, width = [], n_features
         for i in range(layers):

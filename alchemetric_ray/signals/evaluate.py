@@ -86,8 +86,7 @@ def _port_dict(p) -> dict:
 def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest: dict, cfg: RunConfig,
                      *, n_trials: int = 1, segment: tuple[str, str] | None = None) -> dict[str, Any]:
     """The model and every baseline on the test segment of ``inputs`` (rows with features and labels)."""
-    from sklearn.ensemble import HistGradientBoostingClassifier
-    from sklearn.linear_model import LogisticRegression
+    from alchemetric_ray.train.baselines import baseline_models, fit_baseline, predict_baseline
 
     s = manifest["splits"]
     start, end = segment or (s["test_start"], s["test_end"])
@@ -107,11 +106,10 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     if len(train) > 200_000:
         train = train.sample(200_000, random_state=cfg.train.seed)
     th = (cfg.signals.long_threshold, cfg.signals.short_threshold)
-    for name, model in (("logistic regression", LogisticRegression(max_iter=300)),
-                        ("hist gradient boosting", HistGradientBoostingClassifier(max_iter=100, random_state=cfg.train.seed))):
-        model.fit(train[names].to_numpy(), train["label"].to_numpy())
-        p = np.zeros((len(test), len(classes)))
-        p[:, model.classes_.astype(int)] = model.predict_proba(test[names].to_numpy())
+    for name, model in baseline_models(cfg.train.seed).items():
+        fit_baseline(model, train[names].to_numpy(), train["label"].to_numpy())
+        p = predict_baseline(model, test[names].to_numpy(), len(classes))
+        name = name.replace("_", " ")
         score = direction_score(p, classes)
         rows.append(contender_stats(name, _scored(test, score, positions(score, *th)), cfg, horizon=horizon,
                                     proba=p, labels=test["label"].to_numpy()))

@@ -43,12 +43,12 @@ class ModelPredictor:
     def __init__(self, model_dir: str, device_name: str, features: list[str], mode: str):
         import torch
 
-        from alchemetric_ray.hardware import resolve_device, resolve_precision
+        from alchemetric_ray.hardware import device_for_worker, resolve_precision
         from alchemetric_ray.train.export import load_model
 
         self.torch = torch
         self.loaded = load_model(model_dir)
-        self.device = resolve_device(device_name, in_ray_worker=True).device
+        self.device = device_for_worker(device_name, source="the prediction plan").device
         self.precision = resolve_precision("fp32", self.device)  # scoring in fp32: no rounding in the decision
         self.model = self.loaded.model.to(self.device)
         self.features, self.mode = features, mode
@@ -158,10 +158,10 @@ def predict(model_dir: str | Path, data: str | None, out: str | Path, cfg: RunCo
         if loaded.mode == "sequence":
             ds = sequence_dataset(ds, names, loaded.config.features.window)
         gpus = ray.cluster_resources().get("GPU", 0)
-        actors, per_actor_gpu = _actor_plan(cfg, gpus)
+        actors, per_actor_gpu, device_kind = _actor_plan(cfg, gpus)
         scored = ds.map_batches(
             ModelPredictor,
-            fn_constructor_kwargs={"model_dir": str(model_dir.resolve()), "device_name": cfg.device.name,
+            fn_constructor_kwargs={"model_dir": str(model_dir.resolve()), "device_name": device_kind,
                                    "features": names, "mode": loaded.mode},
             batch_size=4096, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors),
             num_gpus=per_actor_gpu or None,
@@ -172,13 +172,13 @@ def predict(model_dir: str | Path, data: str | None, out: str | Path, cfg: RunCo
     return _write_signals(scored, loaded, model_dir, out, cfg)
 
 
-def _actor_plan(cfg: RunConfig, gpus: float) -> tuple[int, float]:
+def _actor_plan(cfg: RunConfig, gpus: float) -> tuple[int, float, str]:
     from alchemetric_ray.hardware.device import train_accelerator
 
     acc = train_accelerator(cfg.device.name, gpus, 1)
     if acc.use_gpu:
-        return cfg.signals.actors or max(1, int(gpus)), 1.0
-    return cfg.signals.actors or 1, 0.0
+        return cfg.signals.actors or max(1, int(gpus)), 1.0, acc.kind
+    return cfg.signals.actors or 1, 0.0, acc.kind
 
 
 def _datetimes(column) -> np.ndarray:

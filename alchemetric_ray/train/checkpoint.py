@@ -4,6 +4,11 @@
 and is always loaded with ``torch.load(weights_only=True)``: a crafted pickle cannot run code.
 ``meta.json`` holds everything else: the whole run config, epoch, metrics, device and precision
 with their reasons, versions, machine, git commit and the feature manifest.
+
+This module reads and writes a local folder and the objects a checkpoint restores:
+``Trainables`` (what ``state.pt`` holds), ``LoopState`` (what the loop carries from epoch to
+epoch) and ``CheckpointMeta`` (``meta.json``).  Fetching and reporting checkpoints through Ray
+Train is ``train/loop.py``'s part.
 """
 
 from __future__ import annotations
@@ -12,14 +17,18 @@ import json
 import os
 import platform
 import subprocess
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_torch_save, atomic_write_json
+
+if TYPE_CHECKING:
+    from alchemetric_ray.hardware import OptimizerStep
 
 STATE = "state.pt"
 META = "meta.json"
@@ -80,3 +89,73 @@ def git_commit() -> str | None:
         return out.stdout.strip() or None if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+# ---- what a training checkpoint restores ---------------------------------------------------------
+
+
+@dataclass
+class LoopState:
+    """What the training loop carries from one epoch to the next besides tensors; a resumed run
+    starts from the saved one, so early stopping and the history continue where they were."""
+
+    epoch: int = -1  # the last finished epoch (-1: none yet)
+    best: float | None = None  # the best value of train.metric so far
+    bad_epochs: int = 0  # epochs since train.metric last improved (rank 0 counts them)
+    history: list[dict[str, Any]] = field(default_factory=list)  # each epoch's report row (rank 0)
+
+
+@dataclass
+class Trainables:
+    """The objects whose tensors ``state.pt`` holds: saved together, restored together."""
+
+    model: torch.nn.Module  # the plain module, not DDP's wrapper: its keys load into an exported model
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    step: OptimizerStep  # its GradScaler: a resumed fp16 run continues at the loss scale it had reached
+
+    def state_dict(self, epoch: int) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.step.scaler.state_dict(),
+                "epoch": torch.tensor(epoch)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step.scaler.load_state_dict(state["scaler"])
+
+
+@dataclass
+class CheckpointMeta:
+    """``meta.json``: where a checkpoint's tensors came from.  Its keys are the file's keys, which
+    the export, a resumed run and the sweep read."""
+
+    config: dict[str, Any]  # the whole run config
+    manifest: dict[str, Any]  # the feature shards' manifest: the columns the model was trained on
+    device: dict[str, Any]  # {"device": ..., "reason": ...}
+    precision: dict[str, Any]  # Precision.as_dict(), reason included
+    plan: dict[str, Any]  # ResourcePlan.as_dict()
+    world_size: int
+    epoch: int = -1
+    metrics: dict[str, Any] = field(default_factory=dict)  # the epoch's validation metrics
+    loop: dict[str, Any] = field(default_factory=dict)  # the LoopState less its epoch: best, bad_epochs, history
+    environment: dict[str, Any] = field(default_factory=environment_meta)
+
+    def at(self, state: LoopState, metrics: dict[str, Any]) -> CheckpointMeta:
+        """This run's metadata for the epoch ``state`` has just finished."""
+        loop = {"best": state.best, "bad_epochs": state.bad_epochs, "history": state.history}
+        return replace(self, epoch=state.epoch, metrics=metrics, loop=loop)
+
+    def loop_state(self) -> LoopState:
+        return LoopState(self.epoch, self.loop["best"], self.loop["bad_epochs"], self.loop["history"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, meta: dict[str, Any]) -> CheckpointMeta:
+        missing = [f.name for f in fields(cls) if f.name not in meta]
+        if missing:
+            raise CheckpointError(f"checkpoint metadata without {', '.join(missing)} (not written by a training run)")
+        return cls(**{f.name: meta[f.name] for f in fields(cls)})

@@ -1,17 +1,17 @@
 """The per-worker training loop run by Ray Train's TorchTrainer on every worker.
 
 The only module that calls Ray Train's per-worker API (context, dataset shards, prepare_model,
-report, checkpoints).  It reads top to bottom:
+report, checkpoints).  ``train_loop_per_worker`` reads top to bottom:
 
-1. device and precision from the hardware package; torch threads from the resource plan;
-2. the model (DDP when world size > 1), moved to our device by us;
+1. this worker's rank, device and precision (from the hardware package) and torch threads;
+2. the model (DDP when world size > 1), moved to our device by us, and this worker's data shard;
 3. AdamW with a cosine or one-cycle schedule, optional class weights;
-4. each epoch: batches from this worker's Ray Data shard -> the shared optimizer step;
-5. validation under no_grad with scikit-learn metrics: each rank scores its own part of the val
+4. a restarted run resumes at the epoch after its latest checkpoint (``train/checkpoint.py``);
+5. each epoch: batches from this worker's Ray Data shard -> the shared optimizer step;
+6. validation under no_grad with scikit-learn metrics: each rank scores its own part of the val
    split (disjoint parts that together hold every row once, ``train/data_config.py``), predictions
    gathered to rank 0, the early-stop decision broadcast to every rank;
-6. ``ray.train.report`` with the metrics and a checkpoint (rank 0 writes it);
-7. a restarted run resumes at the epoch after its latest checkpoint.
+7. ``ray.train.report`` with the metrics and a checkpoint (rank 0 writes it).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -26,13 +27,21 @@ import torch
 from torch import nn
 
 from alchemetric_ray import console
-from alchemetric_ray.config import RunConfig
+from alchemetric_ray.config import RunConfig, TrainConfig
 from alchemetric_ray.data.loaders import collate_for
-from alchemetric_ray.hardware import OptimizerStep, resolve_device, resolve_precision
+from alchemetric_ray.hardware import DeviceChoice, OptimizerStep, Precision, device_for_worker, resolve_precision
 from alchemetric_ray.hardware.inventory import cpu_count
 from alchemetric_ray.models import build_model, model_spec
-from alchemetric_ray.train.checkpoint import environment_meta, load_state, read_meta, save_checkpoint
+from alchemetric_ray.train.checkpoint import (
+    CheckpointMeta,
+    LoopState,
+    Trainables,
+    load_state,
+    read_meta,
+    save_checkpoint,
+)
 from alchemetric_ray.train.metrics import classification_metrics, is_better, selection_mode
+from alchemetric_ray.train.plan import ResourcePlan
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
@@ -41,141 +50,96 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
 
     console.quiet_worker()  # this worker's own Ray Data context and loggers: our lines only
     cfg = RunConfig.from_dict(config["run"])
-    manifest, plan = config["manifest"], config["plan"]
-    ctx = ray.train.get_context()
-    rank, world, local_world = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_world_size()
-    t = cfg.train
+    hp = cfg.train
+    manifest = config["manifest"]
+    worker = _place_worker(cfg, config["plan"], ray.train.get_context())
 
-    # 1. device, precision, threads ------------------------------------------------------------
-    device_choice = resolve_device(plan["worker_device"], in_ray_worker=True,
-                                   source=f"the resource plan: {plan['reasons']['accelerator']}")
-    device = device_choice.device
-    precision = resolve_precision(cfg.precision.mode, device, model_name=cfg.model.name, tf32=cfg.precision.tf32)
-    precision.apply_matmul_settings()
-    threads = cfg.scaling.threads_per_worker or max(1, cpu_count() // max(1, local_world))
-    torch.set_num_threads(threads)
-    _say(rank, f"worker {rank}/{world}: device {device_choice}; precision {precision}; torch threads {threads}",
-         detail=True)
-
-    # 2. model ---------------------------------------------------------------------------------
-    features, classes = manifest["features"], manifest["label"]["classes"]
-    mode = model_spec(cfg.model.name).inputs
-    torch.manual_seed(t.seed)  # identical initial weights on every rank
-    model = build_model(cfg.model, len(features), len(classes), window=cfg.features.window)
-    model = ray.train.torch.prepare_model(model, move_to_device=device, parallel_strategy="ddp" if world > 1 else None)
-    core = model.module if hasattr(model, "module") else model
-
-    # 3. optimizer, schedule, loss -------------------------------------------------------------
+    torch.manual_seed(hp.seed)  # the same on every rank: DDP starts from identical weights
+    model = build_model(cfg.model, len(manifest["features"]), len(manifest["label"]["classes"]),
+                        window=cfg.features.window)
+    # Our device, not Ray Train's pick: the resolver also knows MPS and a cuda:N asked for by name.
+    model = ray.train.torch.prepare_model(model, move_to_device=worker.device,
+                                          parallel_strategy="ddp" if worker.world > 1 else None)
+    core = model.module if hasattr(model, "module") else model  # checkpoints hold the plain module's keys
     data = _ShardData(ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("val"),
-                      collate_for(mode, features), t.batch_size, t.cache_data, t.deterministic, t.seed, rank)
-    steps_per_epoch = data.steps_per_epoch(manifest["rows"]["train"] // world)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(t.schedule, t.epochs * steps_per_epoch))
-    step_fn = OptimizerStep(optimizer, precision, grad_clip=t.grad_clip, max_skipped_steps=t.max_skipped_steps)
-    weights = _class_weights(manifest["class_counts"]["train"]) if t.class_weights else None
-    loss_fn = nn.CrossEntropyLoss(weight=weights.to(device) if weights is not None else None)
+                      collate_for(model_spec(cfg.model).inputs, manifest["features"]), hp.batch_size,
+                      hp.cache_data, hp.seed)
+    trainables = _trainables(core, hp, worker, data.steps_per_epoch(manifest["rows"]["train"] // worker.world))
+    loss_fn = _loss_fn(manifest, hp, worker)
 
-    # 7. resume --------------------------------------------------------------------------------
-    start_epoch, best, bad_epochs, history = 0, None, 0, []
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as ckpt_dir:
-            state, meta = load_state(ckpt_dir), read_meta(ckpt_dir)
-        core.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step_fn.scaler.load_state_dict(state["scaler"])
-        start_epoch = meta["epoch"] + 1
-        best, bad_epochs, history = meta["loop"]["best"], meta["loop"]["bad_epochs"], meta["loop"]["history"]
-        _say(rank, f"resumed from the checkpoint of epoch {meta['epoch']}: continuing at epoch {start_epoch}")
+    state = _resume(trainables, worker)
+    start_epoch = state.epoch + 1
+    # The part of meta.json that stays the same every epoch (config, device, plan: what the tensors came from).
+    meta = CheckpointMeta(config=cfg.to_dict(), manifest=manifest, device=worker.device_meta(),
+                          precision=worker.precision.as_dict(), plan=config["plan"].as_dict(), world_size=worker.world)
 
-    stopped_early, epochs_here, val_rows = False, 0, 0
-    for epoch in range(start_epoch, t.epochs):
-        epochs_here += 1
-        # 4. train one epoch -------------------------------------------------------------------
-        model.train()
-        torch.manual_seed(t.seed * 1_000_003 + epoch * 1009 + rank)  # dropout: same stream after a resume
-        losses, seen, started = [], 0, time.perf_counter()
-        for step, (x, y) in enumerate(data.train_batches(epoch)):
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with precision.autocast():
-                loss = loss_fn(model(x), y)
-            outcome = step_fn(loss, epoch=epoch, step=step)
-            scheduler.step()
-            if not outcome.skipped:  # a skipped step's loss is inf/NaN: not part of the epoch's mean
-                losses.append(loss.detach())
-            seen += len(y)
-        train_seconds = time.perf_counter() - started
-        train_loss = float(torch.stack(losses).float().mean()) if losses else float("nan")
-
-        # 5. validate, gather to rank 0, decide together ----------------------------------------
-        # Each rank scores its own part of the validation split (the parts are disjoint and together
-        # complete, so their sizes may differ): the plain module, not DDP, whose forward could wait
-        # on collectives a rank with fewer batches never joins.
-        y_val, p_val = _predict(core, data.val_batches(), device, precision)
-        val_rows = len(y_val)
-        y_val, p_val = _gather(y_val, p_val, world)
-        metrics: dict[str, Any] = {}
-        decision = [False, False, best]
-        if rank == 0:
-            metrics = classification_metrics(y_val, p_val, prefix="val_")
-            value = metrics[t.metric]
-            improved = is_better(value, best, selection_mode(t))
-            best = value if improved else best
-            bad_epochs = 0 if improved else bad_epochs + 1
-            stop = bool(t.patience) and bad_epochs >= t.patience
-            decision = [stop, improved, best]
-        decision = _broadcast(decision, world)
-        stop, improved, best = decision
-
-        # 6. report with a checkpoint ----------------------------------------------------------
-        samples_per_s = _sum_over_ranks(seen, world) / max(train_seconds, 1e-9)
-        scalars = {k: v for k, v in metrics.items() if not isinstance(v, list)}
-        row = {"epoch": epoch, "train_loss": _sum_over_ranks(train_loss, world) / world, **scalars,
-               "samples_per_s": samples_per_s, "skipped_steps": step_fn.skipped_total,
-               "lr": scheduler.get_last_lr()[0], "improved": bool(improved)}
-        if rank == 0:
-            history.append(row)
+    stopped_early = False
+    for epoch in range(start_epoch, hp.epochs):
+        train_loss, samples_per_s = _train_epoch(model, trainables, loss_fn, data, epoch, hp.seed, worker)
+        metrics, improved, stop = _validate_and_decide(core, data, state, hp, worker)
+        state.epoch = epoch
+        row = {"epoch": epoch, "train_loss": train_loss, **_scalars(metrics), "samples_per_s": samples_per_s,
+               "skipped_steps": trainables.step.skipped_total, "lr": trainables.scheduler.get_last_lr()[0],
+               "improved": improved}
+        if worker.rank == 0:
+            state.history.append(row)
             # a sweep prints one line per finished trial instead (epoch_lines=False)
-            _say(rank, _epoch_line(row, t, device_choice.device, precision.mode, cfg.train.metric),
-                 detail=not config.get("epoch_lines", True))
-        with tempfile.TemporaryDirectory() as tmp:
-            ckpt = None
-            if rank == 0:
-                state = {"model": core.state_dict(), "optimizer": optimizer.state_dict(),
-                         "scheduler": scheduler.state_dict(), "scaler": step_fn.scaler.state_dict(),
-                         "epoch": torch.tensor(epoch)}
-                meta = _meta(cfg, manifest, epoch, metrics, device_choice, precision, plan,
-                             {"best": best, "bad_epochs": bad_epochs, "history": history}, world)
-                save_checkpoint(tmp, state, meta)
-                ckpt = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=f"epoch-{epoch:04d}")
-        if t.stop_after and epoch + 1 - start_epoch >= t.stop_after and epoch + 1 < t.epochs:
-            _say(rank, f"stopping after {t.stop_after} epoch(s) this session (train.stop_after); "
+            worker.say(_epoch_line(row, hp, worker.device, worker.precision.mode),
+                       detail=not config.get("epoch_lines", True))
+        _report(row, trainables, meta.at(state, metrics), worker.rank)
+        # Stop only after the report: the last epoch's checkpoint is what a resumed run continues from.
+        if hp.stop_after and epoch + 1 - start_epoch >= hp.stop_after and epoch + 1 < hp.epochs:
+            worker.say(f"stopping after {hp.stop_after} epoch(s) this session (train.stop_after); "
                        f"resume with the same storage.run to continue at epoch {epoch + 2}")
             break
         if stop:
-            stopped_early = epoch + 1 < t.epochs
-            _say(rank, f"early stop after epoch {epoch}: no {t.metric} improvement for {t.patience} epoch(s)")
+            stopped_early = epoch + 1 < hp.epochs
+            worker.say(f"early stop after epoch {epoch}: no {hp.metric} improvement for {hp.patience} epoch(s)")
             break
 
-    return {
-        "history": history,
-        "best": best,
-        "stopped_early": stopped_early,
-        "epochs_run": len(history),
-        "device": str(device_choice.device),
-        "device_reason": device_choice.reason,
-        "precision": precision.as_dict(),
-        "threads": threads,
-        "world_size": world,
-        "epochs_per_rank": _gather_list(epochs_here, world),
-        "node_ids": _gather_list(_node_id(), world),
-        "rows": _gather_list(data.rows_seen, world),
-        "fingerprint": _gather_list(data.fingerprint, world),
-        "val_rows": _gather_list(val_rows, world),  # validation rows each rank scored (last epoch)
-        "val_fingerprint": _gather_list(data.val_fingerprint, world),
-    }
+    return _summary(worker, state, data, stopped_early, epochs_here=state.epoch + 1 - start_epoch)
+
+
+# ---- this worker --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Worker:
+    """This worker's place in the group and what it computes with."""
+
+    rank: int
+    world: int
+    device_choice: DeviceChoice
+    precision: Precision
+    threads: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.device_choice.device
+
+    def device_meta(self) -> dict[str, str]:
+        return {"device": str(self.device), "reason": self.device_choice.reason}
+
+    def say(self, message: str, *, detail: bool = False) -> None:
+        """Rank 0's lines (forwarded to the driver by Ray); ``detail`` lines only with --verbose."""
+        if self.rank == 0 and (not detail or console.verbose()):
+            console.say(message)
+
+
+def _place_worker(cfg: RunConfig, plan: ResourcePlan, ctx) -> _Worker:
+    """Rank, device, precision and torch threads of this worker, announced with their reasons."""
+    # The driver's plan chose the kind of device for the whole group; each worker takes its own one of that kind.
+    device_choice = device_for_worker(plan.worker_device, source=f"the resource plan: {plan.reasons['accelerator']}")
+    precision = resolve_precision(cfg.precision.mode, device_choice.device, model=model_spec(cfg.model),
+                                  tf32=cfg.precision.tf32)
+    precision.apply_matmul_settings()
+    # Workers on one node share its cores: left alone, each one's torch would start a thread per core.
+    threads = cfg.scaling.threads_per_worker or max(1, cpu_count() // max(1, ctx.get_local_world_size()))
+    torch.set_num_threads(threads)
+    worker = _Worker(ctx.get_world_rank(), ctx.get_world_size(), device_choice, precision, threads)
+    worker.say(f"worker {worker.rank}/{worker.world}: device {device_choice}; precision {precision}; "
+               f"torch threads {threads}", detail=True)
+    return worker
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -192,13 +156,13 @@ class _ShardData:
     Ray Data's scheduling and a resumed run sees exactly the batches of an uninterrupted one.
     """
 
-    def __init__(self, train_shard, val_shard, collate, batch_size: int, cache: bool, deterministic: bool,
-                 seed: int, rank: int):
+    def __init__(self, train_shard, val_shard, collate, batch_size: int, cache: bool, seed: int):
         self.train_shard, self.val_shard, self.collate = train_shard, val_shard, collate
-        self.batch_size, self.cache, self.deterministic, self.seed, self.rank = batch_size, cache, deterministic, seed, rank
+        self.batch_size, self.seed = batch_size, seed
         self._train: tuple[torch.Tensor, torch.Tensor] | None = None
         self._val: tuple[torch.Tensor, torch.Tensor] | None = None
         self.rows_seen = 0
+        self.val_rows = 0  # validation rows this rank scored in the last pass
         self.fingerprint = self.val_fingerprint = 0.0  # sums of the cached features: which rows a rank holds
         if cache:
             self._train = self._read_all(self.train_shard)
@@ -259,13 +223,129 @@ class _ShardData:
             yield x_all[idx], y_all[idx]
 
     def val_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.val_rows = 0
         if self._val is None:
-            yield from self._stream(self.val_shard, None)
-            return
-        x_all, y_all = self._val
-        step = 4 * self.batch_size
-        for i in range(0, len(y_all), step):
-            yield x_all[i:i + step], y_all[i:i + step]
+            batches = self._stream(self.val_shard, None)
+        else:
+            x_all, y_all = self._val
+            step = 4 * self.batch_size
+            batches = ((x_all[i:i + step], y_all[i:i + step]) for i in range(0, len(y_all), step))
+        for x, y in batches:
+            self.val_rows += len(y)
+            yield x, y
+
+
+# ---- one epoch ----------------------------------------------------------------------------------
+
+
+def _trainables(core: nn.Module, hp: TrainConfig, worker: _Worker, steps_per_epoch: int) -> Trainables:
+    """AdamW, its learning-rate schedule (stepped every batch) and the precision's optimizer step."""
+    optimizer = torch.optim.AdamW(core.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(hp.schedule, hp.epochs * steps_per_epoch))
+    step_fn = OptimizerStep(optimizer, worker.precision, grad_clip=hp.grad_clip, max_skipped_steps=hp.max_skipped_steps)
+    return Trainables(core, optimizer, scheduler, step_fn)
+
+
+def _loss_fn(manifest: dict[str, Any], hp: TrainConfig, worker: _Worker) -> nn.Module:
+    """Cross-entropy, with train.class_weights weighted against the train split's class imbalance."""
+    weights = _class_weights(manifest["class_counts"]["train"]).to(worker.device) if hp.class_weights else None
+    return nn.CrossEntropyLoss(weight=weights)
+
+
+def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: nn.Module, data: _ShardData, epoch: int,
+                 seed: int, worker: _Worker) -> tuple[float, float]:
+    """One pass over this rank's training batches: the mean loss over the ranks, and samples per second."""
+    model.train()
+    # Dropout draws from (seed, epoch, rank): a resumed run draws what an uninterrupted one would have.
+    torch.manual_seed(seed * 1_000_003 + epoch * 1009 + worker.rank)
+    losses, seen, started = [], 0, time.perf_counter()
+    for step, (x, y) in enumerate(data.train_batches(epoch)):
+        x, y = x.to(worker.device, non_blocking=True), y.to(worker.device, non_blocking=True)
+        with worker.precision.autocast():
+            loss = loss_fn(model(x), y)
+        outcome = trainables.step(loss, epoch=epoch, step=step)
+        trainables.scheduler.step()
+        if not outcome.skipped:  # a skipped step's loss is inf/NaN: not part of the epoch's mean
+            losses.append(loss.detach())
+        seen += len(y)
+    train_seconds = time.perf_counter() - started
+    train_loss = float(torch.stack(losses).float().mean()) if losses else float("nan")
+    samples_per_s = _sum_over_ranks(seen, worker.world) / max(train_seconds, 1e-9)
+    return _sum_over_ranks(train_loss, worker.world) / worker.world, samples_per_s
+
+
+def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, hp: TrainConfig,
+                         worker: _Worker) -> tuple[dict[str, Any], bool, bool]:
+    """Validate, and decide together: (metrics, improved, stop); the metrics on rank 0 only.
+
+    Each rank scores its own part of the validation split (the parts are disjoint and together
+    complete, so their sizes may differ) with the plain module, not DDP, whose forward could wait
+    on collectives a rank with fewer batches never joins.  Rank 0 scores the gathered predictions
+    and updates ``state.best`` and ``state.bad_epochs``; its decision is broadcast, so that every
+    rank stops at the same epoch.
+    """
+    y_val, p_val = _predict(core, data.val_batches(), worker.device, worker.precision)
+    y_val, p_val = _gather(y_val, p_val, worker.world)
+    metrics: dict[str, Any] = {}
+    decision = [False, False, state.best]
+    if worker.rank == 0:
+        metrics = classification_metrics(y_val, p_val, prefix="val_")
+        value = metrics[hp.metric]
+        improved = is_better(value, state.best, selection_mode(hp))
+        state.best = value if improved else state.best
+        state.bad_epochs = 0 if improved else state.bad_epochs + 1
+        decision = [bool(hp.patience) and state.bad_epochs >= hp.patience, improved, state.best]
+    stop, improved, state.best = _broadcast(decision, worker.world)
+    return metrics, bool(improved), stop
+
+
+def _resume(trainables: Trainables, worker: _Worker) -> LoopState:
+    """The latest checkpoint's tensors and loop state, which Ray Train hands back after a failure or
+    when storage.run names an earlier run; a fresh state when there is none."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return LoopState()
+    with checkpoint.as_directory() as ckpt_dir:
+        trainables.load_state_dict(load_state(ckpt_dir))
+        state = CheckpointMeta.from_dict(read_meta(ckpt_dir)).loop_state()
+    worker.say(f"resumed from the checkpoint of epoch {state.epoch}: continuing at epoch {state.epoch + 1}")
+    return state
+
+
+def _report(row: dict[str, Any], trainables: Trainables, meta: CheckpointMeta, rank: int) -> None:
+    """Every rank reports the epoch (Ray Train waits for them all); rank 0 alone attaches the checkpoint."""
+    import ray.train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if rank == 0:
+            save_checkpoint(tmp, trainables.state_dict(meta.epoch), meta.to_dict())
+            checkpoint = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(row, checkpoint=checkpoint, checkpoint_dir_name=f"epoch-{meta.epoch:04d}")
+
+
+def _summary(worker: _Worker, state: LoopState, data: _ShardData, stopped_early: bool, *,
+             epochs_here: int) -> dict[str, Any]:
+    """What ``fit()`` returns (rank 0's): the run's history and, per rank, what it ran and read."""
+    return {
+        "history": state.history,
+        "best": state.best,
+        "stopped_early": stopped_early,
+        "epochs_run": len(state.history),
+        "device": str(worker.device),
+        "device_reason": worker.device_choice.reason,
+        "precision": worker.precision.as_dict(),
+        "threads": worker.threads,
+        "world_size": worker.world,
+        "epochs_per_rank": _gather_list(epochs_here, worker.world),
+        "node_ids": _gather_list(_node_id(), worker.world),
+        "rows": _gather_list(data.rows_seen, worker.world),
+        "fingerprint": _gather_list(data.fingerprint, worker.world),
+        "val_rows": _gather_list(data.val_rows, worker.world),  # validation rows each rank scored (last epoch)
+        "val_fingerprint": _gather_list(data.val_fingerprint, worker.world),
+    }
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -332,38 +412,22 @@ def _class_weights(counts: list[int]) -> torch.Tensor:
     return c.sum() / (len(c) * c)
 
 
-def _meta(cfg, manifest, epoch, metrics, device_choice, precision, plan, loop_state, world) -> dict:
-    return {
-        "epoch": epoch,
-        "config": cfg.to_dict(),
-        "metrics": metrics,
-        "device": {"device": str(device_choice.device), "reason": device_choice.reason},
-        "precision": precision.as_dict(),
-        "plan": plan,
-        "world_size": world,
-        "environment": environment_meta(),
-        "manifest": manifest,
-        "loop": loop_state,
-    }
-
-
-def _epoch_line(row: dict, t, device, precision_mode: str, metric: str) -> str:
+def _epoch_line(row: dict, hp: TrainConfig, device, precision_mode: str) -> str:
     shown = {k: row[k] for k in ("val_accuracy", "val_balanced_accuracy", "val_log_loss") if k in row}
-    if metric in row and metric not in shown:
-        shown[metric] = row[metric]
+    if hp.metric in row and hp.metric not in shown:
+        shown[hp.metric] = row[hp.metric]
     vals = "  ".join(f"{k} {v:.4f}" for k, v in shown.items())
     mark = " *" if row.get("improved") else ""
-    return (f"epoch {row['epoch'] + 1}/{t.epochs}  train_loss {row['train_loss']:.4f}  {vals}  "
+    return (f"epoch {row['epoch'] + 1}/{hp.epochs}  train_loss {row['train_loss']:.4f}  {vals}  "
             f"{row['samples_per_s']:,.0f} samples/s  {device} {precision_mode}{mark}")
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The metrics a report row takes: numbers only (the confusion matrix stays in the checkpoint's meta.json)."""
+    return {k: v for k, v in metrics.items() if not isinstance(v, list)}
 
 
 def _node_id() -> str | None:
     import ray
 
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-
-
-def _say(rank: int, message: str, *, detail: bool = False) -> None:
-    """Rank 0's lines (forwarded to the driver by Ray); ``detail`` lines only with --verbose."""
-    if rank == 0 and (not detail or console.verbose()):
-        console.say(message)

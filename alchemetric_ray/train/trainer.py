@@ -19,7 +19,7 @@ from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.loaders import build_datasets, check_shard_files
 from alchemetric_ray.data.shards import MANIFEST, build_shards, load_manifest
-from alchemetric_ray.doctor.records import require_checked_mps_autocast
+from alchemetric_ray.hardware.records import require_doctor_checked_precision
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import safe_child
 from alchemetric_ray.models import model_spec
@@ -71,7 +71,7 @@ def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Path:
 
 
 def check_compatible(cfg: RunConfig, manifest: dict) -> None:
-    spec = model_spec(cfg.model.name)
+    spec = model_spec(cfg.model)
     if spec.inputs == "sequence":
         rows = manifest["rows"]["train"]
         per_ticker = rows / max(1, len(manifest["tickers"]))
@@ -100,7 +100,7 @@ def build_trainer(cfg: RunConfig, datasets: dict, manifest: dict, plan: Resource
         options.preserve_order = True
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"run": cfg.to_dict(), "manifest": manifest, "plan": plan.as_dict(), "epoch_lines": epoch_lines},
+        train_loop_config={"run": cfg.to_dict(), "manifest": manifest, "plan": plan, "epoch_lines": epoch_lines},
         scaling_config=ScalingConfig(num_workers=0 if local_mode else plan.num_workers, use_gpu=plan.use_gpu,
                                      resources_per_worker=None if local_mode else resources,
                                      placement_strategy=cfg.scaling.placement),
@@ -142,13 +142,13 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     its own, without checking the shard files again."""
     import ray
 
-    model_spec(cfg.model.name)  # an unknown model fails before anything starts
+    model_spec(cfg.model)  # an unknown model (or model.module) fails before anything starts
     if export:
         check_models_dir(cfg.storage.models_dir)  # refused now, not after the training
     ensure_ray(cfg)
     check_storage_reaches_every_node(cfg)
-    plan = plan_resources(cfg, ray.cluster_resources())
-    require_checked_mps_autocast(cfg, plan.accelerator)
+    plan = plan_resources(cfg, ray.cluster_resources())  # before any shard is written
+    require_doctor_checked_precision(cfg, plan.accelerator)
     shards = prepare_shards(cfg, progress=progress)
     manifest = load_manifest(shards)
     check_shard_files(shards, manifest)  # once, here: a sweep's trials skip it

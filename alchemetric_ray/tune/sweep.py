@@ -23,10 +23,10 @@ from alchemetric_ray.config import ConfigError, RunConfig
 from alchemetric_ray.data.loaders import build_datasets
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write_json
-from alchemetric_ray.models import model_spec
+from alchemetric_ray.models import load_model_module, model_spec
 from alchemetric_ray.train.checkpoint import read_meta
 from alchemetric_ray.train.metrics import selection_mode
-from alchemetric_ray.train.plan import DATA_CPU_RESERVE
+from alchemetric_ray.train.plan import DATA_CPU_RESERVE, ResourcePlan
 from alchemetric_ray.train.session import storage_uri
 from alchemetric_ray.train.trainer import build_trainer, check_compatible, prepare_run
 
@@ -111,11 +111,9 @@ def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
 # ---- one trial -----------------------------------------------------------------------------
 
 
-def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: dict, plan: dict, sweep: str) -> None:
+def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: dict, plan: ResourcePlan, sweep: str) -> None:
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
-
-    from alchemetric_ray.train.plan import ResourcePlan
 
     console.quiet_ray_data()  # this trial driver builds its own datasets
     cfg = RunConfig.from_dict(base).with_values(config)
@@ -123,7 +121,7 @@ def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: dict, p
     trial_id = ray.tune.get_context().get_trial_id()
     datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
                                  deterministic=cfg.train.deterministic, check=False)
-    trainer = build_trainer(cfg, datasets, manifest, ResourcePlan(**plan), name=f"{sweep}-{trial_id}",
+    trainer = build_trainer(cfg, datasets, manifest, plan, name=f"{sweep}-{trial_id}",
                             callbacks=[TuneReportCallback()], epoch_lines=False)
     trainer.fit()
 
@@ -159,6 +157,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     from ray.tune.schedulers import ASHAScheduler
 
     space = build_space(cfg)
+    load_model_module(cfg.model)
     for name in _values_of(cfg.tune.space.get("model.name"), cfg.model.name):
         model_spec(name)
     trial_cfg = cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
@@ -170,7 +169,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
 
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=trial_cfg.to_dict(), shards=str(shards), manifest=manifest,
-                             plan=plan.as_dict(), sweep=name),
+                             plan=plan, sweep=name),
         {"CPU": TRIAL_DRIVER_CPU})
     if cfg.storage.resume or (cfg.storage.run and tune.Tuner.can_restore(path)):
         if not tune.Tuner.can_restore(path):

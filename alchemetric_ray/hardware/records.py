@@ -1,0 +1,62 @@
+"""The doctor's findings kept per (model config, device kind, precision), so training can ask for them.
+
+Seed rule: mixed precision on MPS (``precision.DOCTOR_GATED_KINDS``) is used only when the user
+asked for it AND the doctor's checks passed for that model there.  ``alchemetric-ray doctor``
+writes one record per examined target under ``<storage.path>/doctor/`` (:func:`write_records`);
+training and sweeps call :func:`require_doctor_checked_precision` before they start.  Both sides
+import this module, so the gate sits below them (hardware) and never reaches up into the doctor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import UserError
+from alchemetric_ray.fsutil import atomic_write_json
+from alchemetric_ray.hardware.precision import DOCTOR_GATED_KINDS
+
+
+class DoctorRequired(UserError, RuntimeError):
+    pass
+
+
+def model_key(cfg: RunConfig) -> str:
+    settings = dict(cfg.model.__dict__)
+    if settings.get("module") is None:  # a packaged model keeps the key it had before model.module existed
+        settings.pop("module", None)
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def record_path(cfg: RunConfig, device_type: str, mode: str) -> Path:
+    return Path(cfg.storage.path) / "doctor" / f"{cfg.model.name}-{model_key(cfg)}-{device_type}-{mode}.json"
+
+
+def write_records(cfg: RunConfig, targets: list[dict]) -> None:
+    if "://" in cfg.storage.path:
+        return
+    for t in targets:
+        path = record_path(cfg, t["device_type"], t["mode"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {"model": cfg.model.__dict__, "device": t["device"], "mode": t["mode"],
+                                 "passed": bool(t.get("passed")), "blockers": t.get("blockers", [])})
+
+
+def require_doctor_checked_precision(cfg: RunConfig, accelerator_kind: str) -> None:
+    """Refuse explicit mixed precision on a gated device kind (MPS) unless the doctor passed this model there."""
+    shown = DOCTOR_GATED_KINDS.get(accelerator_kind)
+    if shown is None or cfg.precision.mode in ("auto", "fp32"):
+        return
+    path = record_path(cfg, accelerator_kind, cfg.precision.mode)
+    module = f" model.module={cfg.model.module}" if cfg.model.module else ""
+    hint = (f"run `alchemetric-ray doctor --device {accelerator_kind} model.name={cfg.model.name}{module}` "
+            "(same model settings) first")
+    if not path.is_file():
+        raise DoctorRequired(f"precision '{cfg.precision.mode}' on {shown} needs a passing doctor check for this model"
+                             f"; {hint}")
+    record = json.loads(path.read_text())
+    if not record.get("passed"):
+        raise DoctorRequired(f"precision '{cfg.precision.mode}' on {shown}: the doctor blocked this model there "
+                             f"({'; '.join(record.get('blockers', []))[:300]}); use precision.mode=fp32")
