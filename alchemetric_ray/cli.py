@@ -68,14 +68,14 @@ def _features(args: argparse.Namespace, cfg: RunConfig) -> int:
 
     summary = build_shards(cfg, args.out, progress=not args.quiet)
     m = summary.manifest
-    print(f"wrote {args.out}: {len(m['tickers'])} tickers, {len(m['features'])} features, "
-          f"rows train/val/test = {m['rows']['train']}/{m['rows']['val']}/{m['rows']['test']} "
+    print(f"wrote {args.out}: {len(m.tickers)} tickers, {len(m.features)} features, "
+          f"rows train/val/test = {m.rows['train']}/{m.rows['val']}/{m.rows['test']} "
           f"in {summary.seconds:.1f}s")
-    if m["skipped_tickers"]:
-        print(f"skipped {len(m['skipped_tickers'])} ticker(s): "
-              + "; ".join(f"{t} ({why})" for t, why in list(m["skipped_tickers"].items())[:5]))
-    if m["ingest"] and m["ingest"]["dropped"]:
-        print("dropped rows: " + ", ".join(f"{k}={v}" for k, v in m["ingest"]["dropped"].items() if v))
+    if m.skipped_tickers:
+        print(f"skipped {len(m.skipped_tickers)} ticker(s): "
+              + "; ".join(f"{t} ({why})" for t, why in list(m.skipped_tickers.items())[:5]))
+    if m.ingest and m.ingest["dropped"]:
+        print("dropped rows: " + ", ".join(f"{k}={v}" for k, v in m.ingest["dropped"].items() if v))
     return 0
 
 

@@ -145,7 +145,9 @@ def quiet_driver() -> None:
 def _filter_forwarded_lines() -> None:
     """Wrap the handler through which the driver prints its workers' output (Ray's log monitor)."""
     try:
-        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+        from ray._private.ray_logging import (
+            global_worker_stdstream_dispatcher as dispatcher,
+        )
     except ImportError:  # another Ray layout: print everything rather than fail
         return
     with dispatcher._lock:

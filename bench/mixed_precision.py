@@ -28,9 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine, write_result  # noqa: E402
-
 import torch  # noqa: E402
+from _common import machine, write_result  # noqa: E402
 
 from alchemetric_ray.hardware import resolve_device  # noqa: E402
 from scripts.gpu_check import MODES, run_one  # noqa: E402

@@ -30,9 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine, write_result  # noqa: E402
-
 import torch  # noqa: E402
+from _common import machine, write_result  # noqa: E402
 
 # learning rates from good to useless: a grid in this order lets ASHA, which compares a trial at a
 # rung only with trials that already reached it, see good trials before it judges the bad ones
@@ -75,8 +74,8 @@ def main(argv=None) -> int:
     import ray
 
     from alchemetric_ray.config import load_config
-    from alchemetric_ray.train.session import ensure_ray
     from alchemetric_ray.data.shards import build_shards
+    from alchemetric_ray.train.session import ensure_ray
 
     lrs = LRS[:args.trials]
     with tempfile.TemporaryDirectory() as tmp_name:

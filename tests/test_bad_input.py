@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from device_probes import no_cuda
 
 from alchemetric_ray.cli import main
-from device_probes import no_cuda
 
 ROWS = 300  # rows of a small CSV slice: enough history for the default features and labels
 TICKERS = ("AAPL", "MSFT")

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.hardware.precision import OptimizerStep, resolve_precision
 from alchemetric_ray.train.checkpoint import (
     CheckpointError,
@@ -56,11 +57,15 @@ def _assert_equal(a, b) -> None:
         assert a == b
 
 
+MANIFEST = Manifest(features=["f0"], label={"scheme": "binary", "classes": ["down", "up"]}, splits={},
+                    normalization={}, rows={"train": 8, "val": 4, "test": 4})
+
+
 def test_training_checkpoint_round_trip(tmp_path):
     saved = _trainables(seed=0)
     _train_a_little(saved)
     state = LoopState(epoch=2, best=0.61, bad_epochs=1, history=[{"epoch": 0, "val_accuracy": 0.5}])
-    run = CheckpointMeta(config={"train": {"epochs": 4}}, manifest={"features": ["f0"]},
+    run = CheckpointMeta(config={"train": {"epochs": 4}}, manifest=MANIFEST,
                          device={"device": "cpu", "reason": "test"}, precision={"mode": "fp32"},
                          plan={"num_workers": 1}, world_size=1, environment={"python": "test"})
     meta = run.at(state, {"val_accuracy": 0.61, "val_confusion": [[1, 0], [0, 1]]})

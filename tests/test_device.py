@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from alchemetric_ray.hardware import device as dev
-from alchemetric_ray.hardware.device import DeviceError, device_for_worker, resolve_device, train_accelerator
+from alchemetric_ray.hardware.device import (
+    DeviceError,
+    device_for_worker,
+    resolve_device,
+    train_accelerator,
+)
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ import sys
 
 import numpy as np
 import pytest
+from device_probes import no_cuda
 
 from alchemetric_ray.cli import main
 from alchemetric_ray.config import load_config
 from alchemetric_ray.doctor.run import decide, run_doctor
-from device_probes import no_cuda
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def _flip_share_fp32_vs_bf16(model_dir):
 
     loaded = load_model(model_dir)
     x, _ = certificate_rows(loaded)  # the certificate's rows: the model's test segment
-    classes, th = loaded.manifest["label"]["classes"], loaded.config.signals
+    classes, th = loaded.manifest.label["classes"], loaded.config.signals
     with torch.no_grad():
         xt = torch.from_numpy(np.ascontiguousarray(x))
         ref = torch.softmax(loaded.model(xt).float(), dim=1).numpy()

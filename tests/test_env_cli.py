@@ -5,10 +5,9 @@ import os
 import subprocess
 import sys
 
-import pytest
+from device_probes import cpu_only_machine
 
 from alchemetric_ray.cli import main
-from device_probes import cpu_only_machine
 
 CLI = [sys.executable, "-m", "alchemetric_ray.cli"]
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from alchemetric_ray.config import load_config
-from alchemetric_ray.data.shards import build_shards, load_manifest
+from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.train.checkpoint import load_state
 from alchemetric_ray.train.export import load_model
 from alchemetric_ray.train.trainer import run_training
@@ -65,7 +66,7 @@ def _wait_for(predicate, timeout: float, what: str, poll: float = 0.02):
 def test_worker_killed_mid_epoch_restarts_resumes_and_equals_an_uninterrupted_run(ray_session, shards, tmp_path,
                                                                                    capfd):
     clean = run_training(_cfg(shards, tmp_path, "storage.name=clean"), progress=False)
-    epoch_s = load_manifest(shards)["rows"]["train"] / clean.summary["history"][-1]["samples_per_s"]
+    epoch_s = Manifest.read(shards)["rows"]["train"] / clean.summary["history"][-1]["samples_per_s"]
 
     run_dir = tmp_path / "results" / "killed"
     outcome: list = []

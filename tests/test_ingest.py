@@ -6,7 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from alchemetric_ray.data.ingest import DataError, IngestReport, iter_bars, validate_bars
+from alchemetric_ray.data.ingest import (
+    DataError,
+    IngestReport,
+    iter_bars,
+    validate_bars,
+)
 from alchemetric_ray.errors import UserError
 
 CANONICAL = ["date", "open", "high", "low", "close", "volume"]

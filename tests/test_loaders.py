@@ -13,7 +13,8 @@ from alchemetric_ray.data.loaders import (
     deterministic_context,
     make_windows,
 )
-from alchemetric_ray.data.shards import build_shards, load_manifest, split_dir
+from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.data.shards import build_shards, split_dir
 
 WINDOW = 8
 
@@ -31,21 +32,21 @@ def _all_batches(ds, mode, features, **kw):
 
 def test_tabular_batches_are_one_float_tensor(ray_session, shards):
     datasets, m = build_datasets(shards, "tabular", WINDOW)
-    batches = _all_batches(datasets["train"], "tabular", m["features"])
+    batches = _all_batches(datasets["train"], "tabular", m.features)
     x = torch.cat([b[0] for b in batches])
     y = torch.cat([b[1] for b in batches])
-    assert x.dtype == torch.float32 and y.dtype == torch.int64 and x.shape == (m["rows"]["train"], 16)
+    assert x.dtype == torch.float32 and y.dtype == torch.int64 and x.shape == (m.rows["train"], 16)
     ref = pd.read_parquet(split_dir(shards, "train"))
     # same multiset of rows as the Parquet files (order aside)
-    np.testing.assert_allclose(np.sort(x[:, 0].numpy()), np.sort(ref[m["features"][0]].to_numpy()))
-    assert np.bincount(y.numpy()).tolist() == m["class_counts"]["train"]
+    np.testing.assert_allclose(np.sort(x[:, 0].numpy()), np.sort(ref[m.features[0]].to_numpy()))
+    assert np.bincount(y.numpy()).tolist() == m.class_counts["train"]
 
 
 def test_sequence_windows_never_cross_tickers(ray_session, shards):
     datasets, m = build_datasets(shards, "sequence", WINDOW, splits=("val",))
     ds = datasets["val"]
     ref = pd.read_parquet(split_dir(shards, "val")).sort_values(["ticker", "date"]).reset_index(drop=True)
-    feats = m["features"]
+    feats = m.features
     n_expected = sum(max(0, len(g) - WINDOW + 1) for _, g in ref.groupby("ticker"))
     rows = ds.take_all()
     assert len(rows) == n_expected
@@ -76,7 +77,7 @@ def test_deterministic_order_with_seeded_shuffle(ray_session, shards):
         runs = []
         for _ in range(2):
             datasets, m = build_datasets(shards, "tabular", WINDOW, splits=("train",))
-            batches = _all_batches(datasets["train"], "tabular", m["features"], local_shuffle_buffer_size=512,
+            batches = _all_batches(datasets["train"], "tabular", m.features, local_shuffle_buffer_size=512,
                                    local_shuffle_seed=7)
             runs.append(torch.cat([b[1] for b in batches]))
         assert torch.equal(runs[0], runs[1])
@@ -84,7 +85,7 @@ def test_deterministic_order_with_seeded_shuffle(ray_session, shards):
         windows = []
         for _ in range(2):
             datasets, m = build_datasets(shards, "sequence", WINDOW, splits=("train",), deterministic=True)
-            windows.append(torch.cat([b[0] for b in _all_batches(datasets["train"], "sequence", m["features"])]))
+            windows.append(torch.cat([b[0] for b in _all_batches(datasets["train"], "sequence", m.features)]))
         assert windows[0].shape[0] > 0 and torch.equal(windows[0], windows[1])
     finally:
         ctx.execution_options.preserve_order = old
@@ -93,10 +94,10 @@ def test_deterministic_order_with_seeded_shuffle(ray_session, shards):
 def test_collate_matches_pyarrow_stack(shards):
     import pyarrow.parquet as pq
 
-    m = load_manifest(shards)
+    m = Manifest.read(shards)
     table = pq.read_table(next(split_dir(shards, "test").glob("*.parquet")))
-    x, y = arrow_to_xy(table, m["features"])
-    expect = np.column_stack([table.column(f).to_numpy() for f in m["features"]])
+    x, y = arrow_to_xy(table, m.features)
+    expect = np.column_stack([table.column(f).to_numpy() for f in m.features])
     np.testing.assert_array_equal(x.numpy(), expect)
     np.testing.assert_array_equal(y.numpy(), table.column("label").to_numpy())
 
@@ -125,16 +126,16 @@ def test_loaders_feed_a_ray_train_worker(ray_session, shards, mode, tmp_path):
     datasets, m = build_datasets(shards, mode, WINDOW)
     trainer = TorchTrainer(
         _count_loop,
-        train_loop_config={"mode": mode, "features": m["features"]},
+        train_loop_config={"mode": mode, "features": m.features},
         scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
         datasets=datasets,
         run_config=RunConfig(name=f"loader-{mode}", storage_path=str(tmp_path)),
     )
     seen = trainer.fit().return_value
     if mode == "tabular":
-        assert seen["train"] == (m["rows"]["train"], [16])
+        assert seen["train"] == (m.rows["train"], [16])
     else:
-        assert seen["train"][1] == [WINDOW, 16] and 0 < seen["train"][0] < m["rows"]["train"]
+        assert seen["train"][1] == [WINDOW, 16] and 0 < seen["train"][0] < m.rows["train"]
     assert seen["val"][0] > 0
 
 
@@ -149,21 +150,21 @@ def test_streamed_epochs_shuffle_in_windows_and_see_every_row_once(ray_session, 
     try:
         deterministic_context()
         datasets, m = build_datasets(shards, "tabular", WINDOW)
-        collate = collate_for("tabular", m["features"])
+        collate = collate_for("tabular", m.features)
         batch = 32
 
         def epoch(seed, ep):
             data = _ShardData(datasets["train"], datasets["val"], collate, batch, cache=False, seed=seed)
             batches = list(data.train_batches(ep))
-            assert data.rows_seen == m["rows"]["train"]
+            assert data.rows_seen == m.rows["train"]
             return batches
 
         first = epoch(1, 0)
         assert all(len(y) == batch for _, y in first[:-1]) and 0 < len(first[-1][1]) <= batch
         x = torch.cat([b[0] for b in first])
-        unshuffled = torch.cat([b[0] for b in _all_batches(datasets["train"], "tabular", m["features"])])
+        unshuffled = torch.cat([b[0] for b in _all_batches(datasets["train"], "tabular", m.features)])
         # every row exactly once, but not in file order; no row leaves its window of SHUFFLE_WINDOW batches
-        assert x.shape == unshuffled.shape == (m["rows"]["train"], 16)
+        assert x.shape == unshuffled.shape == (m.rows["train"], 16)
         assert not torch.equal(x, unshuffled)
         rows = lambda t: sorted(map(tuple, t.tolist()))  # noqa: E731
         assert rows(x) == rows(unshuffled)

@@ -73,6 +73,6 @@ def test_a_model_from_outside_the_package_trains_through_the_cli(ray_session, re
     loaded = load_model(tmp_path / "models" / "tiny")
     assert type(loaded.model).__name__ == "Tiny" and loaded.config.model.module == "tiny_model"
     assert [tuple(p.shape) for p in loaded.model.parameters()] == [
-        (4, len(loaded.manifest["features"])), (4,), (len(loaded.manifest["label"]["classes"]), 4),
-        (len(loaded.manifest["label"]["classes"]),)]
+        (4, len(loaded.manifest.features)), (4,), (len(loaded.manifest.label["classes"]), 4),
+        (len(loaded.manifest.label["classes"]),)]
     assert torch.isfinite(next(loaded.model.parameters())).all()

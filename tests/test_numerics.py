@@ -25,7 +25,8 @@ from torch import nn
 
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.loaders import read_split
-from alchemetric_ray.data.shards import build_shards, load_manifest
+from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware.precision import (
     NonFiniteLossError,
@@ -107,8 +108,8 @@ def shards(stocknet_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def rows(ray_session, shards):
     """The manifest and 512 real train rows, as a DataFrame to poison."""
-    manifest = load_manifest(shards)
-    frame = read_split(shards, "train", columns=["date", "ticker", *manifest["features"], "label", "fwd_ret"])
+    manifest = Manifest.read(shards)
+    frame = read_split(shards, "train", columns=["date", "ticker", *manifest.features, "label", "fwd_ret"])
     return manifest, frame.limit(512).to_pandas()
 
 
@@ -128,7 +129,7 @@ def test_loop_under_a_scaler_skips_an_overflowing_batch_each_epoch_and_goes_on(r
     monkeypatch.setattr(loop, "resolve_precision", lambda *a, **k: FP16_SCALED)
     manifest, clean = rows
     poisoned = clean.copy()
-    poisoned.loc[100, manifest["features"][0]] = 1e6
+    poisoned.loc[100, manifest.features[0]] = 1e6
     result = _local_run(ray_session, shards, tmp_path, poisoned, clean, manifest, "train.epochs=3")
     out = result.return_value
     history = out["history"]
@@ -184,7 +185,7 @@ def test_loop_that_skips_every_step_stops_after_max_skipped_steps(ray_session, s
     monkeypatch.setattr(loop, "resolve_precision", lambda *a, **k: FP16_SCALED)
     manifest, clean = rows
     poisoned = clean.copy()
-    poisoned[manifest["features"][0]] = 1e6  # every batch overflows float16
+    poisoned[manifest.features[0]] = 1e6  # every batch overflows float16
     with pytest.raises(TooManySkippedSteps) as err:
         _local_run(ray_session, shards, tmp_path, poisoned, clean, manifest, "train.epochs=50",
                    "train.max_skipped_steps=3")

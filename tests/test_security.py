@@ -33,7 +33,11 @@ from alchemetric_ray.config import load_config
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import UnsafeNameError, safe_child
 from alchemetric_ray.models import build_model
-from alchemetric_ray.train.checkpoint import CheckpointError, load_state, save_checkpoint
+from alchemetric_ray.train.checkpoint import (
+    CheckpointError,
+    load_state,
+    save_checkpoint,
+)
 from alchemetric_ray.train.export import export_model, load_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -430,7 +434,9 @@ def _get(url: str, headers: dict | None = None) -> int:
 def test_session_dashboard_is_loopback_only_and_refuses_requests_without_the_token(ray_session):
     import psutil
     from ray._private.authentication.authentication_utils import is_token_auth_enabled
-    from ray._private.authentication.http_token_authentication import get_auth_headers_if_auth_enabled
+    from ray._private.authentication.http_token_authentication import (
+        get_auth_headers_if_auth_enabled,
+    )
     from ray._private.worker import get_dashboard_url
 
     assert is_token_auth_enabled(), "the session's Ray runs without token authentication"

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from alchemetric_ray.config import load_config
-from alchemetric_ray.data.shards import MANIFEST, ShardError, build_shards, load_manifest, split_dir
+from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
+from alchemetric_ray.data.shards import build_shards, split_dir
 from alchemetric_ray.data.sources import open_source
 
 SYN = ["data.source=synthetic", "data.synthetic_tickers=6", "data.synthetic_days=400"]
@@ -23,11 +24,11 @@ def syn_shards(tmp_path_factory):
 
 
 def test_manifest_and_schema(syn_shards):
-    m = load_manifest(syn_shards.out)
-    assert m["features"] == list(m["normalization"]["names"]) and len(m["features"]) == 16
-    assert m["label"]["classes"] == ["down", "flat", "up"] and m["label"]["reach"] == 2
-    assert m["splits"]["embargo"] == 2 and len(m["tickers"]) == 6 and len(m["input_hash"]) == 64
-    assert sum(m["class_counts"]["train"]) == m["rows"]["train"] > 0
+    m = Manifest.read(syn_shards.out)
+    assert m.features == list(m.normalization["names"]) and len(m.features) == 16
+    assert m.label["classes"] == ["down", "flat", "up"] and m.label["reach"] == 2
+    assert m.splits["embargo"] == 2 and len(m.tickers) == 6 and len(m.input_hash) == 64
+    assert sum(m.class_counts["train"]) == m.rows["train"] > 0
     schema = pq.read_schema(next(split_dir(syn_shards.out, "train").glob("*.parquet")))
     assert str(schema.field("ret_1").type) == "float" and str(schema.field("label").type) == "int64"
     assert {"date", "ticker", "fwd_ret", "label_end"} <= set(schema.names)
@@ -55,21 +56,21 @@ def _regime_bars(n_tickers: int = 4):
 def test_normalization_fitted_on_train_only(tmp_path):
     """A volatility regime change between train and val: statistics fitted on any rows beyond the
     train split's (all rows, or val's own) differ from the train-only ones, in scale by ~5x."""
-    from alchemetric_ray.data.shards import feature_table
     from alchemetric_ray.data.labels import LabelSpec
+    from alchemetric_ray.data.shards import feature_table
 
     cfg = load_config(None, [f"features.train_end={REGIME_DATES[REGIME_SWITCH - 1].date()}",
                              f"features.val_end={REGIME_DATES[339].date()}"])
     built = build_shards(cfg, tmp_path / "regime", bars=_regime_bars(), source_description="regime change")
-    m = load_manifest(built.out)
-    assert m["splits"]["val_start"] == str(REGIME_DATES[REGIME_SWITCH].date())
-    names = m["features"]
+    m = Manifest.read(built.out)
+    assert m.splits["val_start"] == str(REGIME_DATES[REGIME_SWITCH].date())
+    names = m.features
     train = pd.read_parquet(split_dir(built.out, "train"))
     feats = train[names].to_numpy(dtype=np.float64)
     # train is standardized (up to the +-10 clip); val/test reuse the train statistics
     assert np.abs(feats.mean(axis=0)).max() < 0.05
     assert np.abs(feats.std(axis=0) - 1).max() < 0.1
-    raw_center = np.asarray(m["normalization"]["center"])
+    raw_center = np.asarray(m.normalization["center"])
     assert np.isfinite(raw_center).all()
     # The fitted statistics are the mean and std (ddof 1) of the raw features of exactly the
     # train rows, recomputed here from the bars
@@ -79,8 +80,8 @@ def test_normalization_fitted_on_train_only(tmp_path):
     train_keys = train[["ticker", "date"]].assign(date=lambda d: pd.to_datetime(d["date"]))
     rows = train_keys.merge(raw, on=["ticker", "date"], how="left")[names].to_numpy(dtype=np.float64)
     assert len(rows) == len(train) and np.isfinite(rows).all()
-    np.testing.assert_allclose(m["normalization"]["center"], rows.mean(axis=0), rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(m["normalization"]["scale"], rows.std(axis=0, ddof=1), rtol=1e-6)
+    np.testing.assert_allclose(m.normalization["center"], rows.mean(axis=0), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(m.normalization["scale"], rows.std(axis=0, ddof=1), rtol=1e-6)
     # val is transformed with the calm train statistics, so its volatility features sit far above 0
     val = pd.read_parquet(split_dir(built.out, "val"))
     for name in ("vol_20", "atr_14", "hl_range"):
@@ -89,8 +90,8 @@ def test_normalization_fitted_on_train_only(tmp_path):
 
 
 def test_rows_never_cross_split_boundaries(syn_shards):
-    m = load_manifest(syn_shards.out)
-    s = m["splits"]
+    m = Manifest.read(syn_shards.out)
+    s = m.splits
     train = pd.read_parquet(split_dir(syn_shards.out, "train"), columns=["date", "label_end"])
     val = pd.read_parquet(split_dir(syn_shards.out, "val"), columns=["date", "label_end"])
     test = pd.read_parquet(split_dir(syn_shards.out, "test"), columns=["date", "label_end"])
@@ -101,8 +102,8 @@ def test_rows_never_cross_split_boundaries(syn_shards):
 
 def test_same_input_same_hash_and_rows(tmp_path, syn_shards):
     again = build_shards(load_config(None, SYN), tmp_path / "again")
-    assert again.manifest["input_hash"] == syn_shards.manifest["input_hash"]
-    assert again.manifest["rows"] == syn_shards.manifest["rows"]
+    assert again.manifest.input_hash == syn_shards.manifest.input_hash
+    assert again.manifest.rows == syn_shards.manifest.rows
 
 
 def test_parts_and_row_groups_hold_many_tickers_in_order(tmp_path, syn_shards, monkeypatch):
@@ -116,7 +117,7 @@ def test_parts_and_row_groups_hold_many_tickers_in_order(tmp_path, syn_shards, m
         files = sorted(split_dir(small.out, split).glob("*.parquet"))
         groups = [[pq.ParquetFile(f).metadata.row_group(i).num_rows for i in range(pq.ParquetFile(f).metadata.num_row_groups)]
                   for f in files]
-        total = small.manifest["rows"][split]
+        total = small.manifest.rows[split]
         assert [sum(g) for g in groups] == [700] * (total // 700) + ([total % 700] if total % 700 else [])
         assert all(g[:-1] == [300] * (len(g) - 1) and 0 < g[-1] <= 300 for g in groups), groups
         # the same rows in the same order as the default sizes write them
@@ -159,11 +160,11 @@ def test_stocknet_folder_to_shards(stocknet_dir, tmp_path):
     out = tmp_path / "stocknet"
     s = build_shards(load_config(None, [f"data.path={stocknet_dir}", "data.source=files"]), out)
     m = s.manifest
-    assert len(m["tickers"]) + len(m["skipped_tickers"]) == 88
-    assert len(m["tickers"]) >= 80
-    assert m["ingest"]["dropped"].get("empty_cell", 0) > 0  # PTR/REX/SNP have empty cells
-    assert m["splits"]["train_start"] >= "2012-09-04" and m["splits"]["test_end"] <= "2017-09-01"
-    assert all(m["rows"][k] > 1000 for k in ("train", "val", "test"))
+    assert len(m.tickers) + len(m.skipped_tickers) == 88
+    assert len(m.tickers) >= 80
+    assert m.ingest["dropped"].get("empty_cell", 0) > 0  # PTR/REX/SNP have empty cells
+    assert m.splits["train_start"] >= "2012-09-04" and m.splits["test_end"] <= "2017-09-01"
+    assert all(m.rows[k] > 1000 for k in ("train", "val", "test"))
 
 
 def test_features_cli_on_stocknet_and_bad_input(stocknet_dir, tmp_path):

@@ -66,7 +66,7 @@ def test_predict_on_a_stocknet_slice(ray_session, stock_model, stocknet_dir, tmp
     a = frame[frame["ticker"] == "AAPL"].iloc[:-1]
     assert (a["effective_date"].to_numpy() == a["date"].map(nxt).to_numpy()).all()
     # the same numbers as the in-process model on the same rows
-    x = inputs[loaded.manifest["features"]].to_numpy(dtype=np.float32)
+    x = inputs[loaded.manifest.features].to_numpy(dtype=np.float32)
     expect = predict_proba(loaded.model, x, torch.device("cpu"), resolve_precision("fp32", torch.device("cpu")))
     np.testing.assert_allclose(p, expect, rtol=1e-5, atol=1e-6)
     assert set(frame["device"]) == {"cpu"} and set(frame["precision"]) == {"fp32"}

@@ -9,7 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from alchemetric_ray.data.builtin import BUILTIN_DESCRIPTION, BUILTIN_TICKERS, builtin_bars
+from alchemetric_ray.data.builtin import (
+    BUILTIN_DESCRIPTION,
+    BUILTIN_TICKERS,
+    builtin_bars,
+)
 from alchemetric_ray.data.synthetic import (
     SyntheticMarket,
     synthetic_bars,

@@ -5,7 +5,12 @@ import pandas as pd
 import pytest
 
 from alchemetric_ray.data.normalize import RESERVOIR, NormalizerFit
-from alchemetric_ray.data.splits import SplitError, label_end_dates, plan_splits, walk_forward_folds
+from alchemetric_ray.data.splits import (
+    SplitError,
+    label_end_dates,
+    plan_splits,
+    walk_forward_folds,
+)
 
 CAL = pd.bdate_range("2015-01-01", periods=1000).to_numpy()
 

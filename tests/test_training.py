@@ -10,17 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from device_probes import cpu_only_machine
 
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.loaders import read_split, sequence_dataset
-from alchemetric_ray.data.shards import build_shards, load_manifest
+from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.hardware import device as dev
 from alchemetric_ray.models import MODELS, model_spec
 from alchemetric_ray.train.checkpoint import load_state, read_meta
 from alchemetric_ray.train.export import load_model
 from alchemetric_ray.train.plan import PlanError, plan_resources
 from alchemetric_ray.train.trainer import build_trainer, run_training
-from device_probes import cpu_only_machine
 
 WINDOW = 8
 
@@ -52,10 +53,10 @@ def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
     cfg = _cfg(shards, tmp_path, f"model.name={name}", "model.hidden=128", "model.dropout=0.0", "train.epochs=120",
                "train.lr=0.003", "train.schedule=constant", "train.batch_size=64", "train.weight_decay=0",
                "train.patience=0", "train.metric=val_accuracy")
-    manifest = load_manifest(shards)
-    ds = read_split(shards, "train", columns=["date", "ticker", *manifest["features"], "label", "fwd_ret"])
+    manifest = Manifest.read(shards)
+    ds = read_split(shards, "train", columns=["date", "ticker", *manifest.features, "label", "fwd_ret"])
     if model_spec(name).inputs == "sequence":
-        ds = sequence_dataset(ds, manifest["features"], WINDOW)
+        ds = sequence_dataset(ds, manifest.features, WINDOW)
     rows = ds.limit(256).materialize()  # the same 256 rows to train on and to score
     plan = plan_resources(cfg, ray_session.cluster_resources())
     result = build_trainer(cfg, {"train": rows, "val": rows}, manifest, plan, name=f"overfit-{name}", local_mode=True).fit()
@@ -156,7 +157,7 @@ def even_shards(stocknet_dir, tmp_path_factory):
         cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM,GE",
                                  f"features.train_frac={frac}", "features.val_frac=0.15"])
         built = build_shards(cfg, out)
-        if built.manifest["rows"]["train"] % 2 == 0:
+        if built.manifest.rows["train"] % 2 == 0:
             return built.out
     pytest.fail("no train fraction gave an even train split")
 
@@ -170,7 +171,7 @@ def test_ddp_two_workers_equal_one_process_on_the_same_global_batches(ray_sessio
               "train.patience=0", "train.lr=0.01", "train.schedule=constant"]
     two = run_training(_cfg(shards, tmp_path, *common, "scaling.workers=2", "storage.name=ddp2"), export=False)
     one = run_training(_cfg(shards, tmp_path, *common, "scaling.workers=1", "storage.name=ddp1"), export=False)
-    total = load_manifest(shards)["rows"]["train"]
+    total = Manifest.read(shards)["rows"]["train"]
     rows, prints = two.summary["rows"], two.summary["fingerprint"]
     assert two.summary["world_size"] == 2 and len(rows) == 2
     # the ranks read disjoint halves that together are the whole split
@@ -216,7 +217,7 @@ def test_streamed_run_reads_every_row_each_epoch_and_repeats_exactly(ray_session
     common = ["train.cache_data=false", "train.epochs=2", "train.deterministic=true", "train.patience=0"]
     runs = [run_training(_cfg(shards, tmp_path, *common, f"storage.name=stream{i}"), export=False) for i in range(2)]
     s = runs[0].summary
-    assert s["rows"] == [load_manifest(shards)["rows"]["train"]] and s["epochs_run"] == 2
+    assert s["rows"] == [Manifest.read(shards)["rows"]["train"]] and s["epochs_run"] == 2
     assert all(math.isfinite(h["train_loss"]) for h in s["history"])
     a, b = _final_state(runs[0]), _final_state(runs[1])
     for key in a:
@@ -233,7 +234,7 @@ def odd_val_shards(tmp_path_factory):
     out = tmp_path_factory.mktemp("odd") / "shards"
     cfg = load_config(None, ["data.source=synthetic", "data.synthetic_tickers=3", "data.synthetic_days=300"])
     built = build_shards(cfg, out)
-    assert built.manifest["rows"]["val"] % 2 == 1, built.manifest["rows"]
+    assert built.manifest.rows["val"] % 2 == 1, built.manifest.rows
     return built.out
 
 
@@ -285,7 +286,7 @@ def test_ddp_validation_scores_every_row_exactly_once(ray_session, odd_val_shard
     cfg = _cfg(odd_val_shards, tmp_path, "scaling.workers=2", "train.epochs=1", "storage.name=ddpval")
     out = run_training(cfg, export=False)
     s = out.summary
-    features = load_manifest(odd_val_shards)["features"]
+    features = Manifest.read(odd_val_shards)["features"]
     val = pd.read_parquet(split_dir(odd_val_shards, "val"), columns=features).to_numpy(np.float64)
     assert s["world_size"] == 2 and len(val) == 99
     assert sum(s["val_rows"]) == len(val), s["val_rows"]
@@ -337,8 +338,8 @@ def test_train_cli_exports_a_model_that_predicts_like_its_checkpoint(ray_session
     # the export predicts exactly what that epoch's checkpoint predicts
     reference = load_model(model_dir).model
     reference.load_state_dict(load_state(run_dir / f"epoch-{best_epoch:04d}")["model"])
-    frame = split_frame(shards, "test", loaded.manifest["features"])
-    x, _ = model_inputs(frame, loaded.manifest["features"], loaded.mode, WINDOW)
+    frame = split_frame(shards, "test", loaded.manifest.features)
+    x, _ = model_inputs(frame, loaded.manifest.features, loaded.mode, WINDOW)
     p = resolve_precision("fp32", torch.device("cpu"))
     np.testing.assert_array_equal(predict_proba(loaded.model, x, torch.device("cpu"), p),
                                   predict_proba(reference, x, torch.device("cpu"), p))

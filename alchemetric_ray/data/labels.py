@@ -16,6 +16,7 @@ Schemes (class ids are stable; the manifest names them):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,11 @@ class LabelSpec:
     def from_config(cls, f) -> "LabelSpec":
         return cls(f.label, f.horizon, f.threshold, f.threshold_mode, f.vol_multiple,
                    f.barrier_up, f.barrier_down, f.barrier_bars)
+
+    @classmethod
+    def from_manifest(cls, manifest) -> "LabelSpec":
+        """The spec a feature manifest (``data.manifest.Manifest``) records: its label's own fields."""
+        return cls(**{f.name: manifest.label[f.name] for f in dataclasses.fields(cls)})
 
     @property
     def classes(self) -> list[str]:

@@ -22,7 +22,8 @@ import pyarrow as pa
 import torch
 from ray.data.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn
 
-from alchemetric_ray.data.shards import MANIFEST, ShardError, load_manifest, split_dir
+from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
+from alchemetric_ray.data.shards import split_dir
 
 
 def read_split(shards: str | Path, split: str, *, columns: list[str] | None = None):
@@ -127,7 +128,7 @@ def sequence_dataset(ds, features: list[str], window: int):
         make_windows, fn_args=(features, window), batch_format="numpy")
 
 
-def check_shard_files(shards: str | Path, manifest: dict) -> None:
+def check_shard_files(shards: str | Path, manifest: Manifest) -> None:
     """Every Parquet file of every split decodes and the row counts match the manifest.
 
     A truncated or corrupt shard is refused here, on the driver, naming the file, before a run
@@ -136,7 +137,7 @@ def check_shard_files(shards: str | Path, manifest: dict) -> None:
     """
     import pyarrow.parquet as pq
 
-    for split, expected in manifest["rows"].items():
+    for split, expected in manifest.rows.items():
         folder = split_dir(shards, split)
         rows = 0
         for path in sorted(folder.glob("*.parquet")):
@@ -158,10 +159,10 @@ def build_datasets(shards: str | Path, mode: str, window: int, splits=("train", 
 
     ``deterministic``: sequence windows come in (ticker, date) order, run after run (one more
     shuffle stage: Ray Data's sort)."""
-    manifest = load_manifest(shards)
+    manifest = Manifest.read(shards)
     if check:  # a sweep checks once on its driver, not again in every trial
         check_shard_files(shards, manifest)
-    features = manifest["features"]
+    features = manifest.features
     cols = ["date", "ticker", *features, "label", "fwd_ret"]
     datasets = {}
     for split in splits:

@@ -20,14 +20,13 @@ written under a temporary folder beside ``OUT`` that replaces ``OUT`` only once 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -35,46 +34,27 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from alchemetric_ray.config import RunConfig
-from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_write_json, staged_dir, unwritable_ancestor
 from alchemetric_ray.data import features as feat
 from alchemetric_ray.data.labels import LabelSpec, make_labels
+from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
 from alchemetric_ray.data.splits import SPLITS, SplitPlan, label_end_dates, plan_splits
+from alchemetric_ray.fsutil import staged_dir, unwritable_ancestor
 
-MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
 ROWS_PER_FILE = 250_000
 ROWS_PER_ROW_GROUP = 65_536
 _SAFE_TICKER = re.compile(r"[A-Za-z0-9._^=-]+")
 
 
-class ShardError(UserError, ValueError):
-    pass
-
-
 @dataclass
 class ShardSummary:
     out: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     seconds: float
 
 
 def split_dir(out: str | Path, split: str) -> Path:
     return Path(out) / f"split={split}"
-
-
-def load_manifest(shards: str | Path) -> dict[str, Any]:
-    path = Path(shards) / MANIFEST
-    if not path.is_file():
-        raise ShardError(f"{shards}: no {MANIFEST} (not a feature-shard folder; run `alchemetric-ray features` first)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ShardError(f"{path}: not valid JSON ({exc.__class__.__name__})") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ShardError(f"{path}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
-    return manifest
 
 
 def min_history(cfg: RunConfig) -> int:
@@ -139,25 +119,24 @@ def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, p
             counts = _write_shards(staging, tmp, names, plan, normalizer, len(spec.classes))
             shutil.rmtree(staging)
             _check_classes(counts, spec.classes)
-            manifest = {
-                "format_version": FORMAT_VERSION,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "source": source_description,
-                "input_hash": stats["hash"],
-                "features": names,
-                "label": {**spec.__dict__, "classes": spec.classes, "reach": spec.reach},
-                "window": cfg.features.window,
-                "splits": plan.as_dict(),
-                "normalization": normalizer.as_dict(),
-                "rows": counts["rows"],
-                "class_counts": counts["classes"],
-                "tickers": stats["tickers"],
-                "skipped_tickers": stats["skipped"],
-                "dropped_nonfinite_rows": stats["nonfinite"],
-                "ingest": _ingest_summary(report),
-                "columns": {"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
-            }
-            atomic_write_json(tmp / MANIFEST, manifest)
+            manifest = Manifest(
+                created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                source=source_description,
+                input_hash=stats["hash"],
+                features=names,
+                label={**spec.__dict__, "classes": spec.classes, "reach": spec.reach},
+                window=cfg.features.window,
+                splits=plan.as_dict(),
+                normalization=normalizer.as_dict(),
+                rows=counts["rows"],
+                class_counts=counts["classes"],
+                tickers=stats["tickers"],
+                skipped_tickers=stats["skipped"],
+                dropped_nonfinite_rows=stats["nonfinite"],
+                ingest=_ingest_summary(report),
+                columns={"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
+            )
+            manifest.write(tmp)
     except BaseException:
         bar.close()  # an open progress line ends before the error message
         raise

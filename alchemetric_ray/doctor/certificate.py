@@ -33,9 +33,9 @@ def certificate_rows(loaded) -> tuple[np.ndarray, pd.DataFrame]:
         stage_inputs(loaded, None, Path(tmp))
         frame = pd.read_parquet(tmp)
     frame["date"] = np.asarray(pd.to_datetime(frame["date"]).to_numpy(), dtype="datetime64[ns]")
-    s = loaded.manifest["splits"]
+    s = loaded.manifest.splits
     test = frame[(frame["date"] >= pd.Timestamp(s["test_start"])) & (frame["date"] <= pd.Timestamp(s["test_end"]))]
-    x, rows = model_inputs(test, loaded.manifest["features"], loaded.mode, loaded.config.features.window)
+    x, rows = model_inputs(test, loaded.manifest.features, loaded.mode, loaded.config.features.window)
     return x[:MAX_ROWS], rows.iloc[:MAX_ROWS].reset_index(drop=True)
 
 
@@ -47,7 +47,7 @@ def _scores(loaded, x: np.ndarray, device, precision) -> np.ndarray:
         proba = predict_proba(model, x, device, precision)
     finally:
         loaded.model.to("cpu")
-    return direction_score(proba, loaded.manifest["label"]["classes"])
+    return direction_score(proba, loaded.manifest.classes)
 
 
 def _rank_ic(rows: pd.DataFrame, score: np.ndarray) -> float:

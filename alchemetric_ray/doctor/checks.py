@@ -25,8 +25,19 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from alchemetric_ray.config import ModelConfig
-from alchemetric_ray.hardware import NonFiniteLossError, OptimizerStep, Precision, resolve_device, resolve_precision
-from alchemetric_ray.hardware.device import peak_memory, reference_device, reset_peak_memory, synchronize
+from alchemetric_ray.hardware import (
+    NonFiniteLossError,
+    OptimizerStep,
+    Precision,
+    resolve_device,
+    resolve_precision,
+)
+from alchemetric_ray.hardware.device import (
+    peak_memory,
+    reference_device,
+    reset_peak_memory,
+    synchronize,
+)
 from alchemetric_ray.hardware.inventory import MPS_FALLBACK_VAR
 from alchemetric_ray.models import build_model, model_spec
 

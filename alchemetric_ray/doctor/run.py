@@ -16,7 +16,11 @@ import torch
 from alchemetric_ray.config import DeviceName, RunConfig
 from alchemetric_ray.doctor import checks
 from alchemetric_ray.hardware import PrecisionError, resolve_device, resolve_precision
-from alchemetric_ray.hardware.device import is_reference, kinds_to_check, reference_device
+from alchemetric_ray.hardware.device import (
+    is_reference,
+    kinds_to_check,
+    reference_device,
+)
 from alchemetric_ray.hardware.precision import EXPLICIT_MODES
 from alchemetric_ray.hardware.records import write_records
 from alchemetric_ray.hardware.report import environment_report, summary_line

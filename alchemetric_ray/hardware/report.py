@@ -12,7 +12,12 @@ import torch
 import alchemetric_ray
 from alchemetric_ray.hardware import device as dev
 from alchemetric_ray.hardware import inventory
-from alchemetric_ray.hardware.precision import ModelTraits, PrecisionError, cuda_bf16_native, resolve_precision
+from alchemetric_ray.hardware.precision import (
+    ModelTraits,
+    PrecisionError,
+    cuda_bf16_native,
+    resolve_precision,
+)
 
 
 def environment_report(device_name: str = "auto", precision_mode: str = "auto", model: ModelTraits | None = None,

@@ -22,10 +22,16 @@ import numpy as np
 import pandas as pd
 
 from alchemetric_ray.config import RunConfig
+from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text, staged_dir
 from alchemetric_ray.signals import metrics as sm
-from alchemetric_ray.signals.predict import direction_score, positions, predict, stage_inputs
+from alchemetric_ray.signals.predict import (
+    direction_score,
+    positions,
+    predict,
+    stage_inputs,
+)
 from alchemetric_ray.train.metrics import classification_metrics
 
 FEW_TICKERS = 10
@@ -83,15 +89,19 @@ def _port_dict(p) -> dict:
             "max_drawdown": p.max_drawdown, "turnover": p.turnover, "hit_rate": p.hit_rate, "n_days": p.n_days}
 
 
-def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest: dict, cfg: RunConfig,
+def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest: Manifest, cfg: RunConfig,
                      *, n_trials: int = 1, segment: tuple[str, str] | None = None) -> dict[str, Any]:
     """The model and every baseline on the test segment of ``inputs`` (rows with features and labels)."""
-    from alchemetric_ray.train.baselines import baseline_models, fit_baseline, predict_baseline
+    from alchemetric_ray.train.baselines import (
+        baseline_models,
+        fit_baseline,
+        predict_baseline,
+    )
 
-    s = manifest["splits"]
+    s = manifest.splits
     start, end = segment or (s["test_start"], s["test_end"])
-    names, classes = manifest["features"], manifest["label"]["classes"]
-    horizon = manifest["label"]["horizon"]
+    names, classes = manifest.features, manifest.classes
+    horizon = manifest.label["horizon"]
     test = _segment(inputs, start, end)
     if test.empty:
         raise EvaluationError(f"no rows of the data fall in the test segment {start}..{end}")

@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from alchemetric_ray.config import DataConfig, RunConfig
-from alchemetric_ray.data.labels import LabelSpec
+from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.normalize import Normalizer
-from alchemetric_ray.data.shards import MANIFEST, feature_table, load_manifest
+from alchemetric_ray.data.shards import feature_table
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write
 
@@ -98,19 +98,17 @@ def stage_inputs(loaded, data: str | None, staging: Path) -> dict:
     from alchemetric_ray.data.sources import open_source
 
     manifest = loaded.manifest
-    names = manifest["features"]
+    names = manifest.features
     source_cfg = DataConfig(path=data, source="files") if data else loaded.config.data
     if source_cfg.path and (Path(source_cfg.path) / MANIFEST).is_file():
-        shard_manifest = load_manifest(source_cfg.path)
-        if shard_manifest["features"] != names:
-            raise SignalError(f"{source_cfg.path}: its features {shard_manifest['features']} do not match the "
+        shard_manifest = Manifest.read(source_cfg.path)
+        if shard_manifest.features != names:
+            raise SignalError(f"{source_cfg.path}: its features {shard_manifest.features} do not match the "
                               f"model's {names}")
         raise SignalError(f"{source_cfg.path}: is a feature-shard folder; pass the raw OHLCV data (--data) so the "
                           "model's own features and normalization are applied")
-    label = manifest["label"]
-    spec = LabelSpec(label["scheme"], label["horizon"], label["threshold"], label["threshold_mode"],
-                     label["vol_multiple"], label["barrier_up"], label["barrier_down"], label["barrier_bars"])
-    norm = Normalizer.from_dict(manifest["normalization"])
+    spec = manifest.label_spec
+    norm = Normalizer.from_dict(manifest.normalization)
     if norm.names != names:
         raise SignalError(f"model manifest: normalization covers {norm.names}, features are {names}")
     source = open_source(source_cfg)
@@ -154,7 +152,7 @@ def predict(model_dir: str | Path, data: str | None, out: str | Path, cfg: RunCo
         staging = Path(tmp)
         stage_inputs(loaded, data, staging)
         ds = read_parquet_folder(staging)
-        names = loaded.manifest["features"]
+        names = loaded.manifest.features
         if loaded.mode == "sequence":
             ds = sequence_dataset(ds, names, loaded.config.features.window)
         gpus = ray.cluster_resources().get("GPU", 0)
@@ -188,7 +186,11 @@ def _datetimes(column) -> np.ndarray:
 
 def warn_if_uncertified(model_dir: Path, device_type: str, mode: str) -> str | None:
     """The warning ``predict`` prints when serving on a backend the doctor never certified."""
-    from alchemetric_ray.train.export import backend_key, certified_backends, trained_backend
+    from alchemetric_ray.train.export import (
+        backend_key,
+        certified_backends,
+        trained_backend,
+    )
 
     certified = certified_backends(model_dir)
     key = backend_key(device_type, mode)
@@ -202,7 +204,7 @@ def warn_if_uncertified(model_dir: Path, device_type: str, mode: str) -> str | N
 
 
 def _write_signals(scored: pd.DataFrame, loaded, model_dir: Path, out: Path, cfg: RunConfig) -> pd.DataFrame:
-    classes = loaded.manifest["label"]["classes"]
+    classes = loaded.manifest.classes
     proba = np.stack(scored["proba"].to_numpy()) if len(scored) else np.zeros((0, len(classes)))
     frame = pd.DataFrame({"date": _datetimes(scored["date"]), "ticker": scored["ticker"].astype(str).to_numpy()})
     for j, name in enumerate(classes):

@@ -15,6 +15,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 from threadpoolctl import threadpool_limits
 
+from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.train.evaluate import split_frame
 from alchemetric_ray.train.metrics import classification_metrics
 
@@ -46,9 +47,9 @@ def predict_baseline(model: ClassifierMixin, x: np.ndarray, n_classes: int) -> n
     return full
 
 
-def baseline_scores(shards: str | Path, manifest: dict, seed: int = 0, splits=("val", "test")) -> dict[str, dict]:
-    features = manifest["features"]
-    n_classes = len(manifest["label"]["classes"])
+def baseline_scores(shards: str | Path, manifest: Manifest, seed: int = 0, splits=("val", "test")) -> dict[str, dict]:
+    features = manifest.features
+    n_classes = len(manifest.classes)
     train = split_frame(shards, "train", features)
     if len(train) > MAX_TRAIN_ROWS:
         train = train.sample(MAX_TRAIN_ROWS, random_state=seed)

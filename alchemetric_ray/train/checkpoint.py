@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_torch_save, atomic_write_json
 
@@ -132,7 +133,7 @@ class CheckpointMeta:
     the export, a resumed run and the sweep read."""
 
     config: dict[str, Any]  # the whole run config
-    manifest: dict[str, Any]  # the feature shards' manifest: the columns the model was trained on
+    manifest: Manifest  # the feature shards' manifest: the columns the model was trained on
     device: dict[str, Any]  # {"device": ..., "reason": ...}
     precision: dict[str, Any]  # Precision.as_dict(), reason included
     plan: dict[str, Any]  # ResourcePlan.as_dict()
@@ -151,11 +152,11 @@ class CheckpointMeta:
         return LoopState(self.epoch, self.loop["best"], self.loop["bad_epochs"], self.loop["history"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "manifest": self.manifest.to_dict()}
 
     @classmethod
     def from_dict(cls, meta: dict[str, Any]) -> CheckpointMeta:
         missing = [f.name for f in fields(cls) if f.name not in meta]
         if missing:
             raise CheckpointError(f"checkpoint metadata without {', '.join(missing)} (not written by a training run)")
-        return cls(**{f.name: meta[f.name] for f in fields(cls)})
+        return cls(**{**{f.name: meta[f.name] for f in fields(cls)}, "manifest": Manifest.from_dict(meta["manifest"])})

@@ -20,9 +20,17 @@ from typing import Any
 import torch
 
 from alchemetric_ray.config import RunConfig
+from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import (atomic_torch_save, atomic_write_json, atomic_write_text, recover_dir, safe_child,
-                                    staged_dir, unwritable_ancestor)
+from alchemetric_ray.fsutil import (
+    atomic_torch_save,
+    atomic_write_json,
+    atomic_write_text,
+    recover_dir,
+    safe_child,
+    staged_dir,
+    unwritable_ancestor,
+)
 from alchemetric_ray.hardware import resolve_device, resolve_precision
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.train.checkpoint import CheckpointError, load_state, read_meta
@@ -42,7 +50,7 @@ class ModelDirError(UserError, ValueError):
 class LoadedModel:
     model: torch.nn.Module
     config: RunConfig
-    manifest: dict[str, Any]
+    manifest: Manifest
     meta: dict[str, Any]
     path: Path
 
@@ -60,13 +68,13 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict 
             state, meta = load_state(d), read_meta(d)
     else:
         state, meta = load_state(checkpoint), read_meta(checkpoint)
-    manifest = meta["manifest"]
+    manifest = Manifest.from_dict(meta["manifest"])
     model = _build(cfg, manifest)
     model.load_state_dict(state["model"])
 
     device = resolve_device("cpu", source="the export (scores on the CPU)").device
     precision = resolve_precision("fp32", device)
-    features = manifest["features"]
+    features = manifest.features
     mode = model_spec(cfg.model.name).inputs
     test = split_frame(shards, "test", features)
     x, rows = model_inputs(test, features, mode, cfg.features.window)
@@ -86,7 +94,7 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict 
     with staged_dir(target) as tmp:
         atomic_torch_save({"model": state["model"]}, tmp / WEIGHTS)
         atomic_write_json(tmp / CONFIG, cfg.to_dict())
-        atomic_write_json(tmp / MANIFEST, manifest)
+        manifest.write(tmp)
         atomic_write_json(tmp / METRICS, metrics)
         info = {k: meta[k] for k in ("device", "precision", "plan", "world_size", "environment", "epoch")}
         atomic_write_json(tmp / META, {**info, "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
@@ -102,8 +110,8 @@ def check_models_dir(folder: str | Path) -> None:
         raise ModelDirError(f"models directory {folder}: {blocked} is not a writable folder")
 
 
-def _build(cfg: RunConfig, manifest: dict) -> torch.nn.Module:
-    return build_model(cfg.model, len(manifest["features"]), len(manifest["label"]["classes"]), window=cfg.features.window)
+def _build(cfg: RunConfig, manifest: Manifest) -> torch.nn.Module:
+    return build_model(cfg.model, len(manifest.features), len(manifest.classes), window=cfg.features.window)
 
 
 def load_model(path: str | Path) -> LoadedModel:
@@ -115,7 +123,7 @@ def load_model(path: str | Path) -> LoadedModel:
             raise ModelDirError(f"{path}: not a saved model (missing {name})")
     try:
         cfg = RunConfig.from_dict(json.loads((path / CONFIG).read_text()))
-        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = Manifest.from_dict(json.loads((path / MANIFEST).read_text()), str(path / MANIFEST))
         meta = json.loads((path / META).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelDirError(f"{path}: unreadable model metadata ({exc.__class__.__name__})") from None
@@ -130,7 +138,7 @@ def load_model(path: str | Path) -> LoadedModel:
         # torch's first line only names the class; the second names the tensor and both shapes
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
         raise ModelDirError(f"{path / WEIGHTS}: weights do not fit model '{cfg.model.name}' "
-                            f"with {len(manifest['features'])} features ({lines[min(1, len(lines) - 1)][:200]})") from None
+                            f"with {len(manifest.features)} features ({lines[min(1, len(lines) - 1)][:200]})") from None
     model.eval()
     return LoadedModel(model, cfg, manifest, meta, path)
 
@@ -154,16 +162,16 @@ def certified_backends(model_dir: str | Path) -> list[str] | None:
     return list(json.loads(path.read_text()).get("certified", []))
 
 
-def model_card(cfg: RunConfig, manifest: dict, metrics: dict, info: dict) -> str:
-    n_tickers = len(manifest["tickers"])
-    s = manifest["splits"]
-    label = manifest["label"]
+def model_card(cfg: RunConfig, manifest: Manifest, metrics: dict, info: dict) -> str:
+    n_tickers = len(manifest.tickers)
+    s = manifest.splits
+    label = manifest.label
     lines = [
         f"# Model card: {cfg.storage.name}",
         "",
         f"- model: `{cfg.model.name}` (hidden {cfg.model.hidden}, layers {cfg.model.layers}, dropout {cfg.model.dropout})",
-        f"- data: {manifest['source']}; {n_tickers} tickers; input hash `{manifest['input_hash'][:16]}`",
-        f"- features ({len(manifest['features'])}): {', '.join(manifest['features'])}",
+        f"- data: {manifest.source}; {n_tickers} tickers; input hash `{manifest.input_hash[:16]}`",
+        f"- features ({len(manifest.features)}): {', '.join(manifest.features)}",
         f"- label: {label['scheme']}, horizon {label['horizon']} bar(s), classes {', '.join(label['classes'])}; "
         f"a signal at the close of t trades from the open of t+1",
         f"- splits: train {s['train_start']}..{s['train_end']}, val {s['val_start']}..{s['val_end']}, "

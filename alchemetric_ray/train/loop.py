@@ -29,7 +29,14 @@ from torch import nn
 from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig, TrainConfig
 from alchemetric_ray.data.loaders import collate_for
-from alchemetric_ray.hardware import DeviceChoice, OptimizerStep, Precision, device_for_worker, resolve_precision
+from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.hardware import (
+    DeviceChoice,
+    OptimizerStep,
+    Precision,
+    device_for_worker,
+    resolve_precision,
+)
 from alchemetric_ray.hardware.inventory import cpu_count
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.train.checkpoint import (
@@ -40,7 +47,11 @@ from alchemetric_ray.train.checkpoint import (
     read_meta,
     save_checkpoint,
 )
-from alchemetric_ray.train.metrics import classification_metrics, is_better, selection_mode
+from alchemetric_ray.train.metrics import (
+    classification_metrics,
+    is_better,
+    selection_mode,
+)
 from alchemetric_ray.train.plan import ResourcePlan
 
 
@@ -55,16 +66,16 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     worker = _place_worker(cfg, config["plan"], ray.train.get_context())
 
     torch.manual_seed(hp.seed)  # the same on every rank: DDP starts from identical weights
-    model = build_model(cfg.model, len(manifest["features"]), len(manifest["label"]["classes"]),
+    model = build_model(cfg.model, len(manifest.features), len(manifest.classes),
                         window=cfg.features.window)
     # Our device, not Ray Train's pick: the resolver also knows MPS and a cuda:N asked for by name.
     model = ray.train.torch.prepare_model(model, move_to_device=worker.device,
                                           parallel_strategy="ddp" if worker.world > 1 else None)
     core = model.module if hasattr(model, "module") else model  # checkpoints hold the plain module's keys
     data = _ShardData(ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("val"),
-                      collate_for(model_spec(cfg.model).inputs, manifest["features"]), hp.batch_size,
+                      collate_for(model_spec(cfg.model).inputs, manifest.features), hp.batch_size,
                       hp.cache_data, hp.seed)
-    trainables = _trainables(core, hp, worker, data.steps_per_epoch(manifest["rows"]["train"] // worker.world))
+    trainables = _trainables(core, hp, worker, data.steps_per_epoch(manifest.rows["train"] // worker.world))
     loss_fn = _loss_fn(manifest, hp, worker)
 
     state = _resume(trainables, worker)
@@ -246,9 +257,9 @@ def _trainables(core: nn.Module, hp: TrainConfig, worker: _Worker, steps_per_epo
     return Trainables(core, optimizer, scheduler, step_fn)
 
 
-def _loss_fn(manifest: dict[str, Any], hp: TrainConfig, worker: _Worker) -> nn.Module:
+def _loss_fn(manifest: Manifest, hp: TrainConfig, worker: _Worker) -> nn.Module:
     """Cross-entropy, with train.class_weights weighted against the train split's class imbalance."""
-    weights = _class_weights(manifest["class_counts"]["train"]).to(worker.device) if hp.class_weights else None
+    weights = _class_weights(manifest.class_counts["train"]).to(worker.device) if hp.class_weights else None
     return nn.CrossEntropyLoss(weight=weights)
 
 

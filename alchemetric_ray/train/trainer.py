@@ -18,10 +18,11 @@ from typing import Any
 from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.loaders import build_datasets, check_shard_files
-from alchemetric_ray.data.shards import MANIFEST, build_shards, load_manifest
-from alchemetric_ray.hardware.records import require_doctor_checked_precision
+from alchemetric_ray.data.manifest import MANIFEST, Manifest
+from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import safe_child
+from alchemetric_ray.hardware.records import require_doctor_checked_precision
 from alchemetric_ray.models import model_spec
 from alchemetric_ray.train.export import check_models_dir, export_model
 from alchemetric_ray.train.metrics import selection_mode
@@ -70,23 +71,24 @@ def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Path:
     return out
 
 
-def check_compatible(cfg: RunConfig, manifest: dict) -> None:
+def check_compatible(cfg: RunConfig, manifest: Manifest) -> None:
     spec = model_spec(cfg.model)
     if spec.inputs == "sequence":
-        rows = manifest["rows"]["train"]
-        per_ticker = rows / max(1, len(manifest["tickers"]))
+        rows = manifest.rows["train"]
+        per_ticker = rows / max(1, len(manifest.tickers))
         if per_ticker < cfg.features.window:
             raise TrainError(f"config 'features.window': {cfg.features.window} bars, but the train split has only "
                              f"{per_ticker:.0f} rows per ticker: no full sequence window")
     for split in ("train", "val"):
-        if manifest["rows"][split] == 0:
+        if manifest.rows[split] == 0:
             raise TrainError(f"the {split} split of the shards is empty")
 
 
-def build_trainer(cfg: RunConfig, datasets: dict, manifest: dict, plan: ResourcePlan, *, name: str,
+def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: ResourcePlan, *, name: str,
                   callbacks: list | None = None, local_mode: bool = False, epoch_lines: bool = True):
     from ray.data import ExecutionOptions  # noqa: F401 (type of the options object)
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig as TrainRunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, ScalingConfig
+    from ray.train import RunConfig as TrainRunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from alchemetric_ray.train.data_config import CompleteValidationConfig
@@ -129,7 +131,7 @@ class Prepared:
     name: str  # the Train run's (or the sweep's) name
     plan: ResourcePlan
     shards: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     datasets: dict[str, Any] | None  # None for a sweep: each trial builds its own
 
 
@@ -150,7 +152,7 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     plan = plan_resources(cfg, ray.cluster_resources())  # before any shard is written
     require_doctor_checked_precision(cfg, plan.accelerator)
     shards = prepare_shards(cfg, progress=progress)
-    manifest = load_manifest(shards)
+    manifest = Manifest.read(shards)
     check_shard_files(shards, manifest)  # once, here: a sweep's trials skip it
     check_compatible(cfg, manifest)
     name = name or run_name(cfg, sweep=sweep)

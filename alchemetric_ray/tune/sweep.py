@@ -21,6 +21,7 @@ from typing import Any
 from alchemetric_ray import console
 from alchemetric_ray.config import ConfigError, RunConfig
 from alchemetric_ray.data.loaders import build_datasets
+from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write_json
 from alchemetric_ray.models import load_model_module, model_spec
@@ -111,7 +112,7 @@ def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
 # ---- one trial -----------------------------------------------------------------------------
 
 
-def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: dict, plan: ResourcePlan, sweep: str) -> None:
+def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: Manifest, plan: ResourcePlan, sweep: str) -> None:
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -236,7 +237,7 @@ def _searcher(cfg: RunConfig):
     return OptunaSearch(seed=cfg.train.seed)
 
 
-def summarize(grid, cfg: RunConfig, manifest: dict, name: str) -> tuple[dict, str | None, RunConfig | None]:
+def summarize(grid, cfg: RunConfig, manifest: Manifest, name: str) -> tuple[dict, str | None, RunConfig | None]:
     """Rank trials on validation only; find the best trial's best checkpoint (reported path)."""
     metric, mode = cfg.train.metric, selection_mode(cfg.train)
     sign = 1 if mode == "max" else -1
@@ -274,7 +275,7 @@ def summarize(grid, cfg: RunConfig, manifest: dict, name: str) -> tuple[dict, st
         "name": name, "metric": metric, "mode": mode, "num_trials": len(trials), "space": cfg.tune.space,
         "scheduler": cfg.tune.scheduler, "search": cfg.tune.search, "trials": trials, "best_trial_id": best_id,
         "best_value": best[0], "best_config": best_config, "best_checkpoint": best_ckpt,
-        "classes": manifest["label"]["classes"], "best_confusion": confusion, "test_metrics": None,
+        "classes": manifest.classes, "best_confusion": confusion, "test_metrics": None,
         "model_dir": None, "max_epochs": cfg.train.epochs,
     }
     return summary, best_ckpt, best_cfg

@@ -1,0 +1,81 @@
+"""The feature shards' manifest: what a shard folder holds, read and written here and nowhere else.
+
+``manifest.json`` sits beside a shard folder's ``split=...`` folders and travels on into every
+checkpoint and exported model, so a model always knows the feature columns, label, split dates
+and normalization it was trained with.  Code reads it as a typed :class:`Manifest`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from alchemetric_ray.data.labels import LabelSpec
+from alchemetric_ray.errors import UserError
+from alchemetric_ray.fsutil import atomic_write_json
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class ShardError(UserError, ValueError):
+    """A feature-shard folder (or its manifest) that cannot be used."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    format_version: int = FORMAT_VERSION
+    created: str = ""
+    source: str = ""  # where the bars came from (a folder, a file or a named source)
+    input_hash: str = ""  # hash of the ingested bars: same hash, same shards
+    features: list[str]  # feature columns, in the order models read them
+    label: dict[str, Any]  # LabelSpec's fields plus its classes and reach (bars)
+    window: int | None = None  # sequence length the shards were built for
+    splits: dict[str, Any]  # split dates and embargo (SplitPlan.as_dict)
+    normalization: dict[str, Any]  # the normalizer fitted on train (Normalizer.as_dict)
+    rows: dict[str, int]  # rows per split
+    class_counts: dict[str, list[int]] = field(default_factory=dict)  # per split, in class order
+    tickers: list[str] = field(default_factory=list)
+    skipped_tickers: dict[str, str] = field(default_factory=dict)  # ticker -> why
+    dropped_nonfinite_rows: int = 0
+    ingest: dict[str, Any] = field(default_factory=dict)  # what ingest dropped and why
+    columns: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.label["classes"])
+
+    @property
+    def label_spec(self) -> LabelSpec:
+        return LabelSpec.from_manifest(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = MANIFEST) -> Manifest:
+        if raw.get("format_version") != FORMAT_VERSION:
+            raise ShardError(f"{where}: format_version {raw.get('format_version')!r}, expected {FORMAT_VERSION}")
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in raw.items() if k in known})
+        except TypeError as exc:  # a required key is missing
+            raise ShardError(f"{where}: not a complete manifest ({exc})") from None
+
+    @classmethod
+    def read(cls, folder: str | Path) -> Manifest:
+        """The manifest of a shard folder or an exported model's folder."""
+        path = Path(folder) / MANIFEST
+        if not path.is_file():
+            raise ShardError(f"{folder}: no {MANIFEST} (not a feature-shard folder; run `alchemetric-ray features` "
+                             "first)")
+        try:
+            raw = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ShardError(f"{path}: not valid JSON ({exc.__class__.__name__})") from None
+        return cls.from_dict(raw, str(path))
+
+    def write(self, folder: str | Path) -> None:
+        atomic_write_json(Path(folder) / MANIFEST, self.to_dict())
