@@ -1,4 +1,4 @@
-# Two entry points: `make demo` (set up + run the main job) and `make test` (set up + run every test).
+# Two entry points: `make demo` (set up + run the main job) and `make test` (set up + lint + run every test).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # the same pin takes that platform's wheel.  Override with `make TORCH_SPEC=... install`.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test test-fast test-deps clean bench bench-full
+.PHONY: install demo lint test test-fast test-deps clean bench bench-full
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,10 +31,14 @@ test-deps:
 # 2 cores, since the tests' time is Ray's processes computing, not waiting.
 PYTEST := $(BIN)/python -m pytest
 
-test: install test-deps
+# Lint first (ruff, pinned in the dev extras; rules in pyproject.toml): a finding fails the run before the tests start.
+lint: install
+	$(BIN)/ruff check .
+
+test: install test-deps lint
 	$(PYTEST) tests
 
-test-fast: install
+test-fast: install lint
 	$(PYTEST) tests -m "not slow"
 
 # Benchmarks (bench/, results in bench/results/*.json).  `bench` is the quick set (under 15 minutes on a quiet 2-core

@@ -15,11 +15,13 @@ from alchemetric_ray.errors import UserError
 
 MODEL_NAMES = "{model names}"  # in a help text: the registered models, looked up only when help is printed
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace, RunConfig], int]]] = {}
+AddArgs = Callable[[argparse.ArgumentParser], None]
+Handler = Callable[[argparse.Namespace, RunConfig], int]
+COMMANDS: dict[str, tuple[str, AddArgs, Handler]] = {}
 
 
-def command(name: str, help_text: str, add_args: Callable[[argparse.ArgumentParser], None] = lambda p: None):
-    def register(fn: Callable[[argparse.Namespace, RunConfig], int]):
+def command(name: str, help_text: str, add_args: AddArgs = lambda p: None):
+    def register(fn: Handler):
         COMMANDS[name] = (help_text, add_args, fn)
         return fn
 
@@ -57,7 +59,8 @@ def _env(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def _features_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", help="folder (or file) of daily OHLCV; default: the packaged stocknet prices (data.source)")
+    p.add_argument("--data",
+                   help="folder (or file) of daily OHLCV; default: the packaged stocknet prices (data.source)")
     p.add_argument("--out", required=True, help="output folder for the Parquet shards and manifest.json")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -67,25 +70,27 @@ def _features(args: argparse.Namespace, cfg: RunConfig) -> int:
     from alchemetric_ray.data.shards import build_shards
 
     summary = build_shards(cfg, args.out, progress=not args.quiet)
-    m = summary.manifest
-    print(f"wrote {args.out}: {len(m.tickers)} tickers, {len(m.features)} features, "
-          f"rows train/val/test = {m.rows['train']}/{m.rows['val']}/{m.rows['test']} "
+    manifest = summary.manifest
+    print(f"wrote {args.out}: {len(manifest.tickers)} tickers, {len(manifest.features)} features, "
+          f"rows train/val/test = {manifest.rows['train']}/{manifest.rows['val']}/{manifest.rows['test']} "
           f"in {summary.seconds:.1f}s")
-    if m.skipped_tickers:
-        print(f"skipped {len(m.skipped_tickers)} ticker(s): "
-              + "; ".join(f"{t} ({why})" for t, why in list(m.skipped_tickers.items())[:5]))
-    if m.ingest and m.ingest["dropped"]:
-        print("dropped rows: " + ", ".join(f"{k}={v}" for k, v in m.ingest["dropped"].items() if v))
+    if manifest.skipped_tickers:
+        print(f"skipped {len(manifest.skipped_tickers)} ticker(s): "
+              + "; ".join(f"{ticker} ({why})" for ticker, why in list(manifest.skipped_tickers.items())[:5]))
+    if manifest.ingest and manifest.ingest["dropped"]:
+        print("dropped rows: " + ", ".join(f"{k}={v}" for k, v in manifest.ingest["dropped"].items() if v))
     return 0
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", help="OHLCV folder/file, or a feature-shard folder; default: the packaged stocknet prices (data.source)")
+    p.add_argument("--data", help="OHLCV folder/file, or a feature-shard folder; "
+                                  "default: the packaged stocknet prices (data.source)")
     p.add_argument("--model", dest="model_name", help=f"{MODEL_NAMES} (overrides model.name)")
     p.add_argument("--workers", type=int, help="number of Ray Train workers (overrides scaling.workers)")
     p.add_argument("--resume", action="store_true", help="continue the latest run of this name from its checkpoint")
     p.add_argument("--evaluate", action="store_true",
-                   help="then score the saved model on its test segment against the baselines (report in the model folder)")
+                   help="then score the saved model on its test segment against the baselines "
+                        "(report in the model folder)")
 
 
 @command("train", "train a model with Ray Train and export the best checkpoint", _train_args)
@@ -103,9 +108,9 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
         cfg = cfg.replace(*extra)
     outcome = run_training(cfg)
     best = outcome.summary.get("best")
+    stopped = ", stopped early" if outcome.summary.get("stopped_early") else ""
     print(f"run {outcome.run_name}: {outcome.summary.get('epochs_run')} epoch(s), best {cfg.train.metric} "
-          f"{best if best is None else round(best, 4)}" + (", stopped early" if outcome.summary.get("stopped_early") else "")
-          + f" in {outcome.seconds:.0f}s")
+          f"{best if best is None else round(best, 4)}{stopped} in {outcome.seconds:.0f}s")
     if outcome.model_dir:
         print(f"saved model: {outcome.model_dir} (model card: {outcome.model_dir / 'model_card.md'})")
     if args.evaluate and outcome.model_dir:
@@ -121,8 +126,10 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def _tune_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", help="OHLCV folder/file, or a feature-shard folder; default: the packaged stocknet prices (data.source)")
-    p.add_argument("--resume", action="store_true", help="resume the latest sweep of this name (finished trials are kept)")
+    p.add_argument("--data", help="OHLCV folder/file, or a feature-shard folder; "
+                                  "default: the packaged stocknet prices (data.source)")
+    p.add_argument("--resume", action="store_true",
+                   help="resume the latest sweep of this name (finished trials are kept)")
 
 
 @command("tune", "sweep hyperparameters with Ray Tune (ASHA), report, and export the best trial", _tune_args)
@@ -132,13 +139,14 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
     if args.resume:
         cfg = cfg.replace("storage.resume=true")
     out = run_sweep(cfg)
-    s = out.summary
-    early = sum(1 for t in s["trials"] if t["stopped_early"])
-    print(f"sweep {out.name}: {s['num_trials']} configurations tried, {early} stopped early; "
-          f"best trial {s['best_trial_id']} (by its best epoch's {s['metric']}, {s['mode']}) "
-          f"{s['metric']} {s['best_value']:.4f} with {s['best_config']}")
-    if s.get("test_metrics"):
-        print(f"best trial on the test split (scored once): balanced accuracy {s['test_metrics']['balanced_accuracy']:.4f}")
+    summary = out.summary
+    early = sum(1 for trial in summary["trials"] if trial["stopped_early"])
+    print(f"sweep {out.name}: {summary['num_trials']} configurations tried, {early} stopped early; "
+          f"best trial {summary['best_trial_id']} (by its best epoch's {summary['metric']}, {summary['mode']}) "
+          f"{summary['metric']} {summary['best_value']:.4f} with {summary['best_config']}")
+    if summary.get("test_metrics"):
+        print("best trial on the test split (scored once): balanced accuracy "
+              f"{summary['test_metrics']['balanced_accuracy']:.4f}")
     if out.model_dir:
         print(f"saved model: {out.model_dir}")
     if out.report:
@@ -178,7 +186,8 @@ def _predict(args: argparse.Namespace, cfg: RunConfig) -> int:
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", dest="model_dir", required=True, help="a saved model folder (models/<name>)")
     p.add_argument("--data", help="OHLCV folder/file; default: the packaged stocknet prices (data.source)")
-    p.add_argument("--out", required=True, help="report folder (report.md, equity.png, evaluation.json, signals.parquet)")
+    p.add_argument("--out", required=True,
+                   help="report folder (report.md, equity.png, evaluation.json, signals.parquet)")
 
 
 @command("evaluate", "the model vs baselines on its test segment: IC, long-short, Sharpe, verdict", _evaluate_args)
@@ -233,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--verbose", action="store_true",
                        help=f"print Ray's own logs and progress bars too (or set {console.VERBOSE_ENV}=1)")
         add_args(p)
-        p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides, e.g. train.lr=0.001")
+        p.add_argument("overrides", nargs="*", metavar="section.key=value",
+                       help="config overrides, e.g. train.lr=0.001")
     return parser
 
 

@@ -461,78 +461,79 @@ def _check(ok: bool, key: str, value: Any, expected: str) -> None:
 
 
 def validate(cfg: RunConfig) -> None:
-    d, f, m, t = cfg.data, cfg.features, cfg.model, cfg.train
-    _check(d.synthetic_tickers >= 1, "data.synthetic_tickers", d.synthetic_tickers, ">= 1")
-    _check(d.synthetic_days >= 10, "data.synthetic_days", d.synthetic_days, ">= 10")
+    data, features, model, train = cfg.data, cfg.features, cfg.model, cfg.train
+    _check(data.synthetic_tickers >= 1, "data.synthetic_tickers", data.synthetic_tickers, ">= 1")
+    _check(data.synthetic_days >= 10, "data.synthetic_days", data.synthetic_days, ">= 10")
 
-    _check(f.horizon >= 1, "features.horizon", f.horizon, ">= 1")
-    _check(f.threshold >= 0, "features.threshold", f.threshold, ">= 0")
-    _check(f.vol_multiple >= 0, "features.vol_multiple", f.vol_multiple, ">= 0")
-    _check(f.barrier_up > 0, "features.barrier_up", f.barrier_up, "> 0")
-    _check(f.barrier_down > 0, "features.barrier_down", f.barrier_down, "> 0")
-    _check(f.barrier_bars >= 1, "features.barrier_bars", f.barrier_bars, ">= 1")
-    _check(f.window >= 1, "features.window", f.window, ">= 1")
-    _check(0 < f.train_frac < 1, "features.train_frac", f.train_frac, "between 0 and 1")
-    _check(0 < f.val_frac < 1, "features.val_frac", f.val_frac, "between 0 and 1")
-    _check(f.train_frac + f.val_frac < 1, "features.val_frac", f.val_frac,
-           f"train_frac + val_frac < 1 (train_frac is {f.train_frac})")
-    _check(f.embargo is None or f.embargo >= 0, "features.embargo", f.embargo, ">= 0")
+    _check(features.horizon >= 1, "features.horizon", features.horizon, ">= 1")
+    _check(features.threshold >= 0, "features.threshold", features.threshold, ">= 0")
+    _check(features.vol_multiple >= 0, "features.vol_multiple", features.vol_multiple, ">= 0")
+    _check(features.barrier_up > 0, "features.barrier_up", features.barrier_up, "> 0")
+    _check(features.barrier_down > 0, "features.barrier_down", features.barrier_down, "> 0")
+    _check(features.barrier_bars >= 1, "features.barrier_bars", features.barrier_bars, ">= 1")
+    _check(features.window >= 1, "features.window", features.window, ">= 1")
+    _check(0 < features.train_frac < 1, "features.train_frac", features.train_frac, "between 0 and 1")
+    _check(0 < features.val_frac < 1, "features.val_frac", features.val_frac, "between 0 and 1")
+    _check(features.train_frac + features.val_frac < 1, "features.val_frac", features.val_frac,
+           f"train_frac + val_frac < 1 (train_frac is {features.train_frac})")
+    _check(features.embargo is None or features.embargo >= 0, "features.embargo", features.embargo, ">= 0")
     for key in ("train_end", "val_end"):
-        value = getattr(f, key)
+        value = getattr(features, key)
         if value is not None:
             _check(_is_date(value), f"features.{key}", value, "a date YYYY-MM-DD")
-    if f.train_end and f.val_end:
-        _check(f.train_end < f.val_end, "features.val_end", f.val_end, f"a date after train_end ({f.train_end})")
+    if features.train_end and features.val_end:
+        _check(features.train_end < features.val_end, "features.val_end", features.val_end,
+               f"a date after train_end ({features.train_end})")
 
-    _check(m.hidden >= 1, "model.hidden", m.hidden, ">= 1")
-    _check(m.layers >= 1, "model.layers", m.layers, ">= 1")
-    _check(0 <= m.dropout < 1, "model.dropout", m.dropout, "in [0, 1)")
-    _check(m.heads >= 1, "model.heads", m.heads, ">= 1")
-    _check(m.kernel_size >= 1, "model.kernel_size", m.kernel_size, ">= 1")
+    _check(model.hidden >= 1, "model.hidden", model.hidden, ">= 1")
+    _check(model.layers >= 1, "model.layers", model.layers, ">= 1")
+    _check(0 <= model.dropout < 1, "model.dropout", model.dropout, "in [0, 1)")
+    _check(model.heads >= 1, "model.heads", model.heads, ">= 1")
+    _check(model.kernel_size >= 1, "model.kernel_size", model.kernel_size, ">= 1")
 
-    _check(t.epochs >= 1, "train.epochs", t.epochs, ">= 1")
-    _check(t.batch_size >= 1, "train.batch_size", t.batch_size, ">= 1")
-    _check(t.lr > 0, "train.lr", t.lr, "> 0")
-    _check(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, ">= 0")
-    _check(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, ">= 0")
-    _check(t.patience >= 0, "train.patience", t.patience, ">= 0")
-    direction = metric_direction(t.metric)
-    if t.mode not in ("auto", direction):
+    _check(train.epochs >= 1, "train.epochs", train.epochs, ">= 1")
+    _check(train.batch_size >= 1, "train.batch_size", train.batch_size, ">= 1")
+    _check(train.lr > 0, "train.lr", train.lr, "> 0")
+    _check(train.weight_decay >= 0, "train.weight_decay", train.weight_decay, ">= 0")
+    _check(train.grad_clip >= 0, "train.grad_clip", train.grad_clip, ">= 0")
+    _check(train.patience >= 0, "train.patience", train.patience, ">= 0")
+    direction = metric_direction(train.metric)
+    if train.mode not in ("auto", direction):
         better = "larger" if direction == "max" else "smaller"
-        raise ConfigError(f"config 'train.mode': {t.mode!r} contradicts train.metric={t.metric!r}, where {better} is "
-                          f"better; set train.mode={direction} or train.mode=auto")
-    _check(t.stop_after >= 0, "train.stop_after", t.stop_after, ">= 0 (0 = run all epochs)")
-    _check(t.max_skipped_steps >= 1, "train.max_skipped_steps", t.max_skipped_steps, ">= 1")
+        raise ConfigError(f"config 'train.mode': {train.mode!r} contradicts train.metric={train.metric!r}, "
+                          f"where {better} is better; set train.mode={direction} or train.mode=auto")
+    _check(train.stop_after >= 0, "train.stop_after", train.stop_after, ">= 0 (0 = run all epochs)")
+    _check(train.max_skipped_steps >= 1, "train.max_skipped_steps", train.max_skipped_steps, ">= 1")
 
-    s = cfg.scaling
-    _check(s.workers >= 0, "scaling.workers", s.workers, ">= 0 (0 = automatic)")
-    _check(s.cpus_per_worker >= 0, "scaling.cpus_per_worker", s.cpus_per_worker, ">= 0 (0 = automatic)")
-    _check(s.gpus_per_worker > 0, "scaling.gpus_per_worker", s.gpus_per_worker, "> 0")
-    _check(s.threads_per_worker >= 0, "scaling.threads_per_worker", s.threads_per_worker, ">= 0")
-    _check(s.max_failures >= -1, "scaling.max_failures", s.max_failures, ">= -1 (-1 = retry forever)")
+    scaling = cfg.scaling
+    _check(scaling.workers >= 0, "scaling.workers", scaling.workers, ">= 0 (0 = automatic)")
+    _check(scaling.cpus_per_worker >= 0, "scaling.cpus_per_worker", scaling.cpus_per_worker, ">= 0 (0 = automatic)")
+    _check(scaling.gpus_per_worker > 0, "scaling.gpus_per_worker", scaling.gpus_per_worker, "> 0")
+    _check(scaling.threads_per_worker >= 0, "scaling.threads_per_worker", scaling.threads_per_worker, ">= 0")
+    _check(scaling.max_failures >= -1, "scaling.max_failures", scaling.max_failures, ">= -1 (-1 = retry forever)")
 
-    tu = cfg.tune
-    _check(tu.num_samples >= 1, "tune.num_samples", tu.num_samples, ">= 1")
-    _check(tu.grace_period >= 1, "tune.grace_period", tu.grace_period, ">= 1")
-    _check(tu.max_concurrent_trials >= 0, "tune.max_concurrent_trials", tu.max_concurrent_trials, ">= 0")
-    _check(tu.time_budget_s >= 0, "tune.time_budget_s", tu.time_budget_s, ">= 0")
+    tune = cfg.tune
+    _check(tune.num_samples >= 1, "tune.num_samples", tune.num_samples, ">= 1")
+    _check(tune.grace_period >= 1, "tune.grace_period", tune.grace_period, ">= 1")
+    _check(tune.max_concurrent_trials >= 0, "tune.max_concurrent_trials", tune.max_concurrent_trials, ">= 0")
+    _check(tune.time_budget_s >= 0, "tune.time_budget_s", tune.time_budget_s, ">= 0")
 
-    sg = cfg.signals
-    _check(sg.long_threshold >= 0, "signals.long_threshold", sg.long_threshold, ">= 0")
-    _check(sg.short_threshold >= 0, "signals.short_threshold", sg.short_threshold, ">= 0")
-    _check(0 < sg.quantile <= 0.5, "signals.quantile", sg.quantile, "in (0, 0.5]")
-    _check(sg.cost_bps >= 0, "signals.cost_bps", sg.cost_bps, ">= 0")
-    _check(sg.folds >= 0, "signals.folds", sg.folds, ">= 0")
-    _check(sg.n_boot >= 100, "signals.n_boot", sg.n_boot, ">= 100")
-    _check(sg.actors >= 0, "signals.actors", sg.actors, ">= 0")
+    signals = cfg.signals
+    _check(signals.long_threshold >= 0, "signals.long_threshold", signals.long_threshold, ">= 0")
+    _check(signals.short_threshold >= 0, "signals.short_threshold", signals.short_threshold, ">= 0")
+    _check(0 < signals.quantile <= 0.5, "signals.quantile", signals.quantile, "in (0, 0.5]")
+    _check(signals.cost_bps >= 0, "signals.cost_bps", signals.cost_bps, ">= 0")
+    _check(signals.folds >= 0, "signals.folds", signals.folds, ">= 0")
+    _check(signals.n_boot >= 100, "signals.n_boot", signals.n_boot, ">= 100")
+    _check(signals.actors >= 0, "signals.actors", signals.actors, ">= 0")
 
-    st = cfg.storage
-    _check(bool(st.path), "storage.path", st.path, "a folder or URI")
-    _check(_safe_name(st.name), "storage.name", st.name,
+    storage = cfg.storage
+    _check(bool(storage.path), "storage.path", storage.path, "a folder or URI")
+    _check(_safe_name(storage.name), "storage.name", storage.name,
            "a plain name of letters, digits, '.', '_' or '-' (no path separators or '..')")
-    _check(st.run is None or _safe_name(st.run), "storage.run", st.run,
+    _check(storage.run is None or _safe_name(storage.run), "storage.run", storage.run,
            "a plain name of letters, digits, '.', '_' or '-' (no path separators or '..')")
-    _check(st.num_to_keep >= 1, "storage.num_to_keep", st.num_to_keep, ">= 1")
+    _check(storage.num_to_keep >= 1, "storage.num_to_keep", storage.num_to_keep, ">= 1")
 
 
 def _is_date(value: str) -> bool:

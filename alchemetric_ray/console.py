@@ -176,5 +176,5 @@ def session_logs() -> str | None:
 
         node = ray._private.worker.global_worker.node
         return node.get_logs_dir_path() if node is not None else None
-    except Exception:  # noqa: BLE001 - a path to print, never a reason to fail
+    except Exception:  # a path to print, never a reason to fail
         return None

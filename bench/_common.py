@@ -10,7 +10,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alchemetric_ray.fsutil import atomic_write_json  # noqa: E402
+from alchemetric_ray.fsutil import atomic_write_json
 
 
 def machine(**extra: Any) -> dict[str, Any]:

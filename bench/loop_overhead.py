@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _common import machine, write_result  # noqa: E402
-from torch import nn  # noqa: E402
+import numpy as np
+import torch
+from _common import machine, write_result
+from torch import nn
 
 
 def plain_loop(cfg, shards: Path, manifest: dict, epochs: int, threads: int, in_memory: bool) -> list[float]:
@@ -95,7 +95,8 @@ def main(argv=None) -> int:
     parser.add_argument("--days", type=int, default=1500)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each contender per mode, in ABBA order")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads for both loops (default: the product's choice)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads for both loops (default: the product's choice)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args(argv)
 
@@ -124,11 +125,13 @@ def main(argv=None) -> int:
         threads = args.threads or None
         per_epoch = {k: [] for k in ("ours_streamed", "plain_parquet_each_epoch", "ours_cached", "plain_in_memory")}
         walls, startups = {"streamed": [], "cached": []}, {"streamed": [], "cached": []}
-        for mode, cache, plain_key in (("streamed", False, "plain_parquet_each_epoch"), ("cached", True, "plain_in_memory")):
+        modes = (("streamed", False, "plain_parquet_each_epoch"), ("cached", True, "plain_in_memory"))
+        for mode, cache, plain_key in modes:
             for r in range(args.repeats):
                 for who in (("ours", "plain") if r % 2 == 0 else ("plain", "ours")):
                     if who == "ours":
-                        rates, wall, startup, threads = ours(cfg, shards, manifest, cache=cache, name=f"bench-{mode}-{r}")
+                        rates, wall, startup, threads = ours(cfg, shards, manifest, cache=cache,
+                                                             name=f"bench-{mode}-{r}")
                         per_epoch[f"ours_{mode}"].append(rates)
                         walls[mode].append(wall)
                         startups[mode].append(startup)
@@ -157,8 +160,8 @@ def main(argv=None) -> int:
         "startup_s": {"streamed": startup_s, "cached": startup_c}, "wall_s": {"streamed": wall_s, "cached": wall_c},
         "versions": {"torch": torch.__version__, "ray": ray.__version__}, "date": time.strftime("%Y-%m-%d"),
     }
-    print(f"loop overhead: {args.model}, batch {batch}, {manifest['rows']['train']:,} train rows, {threads} torch threads, "
-          f"median of epochs 2..{args.epochs} of {args.repeats} runs each, ABBA order")
+    print(f"loop overhead: {args.model}, batch {batch}, {manifest['rows']['train']:,} train rows, "
+          f"{threads} torch threads, median of epochs 2..{args.epochs} of {args.repeats} runs each, ABBA order")
     print(f"{'mode':10s} {'ours samples/s':>15s} {'plain samples/s':>16s} {'ratio':>7s}")
     for k, (o, p) in rows.items():
         print(f"{k:10s} {o:15,.0f} {p:16,.0f} {o / p:7.2f}")

@@ -28,11 +28,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from _common import machine, write_result  # noqa: E402
+import torch
+from _common import machine, write_result
 
-from alchemetric_ray.hardware import resolve_device  # noqa: E402
-from scripts.gpu_check import MODES, run_one  # noqa: E402
+from alchemetric_ray.hardware import resolve_device
+from scripts.gpu_check import MODES, run_one
 
 # sizes where a GPU is compute-bound enough for precision to matter / small enough for 2 CPU cores
 SIZES = {
@@ -81,7 +81,8 @@ def main(argv=None) -> int:
                     rows.append({**row, "refused": "TF32 is a CUDA matmul mode; on this device it would be plain fp32"})
                     continue
                 runs = [run_one(model_name, mode, tf32, device, size["steps"], batch, n_features=size["features"],
-                                window=size["window"], hidden=size["hidden"], layers=size["layers"], heads=size["heads"])
+                                window=size["window"], hidden=size["hidden"], layers=size["layers"],
+                                heads=size["heads"])
                         for _ in range(size["repeats"])]
                 if "refused" in runs[0]:
                     rows.append({**row, "refused": runs[0]["refused"]})
@@ -114,7 +115,8 @@ def main(argv=None) -> int:
                 if rate("transformer", b, "bf16") and rate("transformer", b, "fp32") else None for b in batches}
     for b, ratio in headline.items():
         shown = f"{ratio:.2f}x" if ratio is not None else "n/a (bf16 or fp32 refused here)"
-        verdict = "" if not cuda or ratio is None else ("  (target >= 2x: met)" if ratio >= 2 else "  (target >= 2x: MISSED)")
+        verdict = ("" if not cuda or ratio is None
+                   else "  (target >= 2x: met)" if ratio >= 2 else "  (target >= 2x: MISSED)")
         print(f"transformer bf16 / fp32 (TF32 off), batch {b}: {shown}{verdict}"
               + ("" if cuda else "  [CPU: not the GPU target]"))
 
@@ -123,7 +125,8 @@ def main(argv=None) -> int:
         "machine": machine(device=str(device), device_name=name, cuda=cuda),
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
         "sizes": size, "batches": batches, "rows": rows,
-        "transformer_bf16_vs_fp32": headline, "target": "bf16 >= 2x fp32 (TF32 off) on the Transformer, CUDA H100/H200-class",
+        "transformer_bf16_vs_fp32": headline,
+        "target": "bf16 >= 2x fp32 (TF32 off) on the Transformer, CUDA H100/H200-class",
         "note": None if cuda else "no CUDA: CPU subset only; says nothing about the GPU target",
         "date": time.strftime("%Y-%m-%d"),
     }

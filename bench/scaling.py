@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine, write_result  # noqa: E402
+from _common import machine, write_result
 
 DAYS = 1500
 KIB = 1024
@@ -121,7 +121,8 @@ class MemorySampler(threading.Thread):
                 hwm = _status_kib(self.worker_pid, "VmHWM")
                 if hwm is not None:
                     self.worker_hwm_kib = max(self.worker_hwm_kib, hwm)
-                    self.worker_anon_peak_kib = max(self.worker_anon_peak_kib, _status_kib(self.worker_pid, "RssAnon") or 0)
+                    self.worker_anon_peak_kib = max(self.worker_anon_peak_kib,
+                                                    _status_kib(self.worker_pid, "RssAnon") or 0)
                     self.worker_shmem_peak_kib = max(self.worker_shmem_peak_kib,
                                                      _status_kib(self.worker_pid, "RssShmem") or 0)
                     now = time.monotonic()
@@ -157,8 +158,9 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
         probe = load_config(None, [])
         per_ticker = DAYS - warmup_bars(resolve_feature_names(probe.features.names)) - 10
         tickers = max(1, math.ceil(rows / per_ticker))
-        cfg = load_config(None, ["data.source=synthetic", f"data.synthetic_tickers={tickers}", f"data.synthetic_days={DAYS}",
-                                 f"model.name={model}", f"train.batch_size={batch}", "train.epochs=1", "train.patience=0",
+        cfg = load_config(None, ["data.source=synthetic", f"data.synthetic_tickers={tickers}",
+                                 f"data.synthetic_days={DAYS}", f"model.name={model}", f"train.batch_size={batch}",
+                                 "train.epochs=1", "train.patience=0",
                                  "train.cache_data=false", f"storage.path={tmp / 'results'}",
                                  f"storage.models_dir={tmp / 'models'}", "storage.name=scaling"])
         start = time.perf_counter()
@@ -185,7 +187,8 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
             "tickers": tickers, "days": DAYS, "model": model, "batch": batch,
             "features_s": features_s, "train_s": train_s, "wall_s": features_s + train_s,
             "train_samples_per_s": history[-1].get("samples_per_s"),
-            "peak_kib": {"driver_at_start": base_rss, "driver_after_features": driver_after_features, "driver": driver_end,
+            "peak_kib": {"driver_at_start": base_rss, "driver_after_features": driver_after_features,
+                         "driver": driver_end,
                          "worker": sampler.worker_hwm_kib or None, "tree_sampled": sampler.tree_peak_kib,
                          "worker_private": sampler.worker_anon_peak_kib or None,
                          "worker_shared": sampler.worker_shmem_peak_kib or None},
@@ -255,8 +258,12 @@ def main(argv=None) -> int:
         "targets": {"wall_s": "<= 11 for 10x rows", "peak_worker": "<= 1.5 for 10x rows"},
         "date": time.strftime("%Y-%m-%d"),
     }
-    mib = lambda kib: f"{kib / KIB:,.0f}" if kib else "-"  # noqa: E731
-    print(f"scaling: features + 1 epoch of train (MLP, batch {args.batch}, train.cache_data=false), one fresh process per size")
+
+    def mib(kib):
+        return f"{kib / KIB:,.0f}" if kib else "-"
+
+    print(f"scaling: features + 1 epoch of train (MLP, batch {args.batch}, train.cache_data=false), "
+          "one fresh process per size")
     print(f"{'rows':>12s} {'features s':>11s} {'train s':>8s} {'wall s':>8s} {'samples/s':>10s} "
           f"{'driver MiB':>11s} {'worker MiB':>11s} {'private':>8s} {'shared':>7s} {'tree MiB~':>10s}")
     for r in runs:
@@ -264,7 +271,10 @@ def main(argv=None) -> int:
         print(f"{r['rows']:12,d} {r['features_s']:11.1f} {r['train_s']:8.1f} {r['wall_s']:8.1f} "
               f"{r['train_samples_per_s'] or 0:10,.0f} {mib(p['driver']):>11s} {mib(p['worker']):>11s} "
               f"{mib(p.get('worker_private')):>8s} {mib(p.get('worker_shared')):>7s} {mib(p['tree_sampled']):>10s}")
-    fmt = lambda v: f"{v:.2f}" if v is not None else "n/a"  # noqa: E731
+
+    def fmt(v):
+        return f"{v:.2f}" if v is not None else "n/a"
+
     print(f"ratio ({size_ratio:.1f}x rows): wall {fmt(ratios['wall_s'])} (features {fmt(ratios['features_s'])}, "
           f"train {fmt(ratios['train_s'])}; target <= 11 for 10x), peak worker {fmt(ratios['peak_worker'])} "
           f"(target <= 1.5; private {fmt(ratios['peak_worker_private'])}, object-store pages "

@@ -30,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from _common import machine, write_result  # noqa: E402
+import torch
+from _common import machine, write_result
 
 # learning rates from good to useless: a grid in this order lets ASHA, which compares a trial at a
 # rung only with trials that already reached it, see good trials before it judges the bad ones
@@ -63,7 +63,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tickers", type=int, default=40)
     parser.add_argument("--days", type=int, default=1000)
     parser.add_argument("--model", default="mlp")
-    parser.add_argument("--concurrency", type=int, default=1, help="tune.max_concurrent_trials for both; 0 = product default")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="tune.max_concurrent_trials for both; 0 = product default")
     parser.add_argument("--full-first", action="store_true", help="run the full sweep before the ASHA one")
     parser.add_argument("--warmup", action="store_true", help="a 1-trial 1-epoch sweep first, outside the timing")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -94,7 +95,8 @@ def main(argv=None) -> int:
         order = ["full", "asha"] if args.full_first else ["asha", "full"]
         runs = {}
         for kind in order:
-            runs[kind] = sweep(base, tmp, kind, "asha" if kind == "asha" else "none", lrs, args.concurrency, args.epochs)
+            scheduler = "asha" if kind == "asha" else "none"
+            runs[kind] = sweep(base, tmp, kind, scheduler, lrs, args.concurrency, args.epochs)
         cpus = ray.cluster_resources().get("CPU")
     ray.shutdown()
 

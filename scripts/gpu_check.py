@@ -19,13 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from torch import nn
 
-from alchemetric_ray.config import ModelConfig  # noqa: E402
-from alchemetric_ray.hardware import OptimizerStep, PrecisionError, resolve_device, resolve_precision  # noqa: E402
-from alchemetric_ray.hardware.device import synchronize  # noqa: E402
-from alchemetric_ray.models import build_model, model_spec  # noqa: E402
+from alchemetric_ray.config import ModelConfig
+from alchemetric_ray.hardware import OptimizerStep, PrecisionError, resolve_device, resolve_precision
+from alchemetric_ray.hardware.device import synchronize
+from alchemetric_ray.models import build_model, model_spec
 
 MODES = [("fp32", False), ("fp32", True), ("fp16", False), ("bf16", False)]
 
@@ -102,10 +102,12 @@ def main(argv=None) -> int:
             if "refused" in row:
                 print(f"{model_name:12s} {row['precision']:10s} refused: {row['refused']}")
             else:
-                print(f"{model_name:12s} {row['precision']:10s} loss {row['first_loss']:.4f} -> {row['last_loss']:.4f}  "
+                print(f"{model_name:12s} {row['precision']:10s} "
+                      f"loss {row['first_loss']:.4f} -> {row['last_loss']:.4f}  "
                       f"skipped {row['skipped']:3d}  scale {row['scale']}  {row['samples_per_s']} samples/s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": str(choice), "torch": torch.__version__, "rows": rows}, indent=2))
+        report = {"device": str(choice), "torch": torch.__version__, "rows": rows}
+        Path(args.json).write_text(json.dumps(report, indent=2))
     trained = [r for r in rows if "refused" not in r]
     ok = all(r["last_loss"] < r["first_loss"] for r in trained)
     print("all trained runs reduced the loss" if ok else "SOME RUNS DID NOT REDUCE THE LOSS")

@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from alchemetric_ray.data.stocknet import PACKAGE_DIR, write_table  # noqa: E402
+from alchemetric_ray.data.stocknet import PACKAGE_DIR, write_table
 
 
 def main(folder: str) -> int:

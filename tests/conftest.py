@@ -15,7 +15,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "300")
 os.environ.pop("ALCHEMETRIC_DEVICE", None)
 
-import pytest  # noqa: E402
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Logical CPUs for the session's Ray: enough that Train workers (fractional CPUs), Tune trial

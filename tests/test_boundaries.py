@@ -103,7 +103,8 @@ def test_every_package_but_hardware_is_checked():
 
 def test_the_checker_catches_what_it_should(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import torch\nif dev.type == 'mps':\n    pass\nx = torch.cuda.is_available()\ny = d in ('cuda', 'cpu')\n")
+    bad.write_text("import torch\nif dev.type == 'mps':\n    pass\n"
+                   "x = torch.cuda.is_available()\ny = d in ('cuda', 'cpu')\n")
     lines = sorted({f.split(" ")[0] for f in _violations(bad)})
     assert lines == ["bad.py:2", "bad.py:4", "bad.py:5"]
 

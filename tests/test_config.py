@@ -127,5 +127,6 @@ def test_mode_that_contradicts_the_metric_is_refused_in_one_line_and_the_cli_exi
         load_config(None, ["train.metric=val_accuracy", "train.mode=min"])
     assert main(["train", "train.metric=val_log_loss", "train.mode=max"]) == 2
     assert capsys.readouterr().err.strip() == f"alchemetric-ray train: error: {message}"
-    with pytest.raises(ConfigError, match="config 'train.metric': 'val_loss' is not one of .*did you mean 'val_log_loss'"):
+    with pytest.raises(ConfigError,
+                       match="config 'train.metric': 'val_loss' is not one of .*did you mean 'val_log_loss'"):
         load_config(None, ["train.metric=val_loss"])

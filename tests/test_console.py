@@ -19,7 +19,8 @@ TICKERS = "AAPL,AMZN,BA,BAC,CSCO,GE,INTC,JPM,KO,MSFT,PFE,XOM"
 BAR_FRAGMENTS = re.compile(r"[█▏▎▍▌▋▊▉]|\r|\d+(\.\d+)?(it|row|file)/s\]|\[\d\d:\d\d<")
 
 
-def run_cli(args: list[str], ray_session, tmp_path: Path, *, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], ray_session, tmp_path: Path, *,
+            extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """The real CLI in a subprocess, its output into a pipe (not a TTY), joined to the session's Ray
     as `ray job submit` would (RAY_ADDRESS), with the CPU asked for explicitly."""
     env = {k: v for k, v in os.environ.items() if k != console.VERBOSE_ENV}

@@ -102,7 +102,8 @@ def test_explicit_cuda_missing_is_an_error_naming_what_exists(machine):
 
 def test_cuda_index_out_of_range(machine):
     machine(cuda=2)
-    with pytest.raises(DeviceError, match=r"asked for device 'cuda:3' but this machine has 2 CUDA device\(s\) \(cuda:0..cuda:1\)"):
+    with pytest.raises(DeviceError,
+                       match=r"asked for device 'cuda:3' but this machine has 2 CUDA device\(s\) \(cuda:0..cuda:1\)"):
         resolve_device("cuda:3")
     assert resolve_device("cuda:1").device == torch.device("cuda", 1)
 

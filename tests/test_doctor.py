@@ -27,7 +27,8 @@ def test_every_check_runs_for_cpu_fp32_and_bf16(mlp_report):
     for mode in ("fp32", "bf16"):
         t = _target(mlp_report, "cpu", mode)
         assert t["op_coverage"]["n_ops"] > 10 and t["op_coverage"]["unsupported"] == {}
-        assert "addmm" in t["op_coverage"]["ops"] and t["op_coverage"]["fallback_env"] == "PYTORCH_ENABLE_MPS_FALLBACK=0"
+        assert "addmm" in t["op_coverage"]["ops"]
+        assert t["op_coverage"]["fallback_env"] == "PYTORCH_ENABLE_MPS_FALLBACK=0"
         assert t["parity"]["passed"] and t["amp"]["passed"]
         assert [r["batch"] for r in t["speed"]["ladder"]] == [256, 1024]
         assert all(r["samples_per_s"] > 0 and r["peak_memory_bytes"] > 0 for r in t["speed"]["ladder"])
@@ -220,7 +221,8 @@ def test_mps_autocast_in_training_needs_a_passing_doctor_record(tmp_path):
     cfg = load_config(None, [f"storage.path={tmp_path}", "precision.mode=bf16", "model.hidden=16"])
     require_doctor_checked_precision(cfg, "cpu")  # only MPS is gated
     require_doctor_checked_precision(cfg.replace("precision.mode=fp32"), "mps")  # float32 needs nothing
-    with pytest.raises(DoctorRequired, match="needs a passing doctor check for this model; run `alchemetric-ray doctor"):
+    with pytest.raises(DoctorRequired,
+                       match="needs a passing doctor check for this model; run `alchemetric-ray doctor"):
         require_doctor_checked_precision(cfg, "mps")
     write_records(cfg, [{"device": "mps", "device_type": "mps", "mode": "bf16", "passed": False,
                          "blockers": ["operators without a mps kernel: aten::foo"]}])

@@ -54,7 +54,8 @@ def test_env_refused_requests_exit_nonzero_with_one_line(monkeypatch, capsys):
     assert main(["env", "--device", "cuda"]) == 2
     assert "ERROR: the config asked for device 'cuda' but CUDA is not available (found: cpu)" in capsys.readouterr().out
     assert main(["env", "train.lr=0"]) == 2
-    assert capsys.readouterr().err.strip() == "alchemetric-ray env: error: config 'train.lr': 0.0 is invalid, expected > 0"
+    assert (capsys.readouterr().err.strip()
+            == "alchemetric-ray env: error: config 'train.lr': 0.0 is invalid, expected > 0")
     assert main(["env", "--device", "cpu", "--precision", "bf16", "model.name=lstm"]) == 2
     assert "LSTM fails under CPU autocast" in capsys.readouterr().out
 

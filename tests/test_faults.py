@@ -47,7 +47,8 @@ def _train_worker_pids() -> list[int]:
     import ray
     from ray.util.state import list_actors
 
-    actors = list_actors(address=ray.get_runtime_context().gcs_address, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")],
+    actors = list_actors(address=ray.get_runtime_context().gcs_address,
+                         filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")],
                          raise_on_missing_output=False)
     return [a.pid for a in actors if a.pid]
 

@@ -111,7 +111,8 @@ def _count_loop(config):
     for split in ("train", "val"):
         n, shape = 0, None
         shard = ray.train.get_dataset_shard(split)
-        for x, y in shard.iter_torch_batches(batch_size=128, collate_fn=collate_for(config["mode"], config["features"])):
+        collate = collate_for(config["mode"], config["features"])
+        for x, y in shard.iter_torch_batches(batch_size=128, collate_fn=collate):
             n += len(y)
             shape = list(x.shape[1:])
         seen[split] = (n, shape)
@@ -166,7 +167,10 @@ def test_streamed_epochs_shuffle_in_windows_and_see_every_row_once(ray_session, 
         # every row exactly once, but not in file order; no row leaves its window of SHUFFLE_WINDOW batches
         assert x.shape == unshuffled.shape == (m.rows["train"], 16)
         assert not torch.equal(x, unshuffled)
-        rows = lambda t: sorted(map(tuple, t.tolist()))  # noqa: E731
+
+        def rows(t):
+            return sorted(map(tuple, t.tolist()))
+
         assert rows(x) == rows(unshuffled)
         span = SHUFFLE_WINDOW * batch
         assert rows(x[:span]) == rows(unshuffled[:span]) and rows(x[span:2 * span]) == rows(unshuffled[span:2 * span])

@@ -115,8 +115,8 @@ def test_parts_and_row_groups_hold_many_tickers_in_order(tmp_path, syn_shards, m
     small = build_shards(load_config(None, SYN), tmp_path / "small")
     for split in ("train", "val", "test"):
         files = sorted(split_dir(small.out, split).glob("*.parquet"))
-        groups = [[pq.ParquetFile(f).metadata.row_group(i).num_rows for i in range(pq.ParquetFile(f).metadata.num_row_groups)]
-                  for f in files]
+        metadata = [pq.ParquetFile(f).metadata for f in files]
+        groups = [[meta.row_group(i).num_rows for i in range(meta.num_row_groups)] for meta in metadata]
         total = small.manifest.rows[split]
         assert [sum(g) for g in groups] == [700] * (total // 700) + ([total % 700] if total % 700 else [])
         assert all(g[:-1] == [300] * (len(g) - 1) and 0 < g[-1] <= 300 for g in groups), groups
@@ -169,14 +169,15 @@ def test_stocknet_folder_to_shards(stocknet_dir, tmp_path):
 
 def test_features_cli_on_stocknet_and_bad_input(stocknet_dir, tmp_path):
     cli = [sys.executable, "-m", "alchemetric_ray.cli", "features"]
-    ok = subprocess.run([*cli, "--data", str(stocknet_dir), "--out", str(tmp_path / "s"), "data.tickers=AAPL,MSFT,GOOG"],
-                        capture_output=True, text=True, timeout=300)
+    ok = subprocess.run([*cli, "--data", str(stocknet_dir), "--out", str(tmp_path / "s"),
+                         "data.tickers=AAPL,MSFT,GOOG"], capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert "wrote" in ok.stdout and "3 tickers" in ok.stdout
     assert json.loads((tmp_path / "s" / MANIFEST).read_text())["tickers"] == ["AAPL", "GOOG", "MSFT"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    bad = subprocess.run([*cli, "--data", str(empty), "--out", str(tmp_path / "t")], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run([*cli, "--data", str(empty), "--out", str(tmp_path / "t")], capture_output=True, text=True,
+                         timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.startswith("alchemetric-ray features: error: ") and str(empty) in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1

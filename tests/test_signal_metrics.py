@@ -93,7 +93,8 @@ def test_perfect_and_inverted_score_give_ic_plus_minus_one():
 def test_rank_ic_handles_ties_like_spearman():
     from scipy.stats import spearmanr
 
-    df = tiny([("2024-01-02", t, s, r) for t, s, r in zip("ABCDEF", [1, 1, 2, 3, 3, 3], [0.01, -0.02, 0.0, 0.03, 0.01, 0.02])])
+    scores, returns = [1, 1, 2, 3, 3, 3], [0.01, -0.02, 0.0, 0.03, 0.01, 0.02]
+    df = tiny([("2024-01-02", t, s, r) for t, s, r in zip("ABCDEF", scores, returns)])
     expected = spearmanr(df["score"], df["fwd_ret"]).statistic
     assert daily_ic(df, rank=True).iloc[0] == pytest.approx(expected, abs=1e-12)
 

@@ -49,7 +49,10 @@ def test_assign_purges_rows_whose_label_crosses_a_boundary():
     # the last rows before each hole are purged, not just the calendar gap: by calendar date they
     # belong to train (688, 689) and val (838, 839), but their labels end at 700/701 and 850/851
     by_date = pd.Series(split, index=pd.DatetimeIndex(ticker_dates))
-    at = lambda i: int(by_date[pd.Timestamp(dates[i])])  # noqa: E731
+
+    def at(i):
+        return int(by_date[pd.Timestamp(dates[i])])
+
     assert [at(i) for i in (687, 688, 689, 700)] == [0, -1, -1, 1]
     assert [at(i) for i in (837, 838, 839, 850)] == [1, -1, -1, 2]
     assert set(np.unique(split)) == {-1, 0, 1, 2}

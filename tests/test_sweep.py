@@ -38,7 +38,8 @@ def _sweep_args(shards, tmp_path, *extra):
 
 def test_space_kinds():
     cfg = load_config(None, ["tune.space={train.lr: {loguniform: [0.0001, 0.01]}, model.name: [mlp, gru], "
-                             "model.hidden: {choice: [16, 32]}, train.batch_size: {grid: [256, 512]}, model.dropout: 0.2}"])
+                             "model.hidden: {choice: [16, 32]}, train.batch_size: {grid: [256, 512]}, "
+                             "model.dropout: 0.2}"])
     space = build_space(cfg)
     assert space["model.dropout"] == 0.2
     assert space["train.batch_size"] == {"grid_search": [256, 512]}
@@ -134,13 +135,15 @@ def test_sweep_resumes_after_the_driver_is_killed(ray_session, shards, tmp_path)
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address, "TUNE_GLOBAL_CHECKPOINT_S": "1",
            "PYTHONPATH": str(REPO)}
     cli = [sys.executable, "-m", "alchemetric_ray.cli", "tune", *args]
-    driver = subprocess.Popen(cli, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    driver = subprocess.Popen(cli, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
     sweep_dir = tmp_path / "results" / "sweep-killed"
     deadline = time.monotonic() + 600
     finished = []
     try:
         while time.monotonic() < deadline and not finished:
-            finished = [p for p in (tmp_path / "results").glob("sweep-killed-*/epoch-0001") if (p / "meta.json").is_file()]
+            finished = [p for p in (tmp_path / "results").glob("sweep-killed-*/epoch-0001")
+                        if (p / "meta.json").is_file()]
             time.sleep(1)
         assert finished, "no trial finished within 10 minutes"
         time.sleep(4)  # let Tune record the finished trial in its experiment state

@@ -24,8 +24,8 @@ NASTY = "<script>alert(1)</script>"
 
 def _history(vals, losses, log_losses=None):
     rows = []
-    for e, (v, l) in enumerate(zip(vals, losses)):
-        row = {"epoch": e, "train_loss": l, "val_balanced_accuracy": v}
+    for e, (v, loss) in enumerate(zip(vals, losses)):
+        row = {"epoch": e, "train_loss": loss, "val_balanced_accuracy": v}
         if log_losses is not None and log_losses[e] is not None:
             row["val_log_loss"] = log_losses[e]
         rows.append(row)
@@ -121,8 +121,9 @@ CHROMIUM_PATHS = ("/usr/bin/chromium",
                   "/Applications/Chromium.app/Contents/MacOS/Chromium")
 INSTALL_HINT = ("install one: Debian/Ubuntu `sudo apt-get install -y chromium` (`make test-deps` does it as root; "
                 "CI installs it), macOS `brew install --cask chromium` or Google Chrome")
-MISSING_CHROMIUM = (f"headless Chromium or Google Chrome is required for the sweep report tests but none was found "
-                    f"(looked for {', '.join(CHROMIUM_NAMES)} on PATH and {', '.join(CHROMIUM_PATHS)}): {INSTALL_HINT}.")
+MISSING_CHROMIUM = ("headless Chromium or Google Chrome is required for the sweep report tests but none was found "
+                    f"(looked for {', '.join(CHROMIUM_NAMES)} on PATH and {', '.join(CHROMIUM_PATHS)}): "
+                    f"{INSTALL_HINT}.")
 
 
 def _find_chromium() -> str | None:

@@ -59,7 +59,8 @@ def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
         ds = sequence_dataset(ds, manifest.features, WINDOW)
     rows = ds.limit(256).materialize()  # the same 256 rows to train on and to score
     plan = plan_resources(cfg, ray_session.cluster_resources())
-    result = build_trainer(cfg, {"train": rows, "val": rows}, manifest, plan, name=f"overfit-{name}", local_mode=True).fit()
+    trainer = build_trainer(cfg, {"train": rows, "val": rows}, manifest, plan, name=f"overfit-{name}", local_mode=True)
+    result = trainer.fit()
     history = result.return_value["history"]
     assert result.return_value["rows"] == [256]
     assert max(h["val_accuracy"] for h in history[-5:]) >= 0.95, [round(h["val_accuracy"], 3) for h in history[::10]]
@@ -83,7 +84,8 @@ def test_plan_laptop_cpu_defaults(monkeypatch):
     cpu_only_machine(monkeypatch)  # a laptop without CUDA or MPS, whatever the host has
     cfg = load_config()
     plan = plan_resources(cfg, {"CPU": 2.0})
-    assert (plan.num_workers, plan.use_gpu, plan.backend, plan.cpus_per_worker, plan.cpus_for_data) == (1, False, "gloo", 1.0, 1.0)
+    assert ((plan.num_workers, plan.use_gpu, plan.backend, plan.cpus_per_worker, plan.cpus_for_data)
+            == (1, False, "gloo", 1.0, 1.0))
     assert plan.worker_device == "cpu" and "one CPU worker" in plan.reasons["workers"]
     assert "Ray Data" in plan.describe()
 
@@ -130,7 +132,8 @@ def test_plan_mac_path_on_a_real_ray_with_an_apple_gpu(tmp_path):
         try:
             plan = plan_resources(load_config(), ray.cluster_resources())
             two = plan_resources(load_config(None, ["scaling.workers=2"]), ray.cluster_resources())
-            print(json.dumps({"gpus": ray.cluster_resources().get("GPU"), "plan": plan.as_dict(), "two": two.as_dict()}))
+            print(json.dumps({"gpus": ray.cluster_resources().get("GPU"), "plan": plan.as_dict(),
+                              "two": two.as_dict()}))
         finally:
             ray.shutdown()
     """)
@@ -250,10 +253,12 @@ def test_every_reader_of_the_selection_takes_the_direction_from_the_metric(tmp_p
     trainer = build_trainer(cfg, {}, {}, plan_resources(cfg, {"CPU": 4.0}), name="direction")
     order = trainer.run_config.checkpoint_config
     assert (order.checkpoint_score_attribute, order.checkpoint_score_order) == ("val_log_loss", "min")
-    ranked = [("epoch-0", {"val_log_loss": 0.9}), ("epoch-1", {"val_log_loss": 0.4}), ("epoch-2", {"val_log_loss": 0.7})]
+    ranked = [("epoch-0", {"val_log_loss": 0.9}), ("epoch-1", {"val_log_loss": 0.4}),
+              ("epoch-2", {"val_log_loss": 0.7})]
     assert _best(_FakeResult(ranked), cfg) == ranked[1]  # the lowest log loss is exported
     acc = load_config(None, ["train.metric=val_accuracy", f"storage.path={tmp_path}"])
-    ranked = [("epoch-0", {"val_accuracy": 0.4}), ("epoch-1", {"val_accuracy": 0.6}), ("epoch-2", {"val_accuracy": 0.5})]
+    ranked = [("epoch-0", {"val_accuracy": 0.4}), ("epoch-1", {"val_accuracy": 0.6}),
+              ("epoch-2", {"val_accuracy": 0.5})]
     assert _best(_FakeResult(ranked), acc) == ranked[1]
 
 
@@ -353,4 +358,5 @@ def test_train_cli_bad_input_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == "alchemetric-ray train: error: unknown model 'resnet' (known: gru, lstm, mlp, tcn, transformer)"
     assert main(["train", "train.lr=0"]) == 2
-    assert capsys.readouterr().err.strip() == "alchemetric-ray train: error: config 'train.lr': 0.0 is invalid, expected > 0"
+    assert (capsys.readouterr().err.strip()
+            == "alchemetric-ray train: error: config 'train.lr': 0.0 is invalid, expected > 0")

@@ -103,9 +103,10 @@ def _bb(bars: pd.DataFrame) -> pd.Series:
 @feature("atr_14", 14, "Wilder ATR(14) divided by close")
 def _atr(bars: pd.DataFrame) -> pd.Series:
     prev = bars["close"].shift(1)
-    tr = pd.concat([bars["high"] - bars["low"], (bars["high"] - prev).abs(), (bars["low"] - prev).abs()], axis=1).max(axis=1)
-    tr[prev.isna()] = np.nan
-    return tr.ewm(alpha=1 / 14, adjust=False, min_periods=14).mean() / bars["close"]
+    true_range = pd.concat([bars["high"] - bars["low"], (bars["high"] - prev).abs(), (bars["low"] - prev).abs()],
+                           axis=1).max(axis=1)
+    true_range[prev.isna()] = np.nan
+    return true_range.ewm(alpha=1 / 14, adjust=False, min_periods=14).mean() / bars["close"]
 
 
 @feature("volume_z_20", 20, "z-score of log volume over 20 bars, 0 when volume is constant")

@@ -29,7 +29,8 @@ class Normalizer:
         return np.clip(out, -self.clip, self.clip).astype(np.float32)
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "names": self.names, "center": self.center, "scale": self.scale, "clip": self.clip}
+        return {"method": self.method, "names": self.names, "center": self.center, "scale": self.scale,
+                "clip": self.clip}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Normalizer":

@@ -170,7 +170,8 @@ def _pass_features(bars, names, spec: LabelSpec, staging: Path, need: int, progr
             continue
         table, late_bad = feature_table(ticker, frame, names, spec)
         nonfinite += late_bad
-        table = table[table["has_features"] & np.isfinite(table["label"].to_numpy())].drop(columns=["has_features", "next_date"])
+        labelled = table["has_features"] & np.isfinite(table["label"].to_numpy())
+        table = table[labelled].drop(columns=["has_features", "next_date"])
         if table.empty:
             skipped[ticker] = "no row with complete features and a label"
             continue
@@ -182,7 +183,8 @@ def _pass_features(bars, names, spec: LabelSpec, staging: Path, need: int, progr
     if not tickers:
         detail = "; ".join(f"{t}: {why}" for t, why in list(skipped.items())[:3])
         raise ShardError(f"no ticker has enough history for the features and labels ({detail or 'no data'})")
-    return {"calendar": calendar, "hash": digest.hexdigest(), "tickers": tickers, "skipped": skipped, "nonfinite": nonfinite}
+    return {"calendar": calendar, "hash": digest.hexdigest(), "tickers": tickers, "skipped": skipped,
+            "nonfinite": nonfinite}
 
 
 def feature_table(ticker: str, frame: pd.DataFrame, names: list[str], spec: LabelSpec) -> tuple[pd.DataFrame, int]:

@@ -68,8 +68,9 @@ def plan_splits(calendar: np.ndarray, *, train_frac: float, val_frac: float, emb
     segments = {"train": (0, i1 - embargo), "val": (i1, i2 - embargo), "test": (i2, n)}
     for name, (lo, hi) in segments.items():
         if hi - lo < 1:
+            span = f"{_d(dates[0])}..{_d(dates[-1])}" if n else "-..-"
             raise SplitError(
-                f"split '{name}' is empty: {n} trading dates ({_d(dates[0]) if n else '-'}..{_d(dates[-1]) if n else '-'}) "
+                f"split '{name}' is empty: {n} trading dates ({span}) "
                 f"cannot hold train/val/test with an embargo of {embargo} bars; use more data or change the split")
     return SplitPlan(
         train_start=_d(dates[0]), train_end=_d(dates[i1 - embargo - 1]),

@@ -33,8 +33,9 @@ def certificate_rows(loaded) -> tuple[np.ndarray, pd.DataFrame]:
         stage_inputs(loaded, None, Path(tmp))
         frame = pd.read_parquet(tmp)
     frame["date"] = np.asarray(pd.to_datetime(frame["date"]).to_numpy(), dtype="datetime64[ns]")
-    s = loaded.manifest.splits
-    test = frame[(frame["date"] >= pd.Timestamp(s["test_start"])) & (frame["date"] <= pd.Timestamp(s["test_end"]))]
+    splits = loaded.manifest.splits
+    test = frame[(frame["date"] >= pd.Timestamp(splits["test_start"]))
+                 & (frame["date"] <= pd.Timestamp(splits["test_end"]))]
     x, rows = model_inputs(test, loaded.manifest.features, loaded.mode, loaded.config.features.window)
     return x[:MAX_ROWS], rows.iloc[:MAX_ROWS].reset_index(drop=True)
 
@@ -63,21 +64,22 @@ def certify(loaded, backends: list[tuple[Any, Any]], reference: tuple[Any, Any])
     from scipy.stats import spearmanr
 
     x, rows = certificate_rows(loaded)
-    th = loaded.config.signals
+    thresholds = loaded.config.signals
     ref_dev, ref_prec = reference
     ref_score = _scores(loaded, x, ref_dev, ref_prec)
-    ref_pos = positions(ref_score, th.long_threshold, th.short_threshold)
+    ref_pos = positions(ref_score, thresholds.long_threshold, thresholds.short_threshold)
     ref_ic = _rank_ic(rows, ref_score)
     results = {}
     for device, precision in backends:
         score = _scores(loaded, x, device, precision)
-        pos = positions(score, th.long_threshold, th.short_threshold)
+        pos = positions(score, thresholds.long_threshold, thresholds.short_threshold)
         flips = float((pos != ref_pos).mean()) if len(pos) else 0.0
         corr = float(spearmanr(score, ref_score).statistic) if len(score) > 2 else float("nan")
         ic = _rank_ic(rows, score)
         results[backend_key(device.type, precision.mode)] = {
             "rows": int(len(score)), "score_rank_corr": corr, "flipped_positions": flips,
-            "rank_ic": ic, "rank_ic_change": ic - ref_ic, "max_abs_score_diff": float(np.abs(score - ref_score).max()) if len(score) else 0.0,
+            "rank_ic": ic, "rank_ic_change": ic - ref_ic,
+            "max_abs_score_diff": float(np.abs(score - ref_score).max()) if len(score) else 0.0,
             "passed": bool(flips <= MAX_FLIP_SHARE),
         }
     return {"reference": backend_key(ref_dev.type, ref_prec.mode), "reference_rank_ic": ref_ic,

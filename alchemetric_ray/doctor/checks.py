@@ -109,8 +109,13 @@ class _Prober(TorchDispatchMode):
         except (NotImplementedError, RuntimeError) as exc:
             name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
             self.unsupported.setdefault(name, str(exc).splitlines()[0][:200])
-            to_cpu = lambda t: t.cpu() if isinstance(t, torch.Tensor) else t  # noqa: E731
-            back = lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t  # noqa: E731
+
+            def to_cpu(t):
+                return t.cpu() if isinstance(t, torch.Tensor) else t
+
+            def back(t):
+                return t.to(self.device) if isinstance(t, torch.Tensor) else t
+
             out = func(*torch.utils._pytree.tree_map(to_cpu, args), **torch.utils._pytree.tree_map(to_cpu, kwargs))
             return torch.utils._pytree.tree_map(back, out)
 
@@ -190,7 +195,8 @@ def _max_diffs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return diff, rel
 
 
-def parity(model_cfg: ModelConfig, device: torch.device, precision: Precision, *, steps: int = 3, batch: int = 64) -> dict:
+def parity(model_cfg: ModelConfig, device: torch.device, precision: Precision, *, steps: int = 3,
+           batch: int = 64) -> dict:
     reference = reference_device()
     ref = _run_steps(model_cfg, reference, resolve_precision("fp32", reference), steps, batch)
     got = _run_steps(model_cfg, device, precision, steps, batch)
@@ -232,7 +238,7 @@ def amp_sanity(model_cfg: ModelConfig, device: torch.device, precision: Precisio
     losses, scales, skipped = run(precision)
     final_ref = sum(ref_losses[-10:]) / 10
     final = sum(losses[-10:]) / 10
-    finite = all(l == l and abs(l) != float("inf") for l in losses)
+    finite = all(loss == loss and abs(loss) != float("inf") for loss in losses)
     diverged = not finite or final > losses[0] * 1.5
     passed = finite and not diverged and abs(final - final_ref) <= max(0.05, 0.1 * final_ref)
     return {"steps": steps, "final_loss": final, "final_loss_fp32": final_ref, "first_loss": losses[0],

@@ -76,11 +76,13 @@ def decide(found: list[dict[str, Any]], certificate: dict | None = None) -> dict
             if not t["parity"]["passed"]:
                 p = t["parity"]
                 blockers.append(f"numerical parity with CPU float32 failed (logits rel {p['logits_max_rel']:.2e}, "
-                                f"grads rel {p['grads_max_rel']:.2e}, loss {p['loss_abs']:.2e}; tolerance {p['tolerance_rel']:g})")
+                                f"grads rel {p['grads_max_rel']:.2e}, loss {p['loss_abs']:.2e}; "
+                                f"tolerance {p['tolerance_rel']:g})")
             if not t["amp"]["passed"]:
                 a = t["amp"]
-                blockers.append(f"mixed precision diverged or drifted from float32 (final loss {a['final_loss']:.4f} vs "
-                                f"{a['final_loss_fp32']:.4f}, {a['skipped_steps']} skipped steps)")
+                blockers.append(f"mixed precision diverged or drifted from float32 "
+                                f"(final loss {a['final_loss']:.4f} vs {a['final_loss_fp32']:.4f}, "
+                                f"{a['skipped_steps']} skipped steps)")
             rate = t["speed"]["best_samples_per_s"]
             if not is_reference(t["device_type"]) and cpu_speed and rate and rate < cpu_speed:
                 blockers.append(f"slower than the CPU for this model ({rate:,.0f} vs {cpu_speed:,.0f} samples/s)")
@@ -122,8 +124,11 @@ def run_doctor(cfg: RunConfig, *, device: str | None = None, model_dir: str | No
         trained = (torch.device(trained_device).type, loaded.meta.get("precision", {}).get("mode", REFERENCE_MODE))
         ref = next((t for t in usable if (t["device_type"], t["mode"]) == trained), None) \
             or next(t for t in usable if _is_reference(t))
-        as_pair = lambda t: (torch.device(t["device"]), resolve_precision(t["mode"], torch.device(t["device"]),  # noqa: E731
-                                                                          model=spec))
+
+        def as_pair(target: dict) -> tuple:
+            target_device = torch.device(target["device"])
+            return target_device, resolve_precision(target["mode"], target_device, model=spec)
+
         certificate = certify(loaded, [as_pair(t) for t in usable], as_pair(ref))
         write_certificate(Path(model_dir), certificate)
     report["targets"] = found
@@ -142,7 +147,8 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"{head} refused: {t['refused']}")
             continue
         cov, par, spd = t["op_coverage"], t["parity"], t["speed"]
-        lines.append(f"{head} ops {cov['n_ops']} ({len(cov['unsupported'])} unsupported)  parity rel {par['logits_max_rel']:.1e}  "
+        lines.append(f"{head} ops {cov['n_ops']} ({len(cov['unsupported'])} unsupported)  "
+                     f"parity rel {par['logits_max_rel']:.1e}  "
                      f"amp {'ok' if t['amp']['passed'] else 'FAIL'}  {spd['best_samples_per_s'] or 0:,.0f} samples/s  "
                      f"{'PASS' if t['passed'] else 'BLOCKED'}")
         for b in t["blockers"]:

@@ -186,10 +186,12 @@ def _explicit(requested: str, source: str, in_ray_worker: bool = False) -> Devic
         if index is None:
             dev = ray_worker_device() if in_ray_worker else None
             if dev is not None:
-                return DeviceChoice(dev, f"{_describe_cuda(dev.index or 0)}; requested by {source}, assigned by Ray Train")
+                return DeviceChoice(dev,
+                                    f"{_describe_cuda(dev.index or 0)}; requested by {source}, assigned by Ray Train")
             index = 0
         if index >= cuda_count():
-            raise DeviceError(f"{asked} but this machine has {cuda_count()} CUDA device(s) (cuda:0..cuda:{cuda_count() - 1})")
+            raise DeviceError(f"{asked} but this machine has {cuda_count()} CUDA device(s) "
+                              f"(cuda:0..cuda:{cuda_count() - 1})")
         return DeviceChoice(torch.device("cuda", index), f"{_describe_cuda(index)}; requested by {source}")
     if kind == "mps":
         if index:
@@ -340,8 +342,8 @@ def train_accelerator(requested: str | None, cluster_gpus: float, world_size: in
     if req in (DeviceName.AUTO, "mps") and local_mps:
         if world_size > 1:
             if req == "mps":
-                raise DeviceError(f"device 'mps' with {world_size} workers: DDP on MPS is not supported (gloo has no MPS); "
-                                  "use one worker or device cpu")
+                raise DeviceError(f"device 'mps' with {world_size} workers: DDP on MPS is not supported "
+                                  "(gloo has no MPS); use one worker or device cpu")
             return TrainAccelerator("cpu", False, "gloo",
                                     f"{world_size} workers without CUDA: CPU workers with gloo (gloo has no MPS)")
         return TrainAccelerator("mps", False, "gloo",

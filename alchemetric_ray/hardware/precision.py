@@ -137,7 +137,8 @@ def _cuda(requested: str, device: torch.device, tf32: bool) -> Precision:
         return _fp32("cuda", f"float32 as requested; {tf}", tf32)
     if requested == "bf16" or (requested == "auto" and native_bf16):
         if not native_bf16:
-            raise PrecisionError(f"precision 'bf16' requested but this GPU (capability {cap}) has no native bf16; use fp16 or fp32")
+            raise PrecisionError(f"precision 'bf16' requested but this GPU (capability {cap}) has no native bf16; "
+                                 "use fp16 or fp32")
         why = "requested" if requested == "bf16" else "auto"
         return Precision("bf16", "cuda", torch.bfloat16, False, tf32,
                          f"bf16 autocast ({why}): native bf16 on capability {cap}; no GradScaler needed")
@@ -150,7 +151,8 @@ def _mps(requested: str) -> Precision:
         why = "requested" if requested == "fp32" else "mixed precision is automatic only on CUDA"
         return _fp32("mps", f"float32 on MPS ({why})")
     if requested == "fp16":
-        raise PrecisionError(f"precision 'fp16' on MPS is refused: it needs a GradScaler, and {MPS_GRADSCALER_BUGS}; use bf16 or fp32")
+        raise PrecisionError(f"precision 'fp16' on MPS is refused: it needs a GradScaler, and {MPS_GRADSCALER_BUGS}; "
+                             "use bf16 or fp32")
     tv = inventory.torch_version()
     if tv < (2, 6):
         raise PrecisionError(f"precision 'bf16' on MPS needs torch >= 2.6 (installed {tv[0]}.{tv[1]}); use fp32")
@@ -167,7 +169,8 @@ def _cpu(requested: str, model: ModelTraits | None) -> Precision:
         why = "requested" if requested == "fp32" else "mixed precision is automatic only on CUDA"
         return _fp32("cpu", f"float32 on CPU ({why})")
     if requested == "fp16":
-        raise PrecisionError("precision 'fp16' on CPU is refused: it needs a GradScaler and runs slower than float32 on CPUs; use fp32 or bf16")
+        raise PrecisionError("precision 'fp16' on CPU is refused: it needs a GradScaler and runs slower than float32 "
+                             "on CPUs; use fp32 or bf16")
     if model is not None and model.cpu_autocast_broken:
         raise PrecisionError(f"precision 'bf16' on CPU is refused for model '{model.name}': "
                              f"{model.cpu_autocast_broken}; use fp32")

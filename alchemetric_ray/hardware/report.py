@@ -81,7 +81,8 @@ def format_report(report: dict[str, Any]) -> str:
     cuda, cpu, mf = report["cuda"], report["cpu"], report["mps_fallback"]
     lines = [
         f"python            {report['python']}  ({report['platform']})",
-        f"torch             {report['torch']}   ray {report['ray'] or 'not installed'}   alchemetric-ray {report['alchemetric_ray']}",
+        f"torch             {report['torch']}   ray {report['ray'] or 'not installed'}   "
+        f"alchemetric-ray {report['alchemetric_ray']}",
         f"CUDA              build {cuda['built'] or 'none'}, available: {cuda['available']}"
         + (f", bf16 native: {cuda['bf16_native']}" if cuda["available"] else ""),
     ]
@@ -95,11 +96,13 @@ def format_report(report: dict[str, Any]) -> str:
         f"MPS fallback      PYTORCH_ENABLE_MPS_FALLBACK={mf['value'] if mf['value'] is not None else '(unset)'}, "
         f"set before torch loaded: {mf['set_before_torch_loaded']}",
     ]
-    d = report["device"]
-    lines.append(f"device            {d['device']} ({d['reason']})" if "device" in d else f"device            ERROR: {d['error']}")
-    p = report.get("precision")
-    if p is not None:
-        lines.append(f"precision         {p['mode']} ({p['reason']})" if "mode" in p else f"precision         ERROR: {p['error']}")
+    device = report["device"]
+    lines.append(f"device            {device['device']} ({device['reason']})" if "device" in device
+                 else f"device            ERROR: {device['error']}")
+    precision = report.get("precision")
+    if precision is not None:
+        lines.append(f"precision         {precision['mode']} ({precision['reason']})" if "mode" in precision
+                     else f"precision         ERROR: {precision['error']}")
     return "\n".join(lines)
 
 

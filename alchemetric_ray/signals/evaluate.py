@@ -54,39 +54,40 @@ def _scored(frame: pd.DataFrame, score: np.ndarray, pos: np.ndarray) -> pd.DataF
 def contender_stats(name: str, signals: pd.DataFrame, cfg: RunConfig, *, n_trials: int = 1, horizon: int = 1,
                     proba: np.ndarray | None = None, labels: np.ndarray | None = None) -> dict[str, Any]:
     """Every number of the side-by-side table for one contender (model or baseline)."""
-    sg = cfg.signals
+    signal_cfg = cfg.signals
     valid = signals.dropna(subset=["fwd_ret"])
     n_tickers = valid["ticker"].nunique()
     row: dict[str, Any] = {"name": name, "rows": len(valid), "tickers": int(n_tickers)}
-    ic = sm.ic_stats(valid, rank=False, n_boot=sg.n_boot, seed=cfg.train.seed)
-    ric = sm.ic_stats(valid, rank=True, n_boot=sg.n_boot, seed=cfg.train.seed)
-    row["ic"] = _ic_dict(ic)
-    row["rank_ic"] = _ic_dict(ric)
-    ls = sm.long_short(valid, quantile=sg.quantile, cost_bps=sg.cost_bps, horizon=horizon)
-    row["long_short"] = _port_dict(ls)
-    pr = sm.position_returns(valid, cost_bps=sg.cost_bps, horizon=horizon)
-    row["positions"] = _port_dict(pr)
+    ic_stats = sm.ic_stats(valid, rank=False, n_boot=signal_cfg.n_boot, seed=cfg.train.seed)
+    rank_ic_stats = sm.ic_stats(valid, rank=True, n_boot=signal_cfg.n_boot, seed=cfg.train.seed)
+    row["ic"] = _ic_dict(ic_stats)
+    row["rank_ic"] = _ic_dict(rank_ic_stats)
+    long_short_stats = sm.long_short(valid, quantile=signal_cfg.quantile, cost_bps=signal_cfg.cost_bps, horizon=horizon)
+    row["long_short"] = _port_dict(long_short_stats)
+    position_stats = sm.position_returns(valid, cost_bps=signal_cfg.cost_bps, horizon=horizon)
+    row["positions"] = _port_dict(position_stats)
     row["hit_rate"] = sm.hit_rate(valid)
-    net = ls.daily["net"].to_numpy() if len(ls.daily) else np.zeros(0)
+    net = long_short_stats.daily["net"].to_numpy() if len(long_short_stats.daily) else np.zeros(0)
     row["psr"] = sm.probabilistic_sharpe(net) if len(net) > 2 else float("nan")
     row["dsr"] = sm.deflated_sharpe_of_returns(net, n_trials) if len(net) > 2 and n_trials > 1 else None
     if proba is not None and labels is not None:
         ok = labels >= 0
         row["classification"] = {k: v for k, v in classification_metrics(labels[ok], proba[ok], prefix="").items()}
-    row["_ic"] = ric
-    row["_equity"] = ls.daily[["date", "equity"]] if len(ls.daily) else None
-    row["_pos_equity"] = pr.daily[["date", "equity"]] if len(pr.daily) else None
+    row["_ic"] = rank_ic_stats
+    row["_equity"] = long_short_stats.daily[["date", "equity"]] if len(long_short_stats.daily) else None
+    row["_pos_equity"] = position_stats.daily[["date", "equity"]] if len(position_stats.daily) else None
     return row
 
 
-def _ic_dict(s) -> dict:
-    return {"mean": s.mean, "std": s.std, "icir": s.icir, "t_stat": s.t_stat, "n_days": s.n_days,
-            "ci_low": s.ci_low, "ci_high": s.ci_high}
+def _ic_dict(stats) -> dict:
+    return {"mean": stats.mean, "std": stats.std, "icir": stats.icir, "t_stat": stats.t_stat, "n_days": stats.n_days,
+            "ci_low": stats.ci_low, "ci_high": stats.ci_high}
 
 
-def _port_dict(p) -> dict:
-    return {"annual_return": p.annual_return, "annual_vol": p.annual_vol, "sharpe": p.sharpe,
-            "max_drawdown": p.max_drawdown, "turnover": p.turnover, "hit_rate": p.hit_rate, "n_days": p.n_days}
+def _port_dict(portfolio) -> dict:
+    return {"annual_return": portfolio.annual_return, "annual_vol": portfolio.annual_vol, "sharpe": portfolio.sharpe,
+            "max_drawdown": portfolio.max_drawdown, "turnover": portfolio.turnover, "hit_rate": portfolio.hit_rate,
+            "n_days": portfolio.n_days}
 
 
 def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest: Manifest, cfg: RunConfig,
@@ -98,8 +99,8 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
         predict_baseline,
     )
 
-    s = manifest.splits
-    start, end = segment or (s["test_start"], s["test_end"])
+    splits = manifest.splits
+    start, end = segment or (splits["test_start"], splits["test_end"])
     names, classes = manifest.features, manifest.classes
     horizon = manifest.label["horizon"]
     test = _segment(inputs, start, end)
@@ -112,16 +113,16 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
                             n_trials=n_trials, horizon=horizon, proba=model_rows[proba_cols].to_numpy(),
                             labels=model_rows["label"].to_numpy())]
 
-    train = inputs[(inputs["date"] <= pd.Timestamp(s["train_end"])) & (inputs["label"] >= 0)]
+    train = inputs[(inputs["date"] <= pd.Timestamp(splits["train_end"])) & (inputs["label"] >= 0)]
     if len(train) > 200_000:
         train = train.sample(200_000, random_state=cfg.train.seed)
-    th = (cfg.signals.long_threshold, cfg.signals.short_threshold)
+    thresholds = (cfg.signals.long_threshold, cfg.signals.short_threshold)
     for name, model in baseline_models(cfg.train.seed).items():
         fit_baseline(model, train[names].to_numpy(), train["label"].to_numpy())
         p = predict_baseline(model, test[names].to_numpy(), len(classes))
         name = name.replace("_", " ")
         score = direction_score(p, classes)
-        rows.append(contender_stats(name, _scored(test, score, positions(score, *th)), cfg, horizon=horizon,
+        rows.append(contender_stats(name, _scored(test, score, positions(score, *thresholds)), cfg, horizon=horizon,
                                     proba=p, labels=test["label"].to_numpy()))
     mom = test["mom_20"].to_numpy()
     rows.append(contender_stats("momentum 20d", _scored(test, mom, np.sign(mom).astype(np.int8)), cfg, horizon=horizon))
@@ -130,9 +131,9 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     n_tickers = int(test["ticker"].nunique())
     baselines_with_ic = [r for r in rows[1:] if r["name"] != "buy and hold" and r["_ic"].n_days > 0]
     best = max(baselines_with_ic, key=lambda r: r["_ic"].mean if not math.isnan(r["_ic"].mean) else -1, default=None)
-    verdict = sm.edge_verdict(rows[0]["_ic"], best["_ic"] if best else None, n_tickers=n_tickers, few_tickers=FEW_TICKERS,
-                              baseline_name=best["name"] if best else "best baseline", n_boot=cfg.signals.n_boot,
-                              seed=cfg.train.seed)
+    verdict = sm.edge_verdict(rows[0]["_ic"], best["_ic"] if best else None, n_tickers=n_tickers,
+                              few_tickers=FEW_TICKERS, baseline_name=best["name"] if best else "best baseline",
+                              n_boot=cfg.signals.n_boot, seed=cfg.train.seed)
     return {"segment": {"start": start, "end": end}, "tickers": n_tickers, "rows": rows,
             "best_baseline": best["name"] if best else None, "verdict": verdict, "n_trials": n_trials}
 
@@ -186,7 +187,8 @@ def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: P
     for k, fold in enumerate(folds):
         fold_cfg = base.replace(f"features.train_end={fold.train_end}", f"features.val_end={fold.val_end}",
                                 f"storage.name={base.storage.name}-fold{k}", f"storage.models_dir={work / 'folds'}",
-                                f"storage.path={Path(cfg.storage.path).resolve()}", "storage.run=null", "storage.resume=false")
+                                f"storage.path={Path(cfg.storage.path).resolve()}", "storage.run=null",
+                                "storage.resume=false")
         if data:
             fold_cfg = fold_cfg.replace(f"data.path={data}", "data.source=files")
         outcome = run_training(fold_cfg, progress=False)
@@ -225,7 +227,8 @@ def _plot_equity(result: dict, path: Path) -> None:
     for row in result["rows"]:
         eq = row.get(key)
         if eq is not None and len(eq):
-            ax.plot(pd.to_datetime(eq["date"]), eq["equity"], label=row["name"], linewidth=2.2 if row["name"] == "deep model" else 1.2)
+            ax.plot(pd.to_datetime(eq["date"]), eq["equity"], label=row["name"],
+                    linewidth=2.2 if row["name"] == "deep model" else 1.2)
     ax.set_title(("long-short top/bottom quantile" if cross else "thresholded positions") + ", net of costs")
     ax.set_ylabel("equity (start = 1)")
     ax.grid(alpha=0.3)
@@ -247,11 +250,12 @@ def verdict_table(result: dict) -> str:
               f"{'L/S return':>10s} {'bal. acc':>8s}")
     lines = [header]
     for r in result["rows"]:
-        ric, ls = r["rank_ic"], r["long_short"]
+        rank_ic, long_short = r["rank_ic"], r["long_short"]
         bal = r.get("classification", {}).get("balanced_accuracy")
-        interval = f"{_f(ric['mean'], '{:+.4f}')} [{_f(ric['ci_low'], '{:+.4f}')}, {_f(ric['ci_high'], '{:+.4f}')}]"
-        lines.append(f"{r['name']:<26s} {interval:>26s} {_f(ls['sharpe'], '{:.2f}'):>10s} "
-                     f"{_f(ls['annual_return'], '{:.1%}'):>10s} {_f(bal):>8s}")
+        interval = (f"{_f(rank_ic['mean'], '{:+.4f}')} "
+                    f"[{_f(rank_ic['ci_low'], '{:+.4f}')}, {_f(rank_ic['ci_high'], '{:+.4f}')}]")
+        lines.append(f"{r['name']:<26s} {interval:>26s} {_f(long_short['sharpe'], '{:.2f}'):>10s} "
+                     f"{_f(long_short['annual_return'], '{:.1%}'):>10s} {_f(bal):>8s}")
     return "\n".join([*lines, result["verdict"]["line"]])
 
 
@@ -274,13 +278,15 @@ def render_report(result: dict) -> str:
     lines += ["| contender | rank IC [CI] | IC | ICIR | L/S Sharpe | L/S ann. return | max DD | turnover | "
               "positions Sharpe | hit rate | PSR | DSR | bal. acc |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        ric, ls, pos = r["rank_ic"], r["long_short"], r["positions"]
-        bal = r.get("classification", {}).get("balanced_accuracy")
-        lines.append(f"| {r['name']} | {_f(ric['mean'])} [{_f(ric['ci_low'])}, {_f(ric['ci_high'])}] | {_f(r['ic']['mean'])} | "
-                     f"{_f(ric['icir'], '{:.2f}')} | {_f(ls['sharpe'], '{:.2f}')} | {_f(ls['annual_return'], '{:.2%}')} | "
-                     f"{_f(ls['max_drawdown'], '{:.2%}')} | {_f(ls['turnover'], '{:.2f}')} | {_f(pos['sharpe'], '{:.2f}')} | "
-                     f"{_f(r['hit_rate'], '{:.3f}')} | {_f(r['psr'], '{:.3f}')} | {_f(r['dsr'], '{:.3f}')} | {_f(bal)} |")
+    for row in result["rows"]:
+        rank_ic, long_short = row["rank_ic"], row["long_short"]
+        cells = [row["name"], f"{_f(rank_ic['mean'])} [{_f(rank_ic['ci_low'])}, {_f(rank_ic['ci_high'])}]",
+                 _f(row["ic"]["mean"]), _f(rank_ic["icir"], "{:.2f}"),
+                 _f(long_short["sharpe"], "{:.2f}"), _f(long_short["annual_return"], "{:.2%}"),
+                 _f(long_short["max_drawdown"], "{:.2%}"), _f(long_short["turnover"], "{:.2f}"),
+                 _f(row["positions"]["sharpe"], "{:.2f}"), _f(row["hit_rate"], "{:.3f}"), _f(row["psr"], "{:.3f}"),
+                 _f(row["dsr"], "{:.3f}"), _f(row.get("classification", {}).get("balanced_accuracy"))]
+        lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "![equity curves](equity.png)", ""]
     wf = result.get("walk_forward")
     if wf:
@@ -288,9 +294,9 @@ def render_report(result: dict) -> str:
                   f"rank IC {wf['rank_ic_mean']:.4f} ± {wf['rank_ic_std']:.4f}; long-short Sharpe "
                   f"{wf['sharpe_mean']:.2f} ± {wf['sharpe_std']:.2f}", "",
                   "| fold | test | rank IC | Sharpe | best baseline rank IC |", "|---|---|---|---|---|"]
-        for f in wf["folds"]:
-            lines.append(f"| {f['fold']} | {f['test_start']}..{f['test_end']} | {_f(f['rank_ic'])} | {_f(f['sharpe'], '{:.2f}')} | "
-                         f"{_f(f['best_baseline_rank_ic'])} |")
+        for fold in wf["folds"]:
+            lines.append(f"| {fold['fold']} | {fold['test_start']}..{fold['test_end']} | {_f(fold['rank_ic'])} | "
+                         f"{_f(fold['sharpe'], '{:.2f}')} | {_f(fold['best_baseline_rank_ic'])} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -449,42 +449,41 @@ def long_short(
     if min_names < 2:
         raise ValueError(f"min_names must be >= 2 for a long and a short leg, got {min_names}")
     horizon = _check_horizon(horizon)
-    ppy = annualization / horizon
-    pn = _prepare(signals)
-    dcode, dates, tcode = pn.dcode, pn.dates, pn.tcode
+    periods_per_year = annualization / horizon
+    panel = _prepare(signals)
+    date_code, dates, ticker_code = panel.dcode, panel.dates, panel.tcode
 
-    cnt = np.bincount(dcode, minlength=len(dates))
-    kept = cnt >= min_names
-    kept_idx = np.flatnonzero(kept)
-    on_grid = _rebalance_grid(kept_idx.size, horizon)
+    names_on_date = np.bincount(date_code, minlength=len(dates))
+    kept_dates = np.flatnonzero(names_on_date >= min_names)
+    rebalance_dates = kept_dates[_rebalance_grid(kept_dates.size, horizon)]
     period_of_date = np.full(len(dates), -1, dtype=np.int64)
-    reb = kept_idx[on_grid]
-    period_of_date[reb] = np.arange(reb.size)
+    period_of_date[rebalance_dates] = np.arange(rebalance_dates.size)
 
-    row_p = period_of_date[dcode]
-    use = row_p >= 0
-    p = row_p[use]
-    j = tcode[use]
-    score = pn.score[use]
-    simple = np.expm1(pn.fwd_ret[use])
-    P = int(reb.size)
-    if P == 0:
-        return _empty_portfolio(ppy)
+    row_period = period_of_date[date_code]
+    in_a_period = row_period >= 0
+    period = row_period[in_a_period]  # from here on, one entry per row held in some period
+    ticker = ticker_code[in_a_period]
+    score = panel.score[in_a_period]
+    simple_return = np.expm1(panel.fwd_ret[in_a_period])
+    n_periods = int(rebalance_dates.size)
+    if n_periods == 0:
+        return _empty_portfolio(periods_per_year)
 
-    n = np.bincount(p, minlength=P).astype(np.float64)
-    k = np.maximum(1.0, np.floor(quantile * n + 1e-9))
-    r = _group_rank(score, p)
-    is_long = r >= (n - k + 1.0)[p]
-    is_short = r <= k[p]
-    n_long = np.bincount(p, is_long, P)
-    n_short = np.bincount(p, is_short, P)
-    trade = (n_long > 0) & (n_short > 0)
-    w = np.zeros(p.size)
-    lw = np.where(trade, 0.5 / np.maximum(n_long, 1), 0.0)
-    sw = np.where(trade, -0.5 / np.maximum(n_short, 1), 0.0)
-    w[is_long] = lw[p[is_long]]
-    w[is_short] = sw[p[is_short]]
-    return _portfolio(p, j, w, simple, dates[reb], cost_bps=cost_bps, periods_per_year=ppy)
+    n_names = np.bincount(period, minlength=n_periods).astype(np.float64)  # n of the docstring, per period
+    leg_size = np.maximum(1.0, np.floor(quantile * n_names + 1e-9))  # k
+    rank = _group_rank(score, period)  # r: 1-based, ties share their average rank
+    is_long = rank >= (n_names - leg_size + 1.0)[period]
+    is_short = rank <= leg_size[period]
+    n_long = np.bincount(period, is_long, n_periods)
+    n_short = np.bincount(period, is_short, n_periods)
+    trades = (n_long > 0) & (n_short > 0)  # both legs present, else the book is flat that period
+    long_weight = np.where(trades, 0.5 / np.maximum(n_long, 1), 0.0)
+    short_weight = np.where(trades, -0.5 / np.maximum(n_short, 1), 0.0)
+    weight = np.zeros(period.size)
+    weight[is_long] = long_weight[period[is_long]]
+    weight[is_short] = short_weight[period[is_short]]
+    return _portfolio(period, ticker, weight, simple_return, dates[rebalance_dates], cost_bps=cost_bps,
+                      periods_per_year=periods_per_year)
 
 
 def position_returns(
@@ -506,23 +505,22 @@ def position_returns(
     :func:`long_short`).  See :class:`PortfolioStats` for every field.
     """
     horizon = _check_horizon(horizon)
-    ppy = annualization / horizon
-    pn = _prepare(signals, need_position=True)
-    dcode, dates, tcode = pn.dcode, pn.dates, pn.tcode
+    periods_per_year = annualization / horizon
+    panel = _prepare(signals, need_position=True)
+    date_code, dates, ticker_code = panel.dcode, panel.dates, panel.tcode
     if dates.size == 0:
-        return _empty_portfolio(ppy)
-    on_grid = _rebalance_grid(len(dates), horizon)
-    reb = np.flatnonzero(on_grid)
+        return _empty_portfolio(periods_per_year)
+    rebalance_dates = np.flatnonzero(_rebalance_grid(len(dates), horizon))
     period_of_date = np.full(len(dates), -1, dtype=np.int64)
-    period_of_date[reb] = np.arange(reb.size)
-    row_p = period_of_date[dcode]
-    use = row_p >= 0
-    p = row_p[use]
-    P = int(reb.size)
-    n = np.bincount(p, minlength=P).astype(np.float64)
-    w = pn.position[use] / n[p]
-    simple = np.expm1(pn.fwd_ret[use])
-    return _portfolio(p, tcode[use], w, simple, dates[reb], cost_bps=cost_bps, periods_per_year=ppy)
+    period_of_date[rebalance_dates] = np.arange(rebalance_dates.size)
+    row_period = period_of_date[date_code]
+    in_a_period = row_period >= 0
+    period = row_period[in_a_period]
+    n_names = np.bincount(period, minlength=int(rebalance_dates.size)).astype(np.float64)
+    weight = panel.position[in_a_period] / n_names[period]
+    simple_return = np.expm1(panel.fwd_ret[in_a_period])
+    return _portfolio(period, ticker_code[in_a_period], weight, simple_return, dates[rebalance_dates],
+                      cost_bps=cost_bps, periods_per_year=periods_per_year)
 
 
 def hit_rate(signals: pd.DataFrame) -> float:

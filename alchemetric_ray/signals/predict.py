@@ -30,8 +30,6 @@ from alchemetric_ray.data.shards import feature_table
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write
 
-SIGNAL_COLUMNS = ("date", "ticker", "score", "position", "pred_class", "effective_date", "fwd_ret")
-
 
 class SignalError(UserError, ValueError):
     pass

@@ -33,7 +33,8 @@ def model_inputs(frame: pd.DataFrame, features: list[str], mode: str, window: in
             xs.append(out["x"])
             parts.append(pd.DataFrame({k: out[k] for k in ("date", "ticker", "label", "fwd_ret")}))
     if not xs:
-        return np.zeros((0, window, len(features)), np.float32), pd.DataFrame(columns=["date", "ticker", "label", "fwd_ret"])
+        return (np.zeros((0, window, len(features)), np.float32),
+                pd.DataFrame(columns=["date", "ticker", "label", "fwd_ret"]))
     return np.concatenate(xs), pd.concat(parts, ignore_index=True)
 
 

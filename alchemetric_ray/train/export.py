@@ -78,7 +78,8 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict 
     mode = model_spec(cfg.model.name).inputs
     test = split_frame(shards, "test", features)
     x, rows = model_inputs(test, features, mode, cfg.features.window)
-    test_metrics = classification_metrics(rows["label"].to_numpy(), predict_proba(model, x, device, precision), prefix="")
+    proba = predict_proba(model, x, device, precision)
+    test_metrics = classification_metrics(rows["label"].to_numpy(), proba, prefix="")
     baselines = baseline_scores(shards, manifest, seed=cfg.train.seed)
     metrics = {
         "best_epoch": meta["epoch"],
@@ -164,22 +165,25 @@ def certified_backends(model_dir: str | Path) -> list[str] | None:
 
 def model_card(cfg: RunConfig, manifest: Manifest, metrics: dict, info: dict) -> str:
     n_tickers = len(manifest.tickers)
-    s = manifest.splits
+    splits = manifest.splits
     label = manifest.label
     lines = [
         f"# Model card: {cfg.storage.name}",
         "",
-        f"- model: `{cfg.model.name}` (hidden {cfg.model.hidden}, layers {cfg.model.layers}, dropout {cfg.model.dropout})",
+        f"- model: `{cfg.model.name}` (hidden {cfg.model.hidden}, layers {cfg.model.layers}, "
+        f"dropout {cfg.model.dropout})",
         f"- data: {manifest.source}; {n_tickers} tickers; input hash `{manifest.input_hash[:16]}`",
         f"- features ({len(manifest.features)}): {', '.join(manifest.features)}",
         f"- label: {label['scheme']}, horizon {label['horizon']} bar(s), classes {', '.join(label['classes'])}; "
         f"a signal at the close of t trades from the open of t+1",
-        f"- splits: train {s['train_start']}..{s['train_end']}, val {s['val_start']}..{s['val_end']}, "
-        f"test {s['test_start']}..{s['test_end']} (embargo {s['embargo']} bars)",
+        f"- splits: train {splits['train_start']}..{splits['train_end']}, "
+        f"val {splits['val_start']}..{splits['val_end']}, "
+        f"test {splits['test_start']}..{splits['test_end']} (embargo {splits['embargo']} bars)",
         f"- trained on: {info['device']['device']} ({info['device']['reason']}); precision {info['precision']['mode']} "
         f"({info['precision']['reason']})",
         f"- best epoch: {metrics['best_epoch'] + 1} by {metrics['selection_metric']}",
-        f"- torch {info['environment']['torch']}, ray {info['environment']['ray']}, git {info['environment']['git_commit']}",
+        f"- torch {info['environment']['torch']}, ray {info['environment']['ray']}, "
+        f"git {info['environment']['git_commit']}",
         "",
     ]
     if n_tickers < FEW_TICKERS:

@@ -61,11 +61,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
 
     console.quiet_worker()  # this worker's own Ray Data context and loggers: our lines only
     cfg = RunConfig.from_dict(config["run"])
-    hp = cfg.train
+    train_cfg = cfg.train
     manifest = config["manifest"]
     worker = _place_worker(cfg, config["plan"], ray.train.get_context())
 
-    torch.manual_seed(hp.seed)  # the same on every rank: DDP starts from identical weights
+    torch.manual_seed(train_cfg.seed)  # the same on every rank: DDP starts from identical weights
     model = build_model(cfg.model, len(manifest.features), len(manifest.classes),
                         window=cfg.features.window)
     # Our device, not Ray Train's pick: the resolver also knows MPS and a cuda:N asked for by name.
@@ -73,10 +73,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                                           parallel_strategy="ddp" if worker.world > 1 else None)
     core = model.module if hasattr(model, "module") else model  # checkpoints hold the plain module's keys
     data = _ShardData(ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("val"),
-                      collate_for(model_spec(cfg.model).inputs, manifest.features), hp.batch_size,
-                      hp.cache_data, hp.seed)
-    trainables = _trainables(core, hp, worker, data.steps_per_epoch(manifest.rows["train"] // worker.world))
-    loss_fn = _loss_fn(manifest, hp, worker)
+                      collate_for(model_spec(cfg.model).inputs, manifest.features), train_cfg.batch_size,
+                      train_cfg.cache_data, train_cfg.seed)
+    trainables = _trainables(core, train_cfg, worker, data.steps_per_epoch(manifest.rows["train"] // worker.world))
+    loss_fn = _loss_fn(manifest, train_cfg, worker)
 
     state = _resume(trainables, worker)
     start_epoch = state.epoch + 1
@@ -85,9 +85,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                           precision=worker.precision.as_dict(), plan=config["plan"].as_dict(), world_size=worker.world)
 
     stopped_early = False
-    for epoch in range(start_epoch, hp.epochs):
-        train_loss, samples_per_s = _train_epoch(model, trainables, loss_fn, data, epoch, hp.seed, worker)
-        metrics, improved, stop = _validate_and_decide(core, data, state, hp, worker)
+    for epoch in range(start_epoch, train_cfg.epochs):
+        train_loss, samples_per_s = _train_epoch(model, trainables, loss_fn, data, epoch, train_cfg.seed, worker)
+        metrics, improved, stop = _validate_and_decide(core, data, state, train_cfg, worker)
         state.epoch = epoch
         row = {"epoch": epoch, "train_loss": train_loss, **_scalars(metrics), "samples_per_s": samples_per_s,
                "skipped_steps": trainables.step.skipped_total, "lr": trainables.scheduler.get_last_lr()[0],
@@ -95,17 +95,18 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         if worker.rank == 0:
             state.history.append(row)
             # a sweep prints one line per finished trial instead (epoch_lines=False)
-            worker.say(_epoch_line(row, hp, worker.device, worker.precision.mode),
+            worker.say(_epoch_line(row, train_cfg, worker.device, worker.precision.mode),
                        detail=not config.get("epoch_lines", True))
         _report(row, trainables, meta.at(state, metrics), worker.rank)
         # Stop only after the report: the last epoch's checkpoint is what a resumed run continues from.
-        if hp.stop_after and epoch + 1 - start_epoch >= hp.stop_after and epoch + 1 < hp.epochs:
-            worker.say(f"stopping after {hp.stop_after} epoch(s) this session (train.stop_after); "
+        if train_cfg.stop_after and epoch + 1 - start_epoch >= train_cfg.stop_after and epoch + 1 < train_cfg.epochs:
+            worker.say(f"stopping after {train_cfg.stop_after} epoch(s) this session (train.stop_after); "
                        f"resume with the same storage.run to continue at epoch {epoch + 2}")
             break
         if stop:
-            stopped_early = epoch + 1 < hp.epochs
-            worker.say(f"early stop after epoch {epoch}: no {hp.metric} improvement for {hp.patience} epoch(s)")
+            stopped_early = epoch + 1 < train_cfg.epochs
+            worker.say(f"early stop after epoch {epoch}: "
+                       f"no {train_cfg.metric} improvement for {train_cfg.patience} epoch(s)")
             break
 
     return _summary(worker, state, data, stopped_early, epochs_here=state.epoch + 1 - start_epoch)
@@ -249,17 +250,19 @@ class _ShardData:
 # ---- one epoch ----------------------------------------------------------------------------------
 
 
-def _trainables(core: nn.Module, hp: TrainConfig, worker: _Worker, steps_per_epoch: int) -> Trainables:
+def _trainables(core: nn.Module, train_cfg: TrainConfig, worker: _Worker, steps_per_epoch: int) -> Trainables:
     """AdamW, its learning-rate schedule (stepped every batch) and the precision's optimizer step."""
-    optimizer = torch.optim.AdamW(core.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(hp.schedule, hp.epochs * steps_per_epoch))
-    step_fn = OptimizerStep(optimizer, worker.precision, grad_clip=hp.grad_clip, max_skipped_steps=hp.max_skipped_steps)
+    optimizer = torch.optim.AdamW(core.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+    schedule = _schedule(train_cfg.schedule, train_cfg.epochs * steps_per_epoch)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    step_fn = OptimizerStep(optimizer, worker.precision, grad_clip=train_cfg.grad_clip,
+                            max_skipped_steps=train_cfg.max_skipped_steps)
     return Trainables(core, optimizer, scheduler, step_fn)
 
 
-def _loss_fn(manifest: Manifest, hp: TrainConfig, worker: _Worker) -> nn.Module:
+def _loss_fn(manifest: Manifest, train_cfg: TrainConfig, worker: _Worker) -> nn.Module:
     """Cross-entropy, with train.class_weights weighted against the train split's class imbalance."""
-    weights = _class_weights(manifest.class_counts["train"]).to(worker.device) if hp.class_weights else None
+    weights = _class_weights(manifest.class_counts["train"]).to(worker.device) if train_cfg.class_weights else None
     return nn.CrossEntropyLoss(weight=weights)
 
 
@@ -285,7 +288,7 @@ def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: nn.Module, d
     return _sum_over_ranks(train_loss, worker.world) / worker.world, samples_per_s
 
 
-def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, hp: TrainConfig,
+def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, train_cfg: TrainConfig,
                          worker: _Worker) -> tuple[dict[str, Any], bool, bool]:
     """Validate, and decide together: (metrics, improved, stop); the metrics on rank 0 only.
 
@@ -301,11 +304,11 @@ def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, hp
     decision = [False, False, state.best]
     if worker.rank == 0:
         metrics = classification_metrics(y_val, p_val, prefix="val_")
-        value = metrics[hp.metric]
-        improved = is_better(value, state.best, selection_mode(hp))
+        value = metrics[train_cfg.metric]
+        improved = is_better(value, state.best, selection_mode(train_cfg))
         state.best = value if improved else state.best
         state.bad_epochs = 0 if improved else state.bad_epochs + 1
-        decision = [bool(hp.patience) and state.bad_epochs >= hp.patience, improved, state.best]
+        decision = [bool(train_cfg.patience) and state.bad_epochs >= train_cfg.patience, improved, state.best]
     stop, improved, state.best = _broadcast(decision, worker.world)
     return metrics, bool(improved), stop
 
@@ -423,13 +426,13 @@ def _class_weights(counts: list[int]) -> torch.Tensor:
     return c.sum() / (len(c) * c)
 
 
-def _epoch_line(row: dict, hp: TrainConfig, device, precision_mode: str) -> str:
+def _epoch_line(row: dict, train_cfg: TrainConfig, device, precision_mode: str) -> str:
     shown = {k: row[k] for k in ("val_accuracy", "val_balanced_accuracy", "val_log_loss") if k in row}
-    if hp.metric in row and hp.metric not in shown:
-        shown[hp.metric] = row[hp.metric]
+    if train_cfg.metric in row and train_cfg.metric not in shown:
+        shown[train_cfg.metric] = row[train_cfg.metric]
     vals = "  ".join(f"{k} {v:.4f}" for k, v in shown.items())
     mark = " *" if row.get("improved") else ""
-    return (f"epoch {row['epoch'] + 1}/{hp.epochs}  train_loss {row['train_loss']:.4f}  {vals}  "
+    return (f"epoch {row['epoch'] + 1}/{train_cfg.epochs}  train_loss {row['train_loss']:.4f}  {vals}  "
             f"{row['samples_per_s']:,.0f} samples/s  {device} {precision_mode}{mark}")
 
 

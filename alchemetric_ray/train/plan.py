@@ -41,7 +41,8 @@ class ResourcePlan:
         threads = self.threads_per_worker or "auto (node cores // workers on the node)"
         lines = [
             f"workers          {self.num_workers}  ({self.reasons['workers']})",
-            f"per worker       {self.cpus_per_worker:g} CPU" + (f", {self.gpus_per_worker:g} GPU" if self.use_gpu else "")
+            f"per worker       {self.cpus_per_worker:g} CPU"
+            + (f", {self.gpus_per_worker:g} GPU" if self.use_gpu else "")
             + f"  ({self.reasons['cpus']})",
             f"torch threads    {threads}",
             f"left for data    {self.cpus_for_data:g} CPU  ({self.reasons['data']})",
@@ -53,46 +54,49 @@ class ResourcePlan:
 
 def plan_resources(cfg: RunConfig, cluster: dict[str, float]) -> ResourcePlan:
     """Plan a Train run for a Ray cluster with ``cluster`` total resources (``ray.cluster_resources()``)."""
-    s = cfg.scaling
+    scaling = cfg.scaling
     total_cpus = float(cluster.get("CPU", 0))
     total_gpus = float(cluster.get("GPU", 0))
-    acc = train_accelerator(cfg.device.name, total_gpus, max(1, s.workers))
-    reasons = {"accelerator": acc.reason}
+    accelerator = train_accelerator(cfg.device.name, total_gpus, max(1, scaling.workers))
+    reasons = {"accelerator": accelerator.reason}
 
-    if acc.use_gpu:
-        max_workers = int(total_gpus // s.gpus_per_worker)
+    if accelerator.use_gpu:
+        max_workers = int(total_gpus // scaling.gpus_per_worker)
         if max_workers < 1:
-            raise PlanError(f"config 'scaling.gpus_per_worker': {s.gpus_per_worker:g} GPU per worker but the cluster has "
-                            f"{total_gpus:g} GPU(s)")
-        workers = s.workers or max_workers
+            raise PlanError(f"config 'scaling.gpus_per_worker': {scaling.gpus_per_worker:g} GPU per worker "
+                            f"but the cluster has {total_gpus:g} GPU(s)")
+        workers = scaling.workers or max_workers
         if workers > max_workers:
-            raise PlanError(f"config 'scaling.workers': {workers} workers x {s.gpus_per_worker:g} GPU need "
-                            f"{workers * s.gpus_per_worker:g} GPUs; the cluster has {total_gpus:g}")
-        reasons["workers"] = "scaling.workers" if s.workers else f"one per GPU ({total_gpus:g} GPU(s) / {s.gpus_per_worker:g} per worker)"
+            raise PlanError(f"config 'scaling.workers': {workers} workers x {scaling.gpus_per_worker:g} GPU need "
+                            f"{workers * scaling.gpus_per_worker:g} GPUs; the cluster has {total_gpus:g}")
+        reasons["workers"] = ("scaling.workers" if scaling.workers
+                              else f"one per GPU ({total_gpus:g} GPU(s) / {scaling.gpus_per_worker:g} per worker)")
     else:
-        workers = s.workers or 1
-        reasons["workers"] = "scaling.workers" if s.workers else acc.default_workers_reason
+        workers = scaling.workers or 1
+        reasons["workers"] = "scaling.workers" if scaling.workers else accelerator.default_workers_reason
 
     free = total_cpus - DATA_CPU_RESERVE
-    if s.cpus_per_worker:
-        cpw = s.cpus_per_worker
+    if scaling.cpus_per_worker:
+        cpus_per_worker = scaling.cpus_per_worker
         reasons["cpus"] = "scaling.cpus_per_worker"
     else:
-        cpw = max(0.25, min(4.0, _round_down(free / workers, 0.25))) if free > 0 else 0.25
-        reasons["cpus"] = f"{total_cpus:g} logical CPUs minus {DATA_CPU_RESERVE:g} for Ray Data, shared by {workers} worker(s)"
-    data_cpus = total_cpus - workers * cpw
+        cpus_per_worker = max(0.25, min(4.0, _round_down(free / workers, 0.25))) if free > 0 else 0.25
+        reasons["cpus"] = (f"{total_cpus:g} logical CPUs minus {DATA_CPU_RESERVE:g} for Ray Data, "
+                           f"shared by {workers} worker(s)")
+    data_cpus = total_cpus - workers * cpus_per_worker
     reasons["data"] = "Ray Data reads Parquet with what the workers leave"
     if data_cpus < MIN_DATA_CPUS:
         raise PlanError(
-            f"{workers} worker(s) x {cpw:g} CPU on a cluster of {total_cpus:g} CPUs leave {max(data_cpus, 0):g} CPU for "
-            f"Ray Data, which would wait forever for a CPU to read the shards; lower scaling.cpus_per_worker "
+            f"{workers} worker(s) x {cpus_per_worker:g} CPU on a cluster of {total_cpus:g} CPUs "
+            f"leave {max(data_cpus, 0):g} CPU for Ray Data, which would wait forever for a CPU to read the shards; "
+            f"lower scaling.cpus_per_worker "
             f"(e.g. {max(0.25, _round_down((total_cpus - MIN_DATA_CPUS) / workers, 0.25)):g}) or scaling.workers")
     return ResourcePlan(
-        num_workers=workers, use_gpu=acc.use_gpu, cpus_per_worker=cpw,
-        gpus_per_worker=s.gpus_per_worker if acc.use_gpu else 0.0,
-        threads_per_worker=s.threads_per_worker, cpus_for_data=data_cpus, backend=acc.backend,
-        worker_device=acc.worker_device,
-        accelerator=acc.kind, reasons=reasons,
+        num_workers=workers, use_gpu=accelerator.use_gpu, cpus_per_worker=cpus_per_worker,
+        gpus_per_worker=scaling.gpus_per_worker if accelerator.use_gpu else 0.0,
+        threads_per_worker=scaling.threads_per_worker, cpus_for_data=data_cpus, backend=accelerator.backend,
+        worker_device=accelerator.worker_device,
+        accelerator=accelerator.kind, reasons=reasons,
     )
 
 

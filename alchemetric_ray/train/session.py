@@ -36,7 +36,8 @@ def worker_env(cfg: RunConfig) -> dict[str, str]:
     """Environment every Ray worker needs before torch loads."""
     env = {
         "PYTORCH_ENABLE_MPS_FALLBACK": "1" if cfg.device.mps_fallback == "warn" else "0",
-        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S),
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S",
+                                                            HEALTH_CHECK_INTERVAL_S),
     }
     if os.environ.get("RAY_AUTH_TOKEN_PATH"):  # where the token lives, never the token itself
         env["RAY_AUTH_TOKEN_PATH"] = os.environ["RAY_AUTH_TOKEN_PATH"]
@@ -53,7 +54,8 @@ def ensure_ray(cfg: RunConfig) -> None:
         return
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S)
     os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", WORKER_GROUP_START_TIMEOUT_S)
-    env = {**worker_env(cfg), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"]}
+    env = {**worker_env(cfg),
+           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"]}
     console.quiet_ray_logger()
     quiet = {"logging_level": logging.INFO if console.verbose() else logging.WARNING, "log_to_driver": True}
     if os.environ.get("RAY_ADDRESS"):

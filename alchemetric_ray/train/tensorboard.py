@@ -31,6 +31,7 @@ class TensorBoardScalars(UserCallback):
             self._writer = SummaryWriter(self.logdir)
         step = int(row.get("epoch", 0))
         for key, value in row.items():
-            if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if key != "epoch" and number and math.isfinite(value):
                 self._writer.add_scalar(key, value, step)
         self._writer.flush()  # the run may end (or be killed) after any epoch

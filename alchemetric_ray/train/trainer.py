@@ -86,7 +86,6 @@ def check_compatible(cfg: RunConfig, manifest: Manifest) -> None:
 
 def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: ResourcePlan, *, name: str,
                   callbacks: list | None = None, local_mode: bool = False, epoch_lines: bool = True):
-    from ray.data import ExecutionOptions  # noqa: F401 (type of the options object)
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, ScalingConfig
     from ray.train import RunConfig as TrainRunConfig
     from ray.train.torch import TorchConfig, TorchTrainer

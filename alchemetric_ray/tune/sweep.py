@@ -85,8 +85,8 @@ def build_space(cfg: RunConfig) -> dict[str, Any]:
             raise ConfigError(f"config 'tune.space.{key}': {kind} needs [low, high], got {args!r}")
         lo, hi = args[0], args[1]
         if not lo < hi or (kind == "loguniform" and lo <= 0):
-            raise ConfigError(f"config 'tune.space.{key}': {kind} [{lo}, {hi}] needs 0 < low < high" if kind == "loguniform"
-                              else f"config 'tune.space.{key}': {kind} [{lo}, {hi}] needs low < high")
+            need = "0 < low < high" if kind == "loguniform" else "low < high"
+            raise ConfigError(f"config 'tune.space.{key}': {kind} [{lo}, {hi}] needs {need}")
         cfg.with_values({key: lo})
         cfg.with_values({key: hi})
         out[key] = {"loguniform": tune.loguniform, "uniform": tune.uniform, "randint": tune.randint,
@@ -112,7 +112,8 @@ def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
 # ---- one trial -----------------------------------------------------------------------------
 
 
-def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: Manifest, plan: ResourcePlan, sweep: str) -> None:
+def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: Manifest, plan: ResourcePlan,
+           sweep: str) -> None:
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -194,7 +195,8 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
             ),
             # Tune's status table off (it ranks trials by their last value, not ours); one line per
             # finished trial instead, and the summary names the best trial by its best epoch.
-            run_config=tune.RunConfig(name=name, storage_path=storage_uri(cfg), verbose=0 if not console.verbose() else 1,
+            run_config=tune.RunConfig(name=name, storage_path=storage_uri(cfg),
+                                      verbose=0 if not console.verbose() else 1,
                                       callbacks=[_trial_lines(cfg.train.metric, selection_mode(cfg.train))]),
         )
     grid = tuner.fit()
@@ -249,12 +251,14 @@ def summarize(grid, cfg: RunConfig, manifest: Manifest, name: str) -> tuple[dict
             for row in df.to_dict("records")]
         values = [] if df is None or metric not in df else [v for v in df[metric].tolist() if v == v]
         best_value = (max(values) if mode == "max" else min(values)) if values else None
-        trial_id = (result.metrics or {}).get("trial_id") or (Path(result.path).name if result.path else str(len(trials)))
+        trial_id = ((result.metrics or {}).get("trial_id")
+                    or (Path(result.path).name if result.path else str(len(trials))))
         config = {k: _plain(v) for k, v in (result.config or {}).items()}
         epochs = len(history)
         trial = {"trial_id": trial_id, "config": config, "status": "ERROR" if result.error else "TERMINATED",
                  "best_value": best_value, "epochs_run": epochs,
-                 "stopped_early": (not result.error) and epochs < cfg.train.epochs and not _early_stopped_by_patience(df, cfg),
+                 "stopped_early": (not result.error) and epochs < cfg.train.epochs
+                                  and not _early_stopped_by_patience(df, cfg),
                  "history": history, "error": str(result.error).splitlines()[0][:300] if result.error else None}
         trials.append(trial)
         if best_value is not None and (best is None or sign * best_value > sign * best[0]):
