@@ -67,7 +67,7 @@ def _wait_for(predicate, timeout: float, what: str, poll: float = 0.02):
 def test_worker_killed_mid_epoch_restarts_resumes_and_equals_an_uninterrupted_run(ray_session, shards, tmp_path,
                                                                                    capfd):
     clean = run_training(_cfg(shards, tmp_path, "storage.name=clean"), progress=False)
-    epoch_s = Manifest.read(shards)["rows"]["train"] / clean.summary["history"][-1]["samples_per_s"]
+    epoch_s = Manifest.read(shards).rows["train"] / clean.summary["history"][-1]["samples_per_s"]
 
     run_dir = tmp_path / "results" / "killed"
     outcome: list = []

@@ -30,6 +30,7 @@ import torch
 
 from alchemetric_ray.cli import main
 from alchemetric_ray.config import load_config
+from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import UnsafeNameError, safe_child
 from alchemetric_ray.models import build_model
@@ -90,7 +91,8 @@ def _assert_payload_is_live(path: Path, marker: Path) -> None:
 def _tiny_model_folder(folder: Path) -> None:
     """A complete saved-model folder (what export_model writes), small enough to build by hand."""
     cfg = load_config(None, ["model.name=mlp", "model.hidden=8", "storage.name=tiny"])
-    manifest = {"features": ["f0", "f1", "f2"], "label": {"classes": ["down", "flat", "up"]}}
+    manifest = Manifest(features=["f0", "f1", "f2"], label={"classes": ["down", "flat", "up"]}, splits={},
+                        normalization={}, rows={}).to_dict()
     folder.mkdir(parents=True)
     torch.save({"model": build_model(cfg.model, 3, 3).state_dict()}, folder / "weights.pt")
     (folder / "config.json").write_text(json.dumps(cfg.to_dict()))

@@ -174,7 +174,7 @@ def test_ddp_two_workers_equal_one_process_on_the_same_global_batches(ray_sessio
               "train.patience=0", "train.lr=0.01", "train.schedule=constant"]
     two = run_training(_cfg(shards, tmp_path, *common, "scaling.workers=2", "storage.name=ddp2"), export=False)
     one = run_training(_cfg(shards, tmp_path, *common, "scaling.workers=1", "storage.name=ddp1"), export=False)
-    total = Manifest.read(shards)["rows"]["train"]
+    total = Manifest.read(shards).rows["train"]
     rows, prints = two.summary["rows"], two.summary["fingerprint"]
     assert two.summary["world_size"] == 2 and len(rows) == 2
     # the ranks read disjoint halves that together are the whole split
@@ -220,7 +220,7 @@ def test_streamed_run_reads_every_row_each_epoch_and_repeats_exactly(ray_session
     common = ["train.cache_data=false", "train.epochs=2", "train.deterministic=true", "train.patience=0"]
     runs = [run_training(_cfg(shards, tmp_path, *common, f"storage.name=stream{i}"), export=False) for i in range(2)]
     s = runs[0].summary
-    assert s["rows"] == [Manifest.read(shards)["rows"]["train"]] and s["epochs_run"] == 2
+    assert s["rows"] == [Manifest.read(shards).rows["train"]] and s["epochs_run"] == 2
     assert all(math.isfinite(h["train_loss"]) for h in s["history"])
     a, b = _final_state(runs[0]), _final_state(runs[1])
     for key in a:
@@ -291,7 +291,7 @@ def test_ddp_validation_scores_every_row_exactly_once(ray_session, odd_val_shard
     cfg = _cfg(odd_val_shards, tmp_path, "scaling.workers=2", "train.epochs=1", "storage.name=ddpval")
     out = run_training(cfg, export=False)
     s = out.summary
-    features = Manifest.read(odd_val_shards)["features"]
+    features = Manifest.read(odd_val_shards).features
     val = pd.read_parquet(split_dir(odd_val_shards, "val"), columns=features).to_numpy(np.float64)
     assert s["world_size"] == 2 and len(val) == 99
     assert sum(s["val_rows"]) == len(val), s["val_rows"]
