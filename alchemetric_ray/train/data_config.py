@@ -26,18 +26,26 @@ class CompleteValidationConfig(DataConfig):
         self._options = execution_options
 
     def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+        if world_size == 1:
+            return [{name: self._whole(name, ds) for name, ds in datasets.items()}]
         equal = {name: ds for name, ds in datasets.items() if name in EQUAL_SPLIT}
         output = super().configure(equal, world_size, worker_handles, worker_node_ids, **kwargs)
         for name, ds in datasets.items():
             if name in EQUAL_SPLIT:
                 continue
-            if ds.name is None:
-                ds.set_name(name)
-            ds = ds.copy(ds)
-            ds.context.execution_options = copy.deepcopy(self._options or self.default_ingest_options())
-            if world_size == 1:
-                output[0][name] = ds.iterator()
-                continue
+            ds = self._prepared(name, ds)
             for rank, part in enumerate(ds.streaming_split(world_size, equal=False, locality_hints=worker_node_ids)):
                 output[rank][name] = part
         return output
+
+    def _prepared(self, name, ds):
+        if ds.name is None:
+            ds.set_name(name)
+        ds = ds.copy(ds)
+        ds.context.execution_options = copy.deepcopy(self._options or self.default_ingest_options())
+        return ds
+
+    def _whole(self, name, ds):
+        # One worker reads every row of every dataset: its own iterator, executed in the worker,
+        # instead of a one-way split whose coordinator is one more Ray actor per dataset.
+        return self._prepared(name, ds).iterator()
