@@ -6,7 +6,8 @@ same number of steps), validation does not: there every row must be scored exact
 split of 1001 rows is scored on 1000 and the metrics that pick the best epoch are off.  So the
 train split keeps Ray's equal split and every other dataset is split with ``equal=False``: the
 ranks get disjoint parts that together are the whole dataset (one rank may get fewer rows, or
-none), which the loop gathers to rank 0.
+none), which the loop gathers to rank 0.  A single worker needs no split at all: it reads every
+dataset through its own iterator, which spares Ray one coordinator actor per dataset.
 """
 
 from __future__ import annotations
