@@ -123,7 +123,8 @@ def test_ray_job_submit_train_tune_and_a_failing_job(stocknet_dir, tmp_path):
         assert (tmp_path / "models" / "job-train" / "weights.pt").is_file()
 
         rc, out = submit("jobs/tune.py", *common, "storage.name=job-tune", "tune.search=grid",
-                         "tune.space={train.lr: [0.01, 0.001]}", "tune.max_concurrent_trials=1")
+                         "tune.space={train.lr: [0.01, 0.001]}", "tune.max_concurrent_trials=2",
+                         "scaling.cpus_per_worker=1")  # both trials at once on the head's 4 CPUs
         assert rc == 0 and "succeeded" in out.lower(), out[-3000:]
         assert "2 configurations tried" in out
         assert (tmp_path / "models" / "job-tune" / "metrics.json").is_file()

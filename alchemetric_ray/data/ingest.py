@@ -348,6 +348,33 @@ def validate_bars(raw: pd.DataFrame, *, ticker: str, source: str, report: Ingest
     ``source`` names the file in messages (row references are file lines for CSV sources).  The
     report is updated only when this returns: a :class:`DataError` leaves it untouched.
     """
+    raw, cols = _required_columns(raw, source)
+    table = _Table.parse(raw, cols, source)
+    # Each pass drops what it must from the rows the previous one kept, counting and saying why.
+    kept = table.drop_empty_cells()
+    kept = table.in_date_order(kept)
+    kept = table.drop_bad_values(kept)
+    kept = table.drop_inconsistent_ohlc(kept)
+    kept = table.drop_placeholder_runs(kept)
+    bars = table.bars(kept, adjusted="adj_close" in cols)
+    skip_reason = table.skip_reason(len(bars), min_history)
+    if skip_reason is not None:
+        table.warns.append(f"{source}: skipped ticker {ticker}: {skip_reason}")
+    # committed to the report only now: a DataError above leaves it as it was
+    report.rows_read += table.n
+    for rule, count in table.drops.items():
+        report.dropped[rule] = report.dropped.get(rule, 0) + count
+    report.warnings.extend(table.warns)
+    if skip_reason is not None:
+        report.skipped_tickers[ticker] = skip_reason
+        return None
+    report.tickers += 1
+    report.rows_kept += len(bars)
+    return bars
+
+
+def _required_columns(raw: pd.DataFrame, source: str) -> tuple[pd.DataFrame, dict]:
+    """The file's columns by canonical name (a date index becomes a column); a missing one is an error."""
     cols = _resolve_columns(raw, source)
     if "date" not in cols and _norm(raw.index.name or "") == "date":
         raw = raw.reset_index()
@@ -358,134 +385,157 @@ def validate_bars(raw: pd.DataFrame, *, ticker: str, source: str, report: Ingest
         shown = ", ".join(found[:12]) + (", ..." if len(found) > 12 else "")
         raise DataError(f"{source}: missing required column{'s' if len(missing) > 1 else ''} "
                         f"{', '.join(repr(m) for m in missing)} (found: {shown or 'no columns'})")
+    return raw, cols
 
-    n = len(raw)
-    labels = raw.index.to_numpy() if pd.api.types.is_integer_dtype(raw.index) else np.arange(n)
-    numeric = [c for c in ("open", "high", "low", "close", "adj_close", "volume") if c in cols]
-    prices = [c for c in numeric if c != "volume"]
-    names = {c: str(cols[c]) for c in cols}  # canonical -> the file's spelling, for messages
-    a: dict[str, np.ndarray] = {}  # canonical -> values, all rows; `idx` selects the rows kept
-    empty: dict[str, np.ndarray] = {}
-    for c in numeric:
-        a[c], empty[c] = _to_float(raw[cols[c]], source, cols[c], labels)
-    a["date"], empty["date"] = _to_dates(raw[cols["date"]], source, cols["date"], labels)
-    dates = a["date"]
 
-    drops = dict.fromkeys(RULES, 0)
-    warns: list[str] = []
+@dataclass
+class _Table:
+    """One ticker's parsed columns and what the validation passes dropped; ``kept`` arrays of row
+    positions say which rows are still in."""
 
-    _check_duplicates(dates, empty["date"], labels, source)
+    source: str
+    n: int  # rows read
+    labels: np.ndarray  # each row's reference in messages (file line or index label)
+    names: dict[str, str]  # canonical -> the file's spelling, for messages
+    values: dict[str, np.ndarray]  # canonical -> values of every row
+    empty: dict[str, np.ndarray]  # canonical -> which cells were empty
+    numeric: list[str]
+    drops: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RULES, 0))
+    warns: list[str] = field(default_factory=list)
 
-    # empty cells
-    is_empty = np.logical_or.reduce([empty[c] for c in ("date", *numeric)])
-    idx = np.flatnonzero(~is_empty)
-    if is_empty.any():
-        gone = np.flatnonzero(is_empty)
-        in_cols = [names[c] for c in ("date", *numeric) if empty[c].any()]
-        where = [_row_ref(source, labels[i]) if empty["date"][i] else _day(dates[i])
-                 for i in gone[:_LIST_MAX]]
-        drops["empty_cell"] = len(gone)
-        warns.append(f"{source}: dropped {_rows(len(gone))} with empty cells in column(s) "
-                     f"{', '.join(in_cols)} ({_more(where, len(gone))})")
+    @classmethod
+    def parse(cls, raw: pd.DataFrame, cols: dict, source: str) -> _Table:
+        n = len(raw)
+        labels = raw.index.to_numpy() if pd.api.types.is_integer_dtype(raw.index) else np.arange(n)
+        numeric = [c for c in ("open", "high", "low", "close", "adj_close", "volume") if c in cols]
+        values: dict[str, np.ndarray] = {}
+        empty: dict[str, np.ndarray] = {}
+        for name in numeric:
+            values[name], empty[name] = _to_float(raw[cols[name]], source, cols[name], labels)
+        values["date"], empty["date"] = _to_dates(raw[cols["date"]], source, cols["date"], labels)
+        _check_duplicates(values["date"], empty["date"], labels, source)
+        return cls(source, n, labels, {c: str(cols[c]) for c in cols}, values, empty, numeric)
 
-    if len(idx) > 1 and (np.diff(dates[idx]) < np.timedelta64(0)).any():
-        idx = idx[np.argsort(dates[idx], kind="stable")]
-        warns.append(f"{source}: rows not in date order (column '{names['date']}'); sorted them")
+    @property
+    def dates(self) -> np.ndarray:
+        return self.values["date"]
 
-    # bad values: a few are dropped, more are an error
-    limit = max(DROP_LIMIT_ROWS, int(DROP_LIMIT_FRACTION * n))
-    p = np.column_stack([a[c][idx] for c in prices])
-    vol = a["volume"][idx]
-    finite_p, finite_v = np.isfinite(p), np.isfinite(vol)
-    with np.errstate(invalid="ignore"):
-        bad_rules = (
-            ("nonfinite_price", ~finite_p, prices, "a non-finite price"),
-            ("nonpositive_price", finite_p & (p <= 0), prices, "a non-positive price"),
-            ("nonfinite_volume", ~finite_v[:, None], ["volume"], "a non-finite volume"),
-            ("negative_volume", (finite_v & (vol < 0))[:, None], ["volume"], "a negative volume"),
-        )
-    bad_any = np.zeros(len(idx), dtype=bool)
-    for rule, cells, in_cols, what in bad_rules:
-        cells = cells & ~bad_any[:, None]
-        rows = cells.any(axis=1)
-        if not rows.any():
-            continue
-        i, j = np.argwhere(cells)[0]
-        first = f"column '{names[in_cols[j]]}' on {_day(dates[idx[i]])} = {float(a[in_cols[j]][idx[i]])!r}"
-        count = int(rows.sum())
-        if count > limit:
-            raise DataError(f"{source}: {count} rows with {what}, more than ingest may drop "
-                            f"(at most {limit} of {n} rows); first: {first}")
-        bad_cols = [names[in_cols[k]] for k in np.flatnonzero(cells.any(axis=0))]
-        drops[rule] = count
-        warns.append(f"{source}: dropped {_rows(count)} with {what} in column(s) {', '.join(bad_cols)} "
-                     f"({_dates_text(dates[idx[rows]])}); first: {first}")
-        bad_any |= rows
-    idx = idx[~bad_any]
+    @property
+    def prices(self) -> list[str]:
+        return [c for c in self.numeric if c != "volume"]
 
-    # OHLC consistency
-    o, h, lo, c = (a[k][idx] for k in ("open", "high", "low", "close"))
-    hbl = h < lo
-    if hbl.any():
-        drops["high_below_low"] = int(hbl.sum())
-        warns.append(f"{source}: dropped {_rows(drops['high_below_low'])} with "
-                     f"'{names['high']}' < '{names['low']}' ({_dates_text(dates[idx[hbl]])})")
-    top, bottom = h * (1 + OHLC_TOLERANCE), lo * (1 - OHLC_TOLERANCE)
-    outside = ~hbl & ((o > top) | (o < bottom) | (c > top) | (c < bottom))
-    if outside.any():
-        drops["ohlc_inconsistent"] = int(outside.sum())
-        warns.append(f"{source}: dropped {_rows(drops['ohlc_inconsistent'])} with '{names['open']}' or "
-                     f"'{names['close']}' outside ['{names['low']}', '{names['high']}'] "
-                     f"({_dates_text(dates[idx[outside]])})")
-    idx = idx[~(hbl | outside)]
+    def drop_empty_cells(self) -> np.ndarray:
+        columns = ("date", *self.numeric)
+        is_empty = np.logical_or.reduce([self.empty[c] for c in columns])
+        if is_empty.any():
+            gone = np.flatnonzero(is_empty)
+            in_cols = [self.names[c] for c in columns if self.empty[c].any()]
+            where = [_row_ref(self.source, self.labels[i]) if self.empty["date"][i] else _day(self.dates[i])
+                     for i in gone[:_LIST_MAX]]
+            self.drops["empty_cell"] = len(gone)
+            self.warns.append(f"{self.source}: dropped {_rows(len(gone))} with empty cells in column(s) "
+                              f"{', '.join(in_cols)} ({_more(where, len(gone))})")
+        return np.flatnonzero(~is_empty)
 
-    # zero-volume runs, then stale-price runs among the rows left (a trading day next to a
-    # zero-volume run at the same price is not stale by itself)
-    for rule, col, minimum, what in (("zero_volume", "volume", ZERO_VOLUME_RUN, "zero-volume"),
-                                     ("stale_price", "close", STALE_RUN, "unchanged-close")):
-        values = a[col][idx]
-        if rule == "zero_volume":
-            mask = _runs(values == 0, minimum)
-        else:
-            # only flat bars (open == high == low == close) can be placeholders: a real day with
-            # a range breaks the run even when it closes at the same price
-            flat = (a["open"][idx] == a["high"][idx]) & (a["high"][idx] == a["low"][idx]) & (a["low"][idx] == values)
-            mask = _runs_of_equal(np.where(flat, values, -1.0 - np.arange(len(values))), minimum)
-        if mask.any():
-            drops[rule] = int(mask.sum())
-            warns.append(f"{source}: dropped {_rows(drops[rule])} in {what} runs of >= {minimum} days in "
-                         f"column '{names[col]}' ({_runs_text(dates[idx], mask)})")
-            idx = idx[~mask]
+    def in_date_order(self, kept: np.ndarray) -> np.ndarray:
+        if len(kept) > 1 and (np.diff(self.dates[kept]) < np.timedelta64(0)).any():
+            kept = kept[np.argsort(self.dates[kept], kind="stable")]
+            self.warns.append(f"{self.source}: rows not in date order (column '{self.names['date']}'); sorted them")
+        return kept
 
-    out = pd.DataFrame({"date": dates[idx],
-                        **{k: a[k][idx] for k in ("open", "high", "low", "close", "volume")}})
-    if "adj_close" in cols:
-        adj = a["adj_close"][idx]
-        factor = adj / out["close"].to_numpy()
-        for k in ("open", "high", "low"):
-            out[k] = out[k].to_numpy() * factor
-        out["close"] = adj
+    def drop_bad_values(self, kept: np.ndarray) -> np.ndarray:
+        """Non-finite or non-positive prices, non-finite or negative volumes: a few rows are
+        dropped, more than the limit is an error (a broken file, not a few bad ticks)."""
+        limit = max(DROP_LIMIT_ROWS, int(DROP_LIMIT_FRACTION * self.n))
+        prices = self.prices
+        price = np.column_stack([self.values[c][kept] for c in prices])
+        volume = self.values["volume"][kept]
+        finite_price, finite_volume = np.isfinite(price), np.isfinite(volume)
+        with np.errstate(invalid="ignore"):
+            bad_rules = (
+                ("nonfinite_price", ~finite_price, prices, "a non-finite price"),
+                ("nonpositive_price", finite_price & (price <= 0), prices, "a non-positive price"),
+                ("nonfinite_volume", ~finite_volume[:, None], ["volume"], "a non-finite volume"),
+                ("negative_volume", (finite_volume & (volume < 0))[:, None], ["volume"], "a negative volume"),
+            )
+        bad_any = np.zeros(len(kept), dtype=bool)
+        for rule, cells, in_cols, what in bad_rules:
+            cells = cells & ~bad_any[:, None]  # a row is counted under its first rule only
+            rows = cells.any(axis=1)
+            if not rows.any():
+                continue
+            i, j = np.argwhere(cells)[0]
+            first = (f"column '{self.names[in_cols[j]]}' on {_day(self.dates[kept[i]])} = "
+                     f"{float(self.values[in_cols[j]][kept[i]])!r}")
+            count = int(rows.sum())
+            if count > limit:
+                raise DataError(f"{self.source}: {count} rows with {what}, more than ingest may drop "
+                                f"(at most {limit} of {self.n} rows); first: {first}")
+            bad_cols = [self.names[in_cols[k]] for k in np.flatnonzero(cells.any(axis=0))]
+            self.drops[rule] = count
+            self.warns.append(f"{self.source}: dropped {_rows(count)} with {what} in column(s) "
+                              f"{', '.join(bad_cols)} ({_dates_text(self.dates[kept[rows]])}); first: {first}")
+            bad_any |= rows
+        return kept[~bad_any]
 
-    kept = len(out)
-    skip_reason = None
-    if kept == 0 or kept < min_history:
-        lost = ", ".join(f"{r} {k}" for r, k in drops.items() if k)
-        skip_reason = (f"{kept} rows of clean history"
-                       + (f" < min_history {min_history}" if min_history else "")
-                       + (f" ({n} read; dropped {lost})" if lost else f" ({n} read)"))
-        warns.append(f"{source}: skipped ticker {ticker}: {skip_reason}")
+    def drop_inconsistent_ohlc(self, kept: np.ndarray) -> np.ndarray:
+        opens, highs, lows, closes = (self.values[k][kept] for k in ("open", "high", "low", "close"))
+        names, dates = self.names, self.dates
+        high_below_low = highs < lows
+        if high_below_low.any():
+            self.drops["high_below_low"] = int(high_below_low.sum())
+            self.warns.append(f"{self.source}: dropped {_rows(self.drops['high_below_low'])} with "
+                              f"'{names['high']}' < '{names['low']}' ({_dates_text(dates[kept[high_below_low]])})")
+        top, bottom = highs * (1 + OHLC_TOLERANCE), lows * (1 - OHLC_TOLERANCE)
+        outside = ~high_below_low & ((opens > top) | (opens < bottom) | (closes > top) | (closes < bottom))
+        if outside.any():
+            self.drops["ohlc_inconsistent"] = int(outside.sum())
+            self.warns.append(f"{self.source}: dropped {_rows(self.drops['ohlc_inconsistent'])} with "
+                              f"'{names['open']}' or '{names['close']}' outside ['{names['low']}', "
+                              f"'{names['high']}'] ({_dates_text(dates[kept[outside]])})")
+        return kept[~(high_below_low | outside)]
 
-    # commit to the report only now: a DataError above leaves it as it was
-    report.rows_read += n
-    for rule, k in drops.items():
-        report.dropped[rule] = report.dropped.get(rule, 0) + k
-    report.warnings.extend(warns)
-    if skip_reason is not None:
-        report.skipped_tickers[ticker] = skip_reason
-        return None
-    report.tickers += 1
-    report.rows_kept += kept
-    return out
+    def drop_placeholder_runs(self, kept: np.ndarray) -> np.ndarray:
+        """Zero-volume runs, then stale-price runs among the rows left (a trading day next to a
+        zero-volume run at the same price is not stale by itself)."""
+        for rule, col, minimum, what in (("zero_volume", "volume", ZERO_VOLUME_RUN, "zero-volume"),
+                                         ("stale_price", "close", STALE_RUN, "unchanged-close")):
+            values = self.values[col][kept]
+            if rule == "zero_volume":
+                mask = _runs(values == 0, minimum)
+            else:
+                # only flat bars (open == high == low == close) can be placeholders: a real day with
+                # a range breaks the run even when it closes at the same price
+                opens, highs, lows = (self.values[k][kept] for k in ("open", "high", "low"))
+                flat = (opens == highs) & (highs == lows) & (lows == values)
+                mask = _runs_of_equal(np.where(flat, values, -1.0 - np.arange(len(values))), minimum)
+            if mask.any():
+                self.drops[rule] = int(mask.sum())
+                self.warns.append(f"{self.source}: dropped {_rows(self.drops[rule])} in {what} runs of >= "
+                                  f"{minimum} days in column '{self.names[col]}' "
+                                  f"({_runs_text(self.dates[kept], mask)})")
+                kept = kept[~mask]
+        return kept
+
+    def bars(self, kept: np.ndarray, *, adjusted: bool) -> pd.DataFrame:
+        """The canonical bars; with an Adj Close, Open/High/Low/Close scaled by Adj Close / Close."""
+        out = pd.DataFrame({"date": self.dates[kept],
+                            **{k: self.values[k][kept] for k in ("open", "high", "low", "close", "volume")}})
+        if adjusted:
+            adj = self.values["adj_close"][kept]
+            factor = adj / out["close"].to_numpy()
+            for k in ("open", "high", "low"):
+                out[k] = out[k].to_numpy() * factor
+            out["close"] = adj
+        return out
+
+    def skip_reason(self, kept: int, min_history: int) -> str | None:
+        if kept > 0 and kept >= min_history:
+            return None
+        lost = ", ".join(f"{rule} {count}" for rule, count in self.drops.items() if count)
+        return (f"{kept} rows of clean history"
+                + (f" < min_history {min_history}" if min_history else "")
+                + (f" ({self.n} read; dropped {lost})" if lost else f" ({self.n} read)"))
 
 
 def _norm(name) -> str:
