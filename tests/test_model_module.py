@@ -60,6 +60,7 @@ def test_model_module_is_imported_before_the_lookup(registry):
         model_spec(ModelConfig(name="tiny", module="no_such_module"))
 
 
+@pytest.mark.slow
 def test_a_model_from_outside_the_package_trains_through_the_cli(ray_session, registry, tmp_path, capsys):
     from alchemetric_ray.train.export import load_model
 

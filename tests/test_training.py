@@ -215,6 +215,7 @@ def test_resume_continues_at_next_epoch_bitwise_and_same_seed_is_reproducible(ra
     assert [h["train_loss"] for h in full.summary["history"]] == [h["train_loss"] for h in resumed.summary["history"]]
 
 
+@pytest.mark.slow
 def test_streamed_run_reads_every_row_each_epoch_and_repeats_exactly(ray_session, shards, tmp_path):
     """train.cache_data=false: every epoch streams the shard from Ray Data through the windowed shuffle."""
     common = ["train.cache_data=false", "train.epochs=2", "train.deterministic=true", "train.patience=0"]
@@ -281,6 +282,7 @@ def test_num_to_keep_leaves_the_k_best_checkpoints_by_a_min_metric_plus_the_late
     assert out.best_metrics["epoch"] == best_two[0]
 
 
+@pytest.mark.slow
 def test_ddp_validation_scores_every_row_exactly_once(ray_session, odd_val_shards, tmp_path):
     """Two workers, a 99-row val split: the ranks score disjoint parts that together are the whole
     split (Ray's default equal split dropped a row), and rank 0's metrics cover all 99 rows."""
