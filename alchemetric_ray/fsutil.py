@@ -156,7 +156,7 @@ def is_uri(location: str | Path) -> bool:
 
 
 @contextmanager
-def staged_dir(target: str | Path, filesystem: Any = None) -> Iterator[Path]:
+def staged_dir(target: str | Path, filesystem: Any = None, *, last: tuple[str, ...] = ()) -> Iterator[Path]:
     """Build a folder and put it in place of ``target`` in one step; on an error, leave no trace.
 
     ``with staged_dir(target) as stage:`` yields an empty local folder.  When the block ends, the
@@ -169,6 +169,7 @@ def staged_dir(target: str | Path, filesystem: Any = None) -> Iterator[Path]:
     on object stores) into its place, and the hidden prefix deleted.  An error before the final move
     leaves the old ``target`` whole; during the move a reader can see no folder or part of the new
     one, which is weaker than the atomic swap of a local folder (object stores have no rename).
+    The files named in ``last`` (a manifest that lists the others) are moved after all the others.
     """
     local = None if filesystem is not None else _local_path(target)
     if local is not None:
@@ -183,7 +184,7 @@ def staged_dir(target: str | Path, filesystem: Any = None) -> Iterator[Path]:
     stage = Path(tempfile.mkdtemp(prefix="alchemetric-stage-"))
     try:
         yield stage
-        _publish(stage, str(target), filesystem)
+        _publish(stage, str(target), filesystem, last)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
@@ -198,7 +199,7 @@ def _local_path(target: str | Path) -> Path | None:
     return Path(path) if isinstance(filesystem, fs.LocalFileSystem) else None
 
 
-def _publish(stage: Path, target: str, filesystem: Any = None) -> None:
+def _publish(stage: Path, target: str, filesystem: Any = None, last: tuple[str, ...] = ()) -> None:
     """Upload the finished local folder ``stage`` to ``target`` on ``filesystem`` (or the URI's own)."""
     from pyarrow import fs
 
@@ -215,8 +216,14 @@ def _publish(stage: Path, target: str, filesystem: Any = None) -> None:
             filesystem.delete_dir(target)
         try:
             filesystem.move(upload, target)
-        except (OSError, NotImplementedError):  # object stores move files, not folders: copy it over
-            fs.copy_files(upload, target, source_filesystem=filesystem, destination_filesystem=filesystem)
+        except (OSError, NotImplementedError):  # object stores move files, not folders: copy file by file
+            infos = filesystem.get_file_info(fs.FileSelector(upload, recursive=True))
+            files = sorted((i.path for i in infos if i.type == fs.FileType.File),
+                           key=lambda p: (p.rpartition("/")[2] in last, p))
+            for path in files:
+                dest = target + path[len(upload):]
+                filesystem.create_dir(dest.rpartition("/")[0], recursive=True)  # a no-op on object stores
+                filesystem.copy_file(path, dest)
     finally:
         if filesystem.get_file_info(upload).type != fs.FileType.NotFound:
             filesystem.delete_dir(upload)

@@ -23,19 +23,26 @@ import torch
 from ray.data.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn
 
 from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
-from alchemetric_ray.data.shards import split_dir
+from alchemetric_ray.data.shards import split_files
+from alchemetric_ray.storage import Location, locate
 
 
-def read_split(shards: str | Path, split: str, *, columns: list[str] | None = None):
-    """One split of the shards as a Ray Dataset."""
-    folder = split_dir(shards, split)
-    if not folder.is_dir() or not any(folder.glob("*.parquet")):
-        raise ShardError(f"{shards}: split '{split}' has no Parquet files in {folder}")
-    return read_parquet_folder(folder, columns=columns)
+def read_split(shards: str | Path | Location, split: str, *, columns: list[str] | None = None,
+               manifest: Manifest | None = None):
+    """One split of the shards (local or on object storage) as a Ray Dataset: the files its manifest lists."""
+    files = split_files(shards, split, manifest or Manifest.read(shards))
+    if not files:
+        raise ShardError(f"{shards}: split '{split}' has no Parquet files")
+    return read_parquet_files(files, columns=columns)
 
 
 def read_parquet_folder(folder: str | Path, *, columns: list[str] | None = None):
-    """A folder of our own Parquet files as a Ray Dataset: one read task and block per file.
+    """Every Parquet file of a local folder as a Ray Dataset (:func:`read_parquet_files`)."""
+    return read_parquet_files([locate(p) for p in sorted(Path(folder).resolve().glob("*.parquet"))], columns=columns)
+
+
+def read_parquet_files(files: list[Location], *, columns: list[str] | None = None):
+    """Our own Parquet files, on one file system, as a Ray Dataset: one read task and block per file.
 
     Ray 2.60's default Parquet reader (DataSource V2) starts a pool of 32 footer-reading actors
     for every execution of the dataset, i.e. every streamed epoch and every prediction: ~2 s of
@@ -47,13 +54,12 @@ def read_parquet_folder(folder: str | Path, *, columns: list[str] | None = None)
     minimum, and moving 100 tiny objects costs more than reading the rows."""
     import ray.data
 
-    folder = Path(folder)
-    files = sorted(folder.glob("*.parquet"))
+    filesystem = None if not files or files[0].is_local else files[0].filesystem  # pickled to the read tasks
     ctx = ray.data.DataContext.get_current()
     previous, ctx.use_datasource_v2 = ctx.use_datasource_v2, False
     try:
-        return ray.data.read_parquet(str(folder.resolve()), columns=columns, partitioning=None,
-                                     file_extensions=["parquet"], override_num_blocks=max(1, len(files)))
+        return ray.data.read_parquet([f.path for f in files], filesystem=filesystem, columns=columns,
+                                     partitioning=None, override_num_blocks=max(1, len(files)))
     finally:
         ctx.use_datasource_v2 = previous
 
@@ -128,32 +134,33 @@ def sequence_dataset(ds, features: list[str], window: int):
         make_windows, fn_args=(features, window), batch_format="numpy")
 
 
-def check_shard_files(shards: str | Path, manifest: Manifest) -> None:
+def check_shard_files(shards: str | Path | Location, manifest: Manifest) -> None:
     """Every Parquet file of every split decodes and the row counts match the manifest.
 
-    A truncated or corrupt shard is refused here, on the driver, naming the file, before a run
-    starts; Ray Data would only fail on it inside a Train worker (or, for the test split, at the
+    A missing, truncated or corrupt shard is refused here, on the driver, naming the file, before a
+    run starts; Ray Data would only fail on it inside a Train worker (or, for the test split, at the
     export after training).  One pass over the data, batch by batch (memory stays bounded).
     """
     import pyarrow.parquet as pq
 
     for split, expected in manifest.rows.items():
-        folder = split_dir(shards, split)
         rows = 0
-        for path in sorted(folder.glob("*.parquet")):
+        for file in split_files(shards, split, manifest):
             try:
-                with pq.ParquetFile(path) as f:
+                with pq.ParquetFile(file.filesystem.open_input_file(file.path)) as f:
                     for batch in f.iter_batches(batch_size=65_536):
                         rows += batch.num_rows
+            except FileNotFoundError:
+                raise ShardError(f"{file}: listed in {MANIFEST} but missing") from None
             except (pa.ArrowException, OSError, ValueError) as exc:
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-                raise ShardError(f"{path}: corrupt or truncated Parquet shard ({first})") from None
+                raise ShardError(f"{file}: corrupt or truncated Parquet shard ({first})") from None
         if rows != expected:
-            raise ShardError(f"{folder}: {rows} rows in its Parquet files but {MANIFEST} says {expected} "
-                             "(a shard is missing, truncated or from another build)")
+            raise ShardError(f"{locate(shards) / f'split={split}'}: {rows} rows in its Parquet files but {MANIFEST} "
+                             f"says {expected} (a shard is missing, truncated or from another build)")
 
 
-def build_datasets(shards: str | Path, mode: str, window: int, splits=("train", "val"),
+def build_datasets(shards: str | Path | Location, mode: str, window: int, splits=("train", "val"),
                    deterministic: bool = False, check: bool = True) -> tuple[dict[str, Any], dict]:
     """The Ray Datasets the trainer hands to its workers, and the manifest.
 
@@ -166,7 +173,7 @@ def build_datasets(shards: str | Path, mode: str, window: int, splits=("train", 
     cols = ["date", "ticker", *features, "label", "fwd_ret"]
     datasets = {}
     for split in splits:
-        ds = read_split(shards, split, columns=cols)
+        ds = read_split(shards, split, columns=cols, manifest=manifest)
         if mode == "sequence":
             ds = sequence_dataset(ds, features, window)
             if deterministic:

@@ -15,6 +15,7 @@ from typing import Any
 from alchemetric_ray.data.labels import LabelSpec
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write_json
+from alchemetric_ray.storage import Location, locate
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -42,6 +43,11 @@ class Manifest:
     dropped_nonfinite_rows: int = 0
     ingest: dict[str, Any] = field(default_factory=dict)  # what ingest dropped and why
     columns: dict[str, str] = field(default_factory=dict)
+    # split -> its Parquet files, relative to the shard folder ("split=train/part-00000.parquet").
+    # Readers read these and only these: on object storage, where a folder cannot be swapped in
+    # whole, a file the manifest does not list (left by an older or an unfinished build) is ignored.
+    # Empty in manifests written before the list existed: readers then take the split's folder.
+    files: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def classes(self) -> list[str]:
@@ -65,9 +71,9 @@ class Manifest:
             raise ShardError(f"{where}: not a complete manifest ({exc})") from None
 
     @classmethod
-    def read(cls, folder: str | Path) -> Manifest:
-        """The manifest of a shard folder or an exported model's folder."""
-        path = Path(folder) / MANIFEST
+    def read(cls, folder: str | Path | Location) -> Manifest:
+        """The manifest of a shard folder or an exported model's folder (local or on object storage)."""
+        path = locate(folder) / MANIFEST
         if not path.is_file():
             raise ShardError(f"{folder}: no {MANIFEST} (not a feature-shard folder; run `alchemetric-ray features` "
                              "first)")

@@ -39,7 +39,8 @@ from alchemetric_ray.data.labels import LabelSpec, make_labels
 from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
 from alchemetric_ray.data.splits import SPLITS, SplitPlan, label_end_dates, plan_splits
-from alchemetric_ray.fsutil import staged_dir, unwritable_ancestor
+from alchemetric_ray.fsutil import unwritable_ancestor
+from alchemetric_ray.storage import Location, locate, preflight
 
 ROWS_PER_FILE = 250_000
 ROWS_PER_ROW_GROUP = 65_536
@@ -48,13 +49,24 @@ _SAFE_TICKER = re.compile(r"[A-Za-z0-9._^=-]+")
 
 @dataclass
 class ShardSummary:
-    out: Path
+    out: Location
     manifest: Manifest
     seconds: float
 
 
-def split_dir(out: str | Path, split: str) -> Path:
-    return Path(out) / f"split={split}"
+def split_dir(out: str | Path | Location, split: str) -> Path:
+    """A split's folder in a local shard folder (where shards are built)."""
+    return (out.local if isinstance(out, Location) else Path(out)) / f"split={split}"
+
+
+def split_files(shards: str | Path | Location, split: str, manifest: Manifest) -> list[Location]:
+    """The Parquet files of one split: those the manifest lists, and only those (a manifest from
+    before the list existed: every Parquet file in the split's folder)."""
+    where = locate(shards)
+    if manifest.files:
+        return [where / name for name in manifest.files.get(split, [])]
+    folder = where / f"split={split}"
+    return [folder / name for name in folder.listing("*.parquet", folders=False)]
 
 
 def min_history(cfg: RunConfig) -> int:
@@ -88,13 +100,14 @@ class _Progress:
             self.open = False
 
 
-def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
+def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
                  source_description: str | None = None, progress: bool = False) -> ShardSummary:
-    """Compute features and labels for every ticker and write the shards + manifest to ``out``."""
+    """Compute features and labels for every ticker and write the shards + manifest to ``out``
+    (a local folder or object storage: built locally, then put in place with the manifest last)."""
     from alchemetric_ray.data.sources import open_source
 
     start = time.monotonic()
-    out = Path(out)
+    out = locate(out)
     names = feat.resolve_feature_names(cfg.features.names)
     spec = LabelSpec.from_config(cfg.features)
     embargo = spec.reach if cfg.features.embargo is None else cfg.features.embargo
@@ -105,11 +118,12 @@ def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, p
     report = None
     if bars is None:
         source = open_source(cfg.data, min_history=min_history(cfg))
-        bars, source_description, report = source.bars, source.description, source.report
+        bars, report = source.bars, source.report
+        source_description = source_description or source.description
 
     bar = _Progress("features", progress)
     try:
-        with staged_dir(out) as tmp:
+        with out.staged(last=(MANIFEST,)) as tmp:
             staging = tmp / "_staging"
             staging.mkdir(parents=True)
             stats = _pass_features(bars, names, spec, staging, min_history(cfg), bar)
@@ -119,6 +133,8 @@ def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, p
             counts = _write_shards(staging, tmp, names, plan, normalizer, len(spec.classes))
             shutil.rmtree(staging)
             _check_classes(counts, spec.classes)
+            files = {s: sorted(f"{split_dir(tmp, s).name}/{p.name}" for p in split_dir(tmp, s).glob("*.parquet"))
+                     for s in SPLITS}
             manifest = Manifest(
                 created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 source=source_description,
@@ -135,6 +151,7 @@ def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, p
                 dropped_nonfinite_rows=stats["nonfinite"],
                 ingest=_ingest_summary(report),
                 columns={"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
+                files=files,
             )
             manifest.write(tmp)
     except BaseException:
@@ -143,15 +160,18 @@ def build_shards(cfg: RunConfig, out: str | Path, *, bars: Iterable[tuple[str, p
     return ShardSummary(out, manifest, time.monotonic() - start)
 
 
-def _check_output(out: Path, cfg: RunConfig) -> None:
-    if out.exists() and not (out / MANIFEST).is_file() and any(out.iterdir()):
+def _check_output(out: Location, cfg: RunConfig) -> None:
+    preflight(out)  # object storage: credentials, endpoint and bucket, before any work
+    if out.exists() and not (out / MANIFEST).is_file() and (out.listing(folders=True) or out.listing(folders=False)):
         raise ShardError(f"output folder {out} exists and is not a feature-shard folder; refusing to replace it")
+    if not out.is_local:
+        return
     if cfg.data.path:
         data = Path(cfg.data.path).resolve()
-        target = out.resolve()
+        target = out.local
         if target == data or data in target.parents:
             raise ShardError(f"output folder {out} is inside the input data folder {cfg.data.path}")
-    blocked = unwritable_ancestor(out.parent)
+    blocked = unwritable_ancestor(out.local.parent)
     if blocked is not None:
         raise ShardError(f"output folder {out}: {blocked} is not a writable folder")
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from alchemetric_ray.fsutil import atomic_write_json
 from alchemetric_ray.signals.predict import direction_score, positions, stage_inputs
+from alchemetric_ray.storage import Location, locate
 from alchemetric_ray.train.export import CERTIFICATE, backend_key
 
 MAX_FLIP_SHARE = 0.01  # more than 1% of positions flipping blocks a backend
@@ -88,8 +88,9 @@ def certify(loaded, backends: list[tuple[Any, Any]], reference: tuple[Any, Any])
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def write_certificate(model_dir: Path, cert: dict) -> Path:
-    path = Path(model_dir) / CERTIFICATE
-    atomic_write_json(path, cert)
+def write_certificate(model_dir: str | Path | Location, cert: dict) -> Location:
+    """The certificate beside the saved model's files (a local folder or object storage)."""
+    path = locate(model_dir) / CERTIFICATE
+    path.write_json(cert)
     return path
 

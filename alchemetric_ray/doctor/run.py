@@ -8,7 +8,6 @@ with reasons, and the blocking conditions that say "do not adopt this backend ye
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -130,7 +129,7 @@ def run_doctor(cfg: RunConfig, *, device: str | None = None, model_dir: str | No
             return target_device, resolve_precision(target["mode"], target_device, model=spec)
 
         certificate = certify(loaded, [as_pair(t) for t in usable], as_pair(ref))
-        write_certificate(Path(model_dir), certificate)
+        write_certificate(model_dir, certificate)
     report["targets"] = found
     report["certificate"] = certificate
     report["verdict"] = decide(found, certificate)

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_write_json
 from alchemetric_ray.hardware.precision import DOCTOR_GATED_KINDS
+from alchemetric_ray.storage import Location, locate
 
 
 class DoctorRequired(UserError, RuntimeError):
@@ -30,18 +29,17 @@ def model_key(cfg: RunConfig) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def record_path(cfg: RunConfig, device_type: str, mode: str) -> Path:
-    return Path(cfg.storage.path) / "doctor" / f"{cfg.model.name}-{model_key(cfg)}-{device_type}-{mode}.json"
+def record_path(cfg: RunConfig, device_type: str, mode: str) -> Location:
+    """Where the doctor's record for this model on one backend lives: under ``storage.path`` (a
+    local folder or object storage), so that training anywhere on the cluster finds it."""
+    return locate(cfg.storage.path) / "doctor" / f"{cfg.model.name}-{model_key(cfg)}-{device_type}-{mode}.json"
 
 
 def write_records(cfg: RunConfig, targets: list[dict]) -> None:
-    if "://" in cfg.storage.path:
-        return
     for t in targets:
-        path = record_path(cfg, t["device_type"], t["mode"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {"model": cfg.model.__dict__, "device": t["device"], "mode": t["mode"],
-                                 "passed": bool(t.get("passed")), "blockers": t.get("blockers", [])})
+        record = {"model": cfg.model.__dict__, "device": t["device"], "mode": t["mode"],
+                  "passed": bool(t.get("passed")), "blockers": t.get("blockers", [])}
+        record_path(cfg, t["device_type"], t["mode"]).write_json(record)
 
 
 def require_doctor_checked_precision(cfg: RunConfig, accelerator_kind: str) -> None:

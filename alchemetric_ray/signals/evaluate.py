@@ -24,7 +24,7 @@ import pandas as pd
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text, staged_dir
+from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text, is_uri
 from alchemetric_ray.signals import metrics as sm
 from alchemetric_ray.signals.predict import (
     direction_score,
@@ -32,6 +32,7 @@ from alchemetric_ray.signals.predict import (
     predict,
     stage_inputs,
 )
+from alchemetric_ray.storage import Location, locate
 from alchemetric_ray.train.metrics import classification_metrics
 
 FEW_TICKERS = 10
@@ -144,16 +145,17 @@ def _inputs_frame(staging: Path) -> pd.DataFrame:
     return frame
 
 
-def evaluate(model_dir: str | Path, data: str | None, out_dir: str | Path, cfg: RunConfig | None = None) -> dict:
+def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | Path | Location,
+             cfg: RunConfig | None = None) -> dict:
     """Predict, score the test segment against the baselines, and write the report to ``out_dir``."""
     from alchemetric_ray.train.export import load_model
 
-    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    model_dir, out_dir = locate(model_dir), locate(out_dir)
     loaded = load_model(model_dir)
     cfg = cfg or loaded.config
     metrics = json.loads((model_dir / "metrics.json").read_text()) if (model_dir / "metrics.json").is_file() else {}
     n_trials = int(metrics.get("sweep", {}).get("num_trials", 1))
-    with staged_dir(out_dir) as tmp:
+    with out_dir.staged() as tmp:
         signals = predict(model_dir, data, tmp / "signals.parquet", cfg)
         with tempfile.TemporaryDirectory(prefix="alchemetric-eval-") as inputs_dir:
             stage_inputs(loaded, data, Path(inputs_dir))
@@ -183,11 +185,12 @@ def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: P
     reach = LabelSpec.from_config(loaded.config.features).reach
     folds = walk_forward_folds(inputs["date"].to_numpy(), n_folds, embargo=reach)
     base = loaded.config
+    storage = cfg.storage.path if is_uri(cfg.storage.path) else str(Path(cfg.storage.path).resolve())
     results = []
     for k, fold in enumerate(folds):
         fold_cfg = base.replace(f"features.train_end={fold.train_end}", f"features.val_end={fold.val_end}",
                                 f"storage.name={base.storage.name}-fold{k}", f"storage.models_dir={work / 'folds'}",
-                                f"storage.path={Path(cfg.storage.path).resolve()}", "storage.run=null",
+                                f"storage.path={storage}", "storage.run=null",
                                 "storage.resume=false")
         if data:
             fold_cfg = fold_cfg.replace(f"data.path={data}", "data.source=files")

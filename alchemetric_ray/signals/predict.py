@@ -28,7 +28,8 @@ from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.normalize import Normalizer
 from alchemetric_ray.data.shards import feature_table
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_write
+from alchemetric_ray.fsutil import is_uri
+from alchemetric_ray.storage import Location, local_copy, locate
 
 
 class SignalError(UserError, ValueError):
@@ -66,7 +67,8 @@ class ModelPredictor:
         return out
 
 
-def model_id(model_dir: Path) -> str:
+def model_id(model_dir: str | Path | Location) -> str:
+    model_dir = locate(model_dir)
     digest = hashlib.sha256((model_dir / "weights.pt").read_bytes()).hexdigest()[:12]
     return f"{model_dir.name}@{digest}"
 
@@ -80,10 +82,10 @@ def positions(score: np.ndarray, long_threshold: float, short_threshold: float) 
     return np.where(score > long_threshold, 1, np.where(score < -short_threshold, -1, 0)).astype(np.int8)
 
 
-def _check_paths(data: str | None, out: Path) -> None:
-    if data:
+def _check_paths(data: str | None, out: Location) -> None:
+    if data and not is_uri(data) and out.is_local:
         src = Path(data).resolve()
-        target = out.resolve()
+        target = out.local
         if target == src or src in target.parents:
             raise SignalError(f"signals output {out} is inside the input folder {data}; write it somewhere else")
 
@@ -91,8 +93,16 @@ def _check_paths(data: str | None, out: Path) -> None:
 def stage_inputs(loaded, data: str | None, staging: Path) -> dict:
     """Features for every bar of the data, normalized with the model's training statistics.
 
-    ``data`` is an OHLCV folder/file; None means the data the model was trained on (its config's
-    data section: the built-in sample, the same synthetic market, or the same files)."""
+    ``data`` is an OHLCV folder/file (local, or on object storage: read from a temporary copy);
+    None means the data the model was trained on (its config's data section: the built-in sample,
+    the same synthetic market, or the same files)."""
+    if data and is_uri(data):
+        with local_copy(data) as raw:
+            return _stage_inputs(loaded, str(raw), staging)
+    return _stage_inputs(loaded, data, staging)
+
+
+def _stage_inputs(loaded, data: str | None, staging: Path) -> dict:
     from alchemetric_ray.data.sources import open_source
 
     manifest = loaded.manifest
@@ -133,7 +143,8 @@ def stage_inputs(loaded, data: str | None, staging: Path) -> dict:
     return {"tickers": tickers}
 
 
-def predict(model_dir: str | Path, data: str | None, out: str | Path, cfg: RunConfig | None = None) -> pd.DataFrame:
+def predict(model_dir: str | Path | Location, data: str | None, out: str | Path | Location,
+            cfg: RunConfig | None = None) -> pd.DataFrame:
     """Score ``data`` (OHLCV folder/file; None = the model's training data) with a saved model into ``out``."""
     import ray
 
@@ -141,7 +152,7 @@ def predict(model_dir: str | Path, data: str | None, out: str | Path, cfg: RunCo
     from alchemetric_ray.train.export import load_model
     from alchemetric_ray.train.session import ensure_ray
 
-    model_dir, out = Path(model_dir), Path(out)
+    model_dir, out = locate(model_dir), locate(out)
     loaded = load_model(model_dir)
     cfg = cfg or loaded.config
     _check_paths(data, out)
@@ -157,7 +168,8 @@ def predict(model_dir: str | Path, data: str | None, out: str | Path, cfg: RunCo
         actors, per_actor_gpu, device_kind = _actor_plan(cfg, gpus)
         scored = ds.map_batches(
             ModelPredictor,
-            fn_constructor_kwargs={"model_dir": str(model_dir.resolve()), "device_name": device_kind,
+            fn_constructor_kwargs={"model_dir": model_dir.path if model_dir.is_local else model_dir.uri,
+                                   "device_name": device_kind,
                                    "features": names, "mode": loaded.mode},
             batch_size=4096, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors),
             num_gpus=per_actor_gpu or None,
@@ -182,7 +194,7 @@ def _datetimes(column) -> np.ndarray:
     return np.asarray(pd.to_datetime(column).to_numpy(), dtype="datetime64[ns]")
 
 
-def warn_if_uncertified(model_dir: Path, device_type: str, mode: str) -> str | None:
+def warn_if_uncertified(model_dir: str | Path | Location, device_type: str, mode: str) -> str | None:
     """The warning ``predict`` prints when serving on a backend the doctor never certified."""
     from alchemetric_ray.train.export import (
         backend_key,
@@ -190,6 +202,7 @@ def warn_if_uncertified(model_dir: Path, device_type: str, mode: str) -> str | N
         trained_backend,
     )
 
+    model_dir = locate(model_dir)
     certified = certified_backends(model_dir)
     key = backend_key(device_type, mode)
     trained = trained_backend(model_dir)
@@ -201,7 +214,7 @@ def warn_if_uncertified(model_dir: Path, device_type: str, mode: str) -> str | N
     return message
 
 
-def _write_signals(scored: pd.DataFrame, loaded, model_dir: Path, out: Path, cfg: RunConfig) -> pd.DataFrame:
+def _write_signals(scored: pd.DataFrame, loaded, model_dir: Location, out: Location, cfg: RunConfig) -> pd.DataFrame:
     classes = loaded.manifest.classes
     proba = np.stack(scored["proba"].to_numpy()) if len(scored) else np.zeros((0, len(classes)))
     frame = pd.DataFrame({"date": _datetimes(scored["date"]), "ticker": scored["ticker"].astype(str).to_numpy()})
@@ -218,6 +231,5 @@ def _write_signals(scored: pd.DataFrame, loaded, model_dir: Path, out: Path, cfg
     frame = frame.sort_values(["date", "ticker"]).reset_index(drop=True)
     if len(frame):
         warn_if_uncertified(model_dir, frame["device"].iloc[0].split(":")[0], frame["precision"].iloc[0])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, lambda tmp: frame.to_parquet(tmp, index=False))
+    out.write_bytes(frame.to_parquet(index=False))  # whole or not at all: renamed locally, one PUT on a bucket
     return frame

@@ -50,12 +50,12 @@ def predict_baseline(model: ClassifierMixin, x: np.ndarray, n_classes: int) -> n
 def baseline_scores(shards: str | Path, manifest: Manifest, seed: int = 0, splits=("val", "test")) -> dict[str, dict]:
     features = manifest.features
     n_classes = len(manifest.classes)
-    train = split_frame(shards, "train", features)
+    train = split_frame(shards, "train", features, manifest)
     if len(train) > MAX_TRAIN_ROWS:
         train = train.sample(MAX_TRAIN_ROWS, random_state=seed)
     x, y = train[features].to_numpy(), train["label"].to_numpy()
     models = {"majority": DummyClassifier(strategy="most_frequent"), **baseline_models(seed)}
-    frames = {s: split_frame(shards, s, features) for s in splits}
+    frames = {s: split_frame(shards, s, features, manifest) for s in splits}
     scores: dict[str, dict] = {}
     for name, model in models.items():
         fit_baseline(model, x, y)

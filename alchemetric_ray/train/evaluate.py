@@ -13,12 +13,22 @@ import pandas as pd
 import torch
 
 from alchemetric_ray.data.loaders import make_windows
-from alchemetric_ray.data.shards import split_dir
+from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.data.shards import split_files
 from alchemetric_ray.hardware import Precision
+from alchemetric_ray.storage import Location
 
 
-def split_frame(shards: str | Path, split: str, features: list[str]) -> pd.DataFrame:
-    return pd.read_parquet(split_dir(shards, split), columns=["date", "ticker", *features, "label", "fwd_ret"])
+def split_frame(shards: str | Path | Location, split: str, features: list[str],
+                manifest: Manifest | None = None) -> pd.DataFrame:
+    """One split of the shards (local or on object storage), the files its manifest lists, as a frame."""
+    import pyarrow.parquet as pq
+
+    files = split_files(shards, split, manifest or Manifest.read(shards))
+    columns = ["date", "ticker", *features, "label", "fwd_ret"]
+    if not files:
+        return pd.DataFrame(columns=columns)
+    return pq.read_table([f.path for f in files], filesystem=files[0].filesystem, columns=columns).to_pandas()
 
 
 def model_inputs(frame: pd.DataFrame, features: list[str], mode: str, window: int) -> tuple[np.ndarray, pd.DataFrame]:

@@ -26,13 +26,14 @@ from alchemetric_ray.fsutil import (
     atomic_torch_save,
     atomic_write_json,
     atomic_write_text,
+    is_uri,
     recover_dir,
     safe_child,
-    staged_dir,
     unwritable_ancestor,
 )
 from alchemetric_ray.hardware import resolve_device, resolve_precision
 from alchemetric_ray.models import build_model, model_spec
+from alchemetric_ray.storage import Location, locate
 from alchemetric_ray.train.checkpoint import CheckpointError, load_state, read_meta
 from alchemetric_ray.train.evaluate import model_inputs, predict_proba, split_frame
 from alchemetric_ray.train.metrics import classification_metrics
@@ -52,15 +53,17 @@ class LoadedModel:
     config: RunConfig
     manifest: Manifest
     meta: dict[str, Any]
-    path: Path
+    path: Path | str  # a local folder, or the URI of a model on object storage
 
     @property
     def mode(self) -> str:
         return model_spec(self.config.model.name).inputs
 
 
-def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict | None = None) -> Path:
-    """Export a Train checkpoint (``ray.train.Checkpoint`` or a folder) as the model ``storage.name``."""
+def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
+                 extra: dict | None = None) -> Location:
+    """Export a Train checkpoint (``ray.train.Checkpoint`` or a folder) as the model ``storage.name``
+    in ``storage.models_dir`` (a local folder or object storage); return where it went."""
     from alchemetric_ray.train.baselines import baseline_scores
 
     if hasattr(checkpoint, "as_directory"):
@@ -76,7 +79,7 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict 
     precision = resolve_precision("fp32", device)
     features = manifest.features
     mode = model_spec(cfg.model.name).inputs
-    test = split_frame(shards, "test", features)
+    test = split_frame(shards, "test", features, manifest)
     x, rows = model_inputs(test, features, mode, cfg.features.window)
     proba = predict_proba(model, x, device, precision)
     test_metrics = classification_metrics(rows["label"].to_numpy(), proba, prefix="")
@@ -90,9 +93,10 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict 
         "history": meta["loop"]["history"],
         **(extra or {}),
     }
-    target = safe_child(Path(cfg.storage.models_dir), cfg.storage.name, "storage.name")
-    check_models_dir(target.parent)
-    with staged_dir(target) as tmp:
+    models = locate(cfg.storage.models_dir)
+    target = models / safe_child(".", cfg.storage.name, "storage.name").name
+    check_models_dir(cfg.storage.models_dir)
+    with target.staged(last=(META,)) as tmp:  # meta.json last: a reader that sees it sees the rest
         atomic_torch_save({"model": state["model"]}, tmp / WEIGHTS)
         atomic_write_json(tmp / CONFIG, cfg.to_dict())
         manifest.write(tmp)
@@ -104,7 +108,10 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path, *, extra: dict 
 
 
 def check_models_dir(folder: str | Path) -> None:
-    """Refuse a models directory we cannot write, before any work is done for it."""
+    """Refuse a local models directory we cannot write, before any work is done for it (object
+    storage is checked by ``storage.preflight``)."""
+    if is_uri(folder):
+        return
     folder = Path(folder)
     blocked = unwritable_ancestor(folder)
     if blocked is not None:
@@ -115,9 +122,24 @@ def _build(cfg: RunConfig, manifest: Manifest) -> torch.nn.Module:
     return build_model(cfg.model, len(manifest.features), len(manifest.classes), window=cfg.features.window)
 
 
-def load_model(path: str | Path) -> LoadedModel:
-    """Load an exported model on the CPU (move it with ``.to(device)``); refuses incomplete folders."""
-    path = Path(path)
+def load_model(path: str | Path | Location) -> LoadedModel:
+    """Load an exported model on the CPU (move it with ``.to(device)``); refuses incomplete folders.
+
+    A model on object storage is copied to a temporary folder, loaded, and the copy removed."""
+    where = locate(path)
+    if not where.is_local:
+        import tempfile
+
+        if not (where / META).is_file():  # written last: without it the model is absent or incomplete
+            raise ModelDirError(f"{where}: not a saved model (missing {META})")
+        with tempfile.TemporaryDirectory(prefix="alchemetric-model-") as tmp:
+            loaded = _load_local(where.download(Path(tmp) / where.name))
+        loaded.path = where.uri
+        return loaded
+    return _load_local(Path(path) if not isinstance(path, Location) else where.local)
+
+
+def _load_local(path: Path) -> LoadedModel:
     recover_dir(path)  # a save interrupted between its renames: the previous model is put back
     for name in (WEIGHTS, CONFIG, MANIFEST, META):
         if not (path / name).is_file():
@@ -149,15 +171,15 @@ def backend_key(device_type: str, mode: str) -> str:
     return f"{device_type}/{mode}"
 
 
-def trained_backend(model_dir: str | Path) -> str:
+def trained_backend(model_dir: str | Path | Location) -> str:
     """The backend a saved model was trained on, from its meta.json."""
-    meta = json.loads((Path(model_dir) / META).read_text())
+    meta = json.loads((locate(model_dir) / META).read_text())
     return backend_key(meta["device"]["device"].split(":")[0], meta["precision"]["mode"])
 
 
-def certified_backends(model_dir: str | Path) -> list[str] | None:
+def certified_backends(model_dir: str | Path | Location) -> list[str] | None:
     """The backends the doctor certified the saved model on; None where it never ran for it."""
-    path = Path(model_dir) / CERTIFICATE
+    path = locate(model_dir) / CERTIFICATE
     if not path.is_file():
         return None
     return list(json.loads(path.read_text()).get("certified", []))

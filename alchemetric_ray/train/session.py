@@ -2,8 +2,9 @@
 
 ``train``, ``tune`` and ``predict`` all start here: :func:`ensure_ray` joins the cluster a job runs
 in or starts a local Ray; :func:`worker_env` is what every Ray worker needs before torch loads;
-:func:`storage_uri`, :func:`check_storage_reaches_every_node` and :func:`run_name` say where a run
-keeps its checkpoints and under what name.
+:func:`storage_location`, :func:`train_storage`, :func:`check_storage_access`,
+:func:`check_storage_reaches_every_node` and :func:`run_name` say where a run keeps its checkpoints
+(a local folder or object storage, ``storage.py``) and under what name.
 
 It sits in the ``train`` layer, not at the bottom: it reads the machine's CPU count from
 ``hardware`` and sets Ray Train's own knobs (health-check interval, worker-group timeout), and
@@ -15,21 +16,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 
 from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig
-from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import is_uri, safe_child, subfolders
+from alchemetric_ray.fsutil import is_uri, safe_child
+from alchemetric_ray.storage import S3_SETTINGS, Location, StorageError, locate, preflight
 
 # Each ray.train.report() waits up to this interval (Ray's default is 2 s): a deliberate,
 # small value keeps the per-epoch overhead low without busy-polling the workers.
 HEALTH_CHECK_INTERVAL_S = "0.25"
 WORKER_GROUP_START_TIMEOUT_S = "120"
-
-
-class StorageError(UserError, RuntimeError):
-    pass
 
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:
@@ -41,6 +37,9 @@ def worker_env(cfg: RunConfig) -> dict[str, str]:
     }
     if os.environ.get("RAY_AUTH_TOKEN_PATH"):  # where the token lives, never the token itself
         env["RAY_AUTH_TOKEN_PATH"] = os.environ["RAY_AUTH_TOKEN_PATH"]
+    # where object storage is (endpoint, region): addresses, never credentials, which every node
+    # resolves from its own AWS chain
+    env.update({name: os.environ[name] for name in S3_SETTINGS if os.environ.get(name)})
     if console.verbose():
         env[console.VERBOSE_ENV] = "1"
     return env
@@ -89,17 +88,27 @@ def check_storage_reaches_every_node(cfg: RunConfig) -> None:
                            "mount at the same path on every node, set storage.shared=true")
 
 
-def storage_uri(cfg: RunConfig) -> str:
-    """Where Ray Train and Tune keep runs: the URI as given, or the local folder made absolute."""
-    return cfg.storage.path if is_uri(cfg.storage.path) else str(Path(cfg.storage.path).resolve())
+def storage_location(cfg: RunConfig) -> Location:
+    """``storage.path``: where Ray Train and Tune keep runs, and where shards are built when needed."""
+    return locate(cfg.storage.path)
 
 
-def local_storage(cfg: RunConfig) -> Path:
-    """``storage.path`` as a local folder; a URI is refused (the feature shards are built locally)."""
-    if is_uri(cfg.storage.path):
-        raise StorageError(f"config 'storage.path': {cfg.storage.path} is a URI; build the feature shards on shared "
-                           "storage first (`alchemetric-ray features --out ...`) and pass that folder as --data")
-    return Path(cfg.storage.path).resolve()
+def train_storage(cfg: RunConfig) -> dict:
+    """``storage_path`` and ``storage_filesystem`` for Ray Train's and Tune's ``RunConfig``: a local
+    folder as an absolute path; object storage as a path on this process's one file system."""
+    where = storage_location(cfg)
+    if where.is_local:
+        return {"storage_path": str(where.local), "storage_filesystem": None}
+    return {"storage_path": where.path, "storage_filesystem": where.filesystem}
+
+
+def check_storage_access(cfg: RunConfig, *, export: bool = True) -> None:
+    """Before any work: every object-storage location the run will use has credentials, an
+    endpoint that answers and a bucket (``storage.preflight``); one line otherwise."""
+    places = [cfg.storage.path, *([cfg.storage.models_dir] if export else []),
+              *([cfg.data.path] if cfg.data.path and is_uri(cfg.data.path) else [])]
+    for place in places:
+        preflight(locate(place))
 
 
 def run_name(cfg: RunConfig, *, sweep: bool = False) -> str:
@@ -111,7 +120,7 @@ def run_name(cfg: RunConfig, *, sweep: bool = False) -> str:
     if cfg.storage.run:
         return safe_child(".", cfg.storage.run, "storage.run").name
     if cfg.storage.resume:
-        earlier = subfolders(cfg.storage.path, f"{base}-*")
+        earlier = storage_location(cfg).listing(f"{base}-*", folders=True)
         if not earlier:
             raise StorageError(f"--resume (storage.resume=true): no earlier {'sweep' if sweep else 'run'} named "
                                f"{base}-* in {cfg.storage.path}")

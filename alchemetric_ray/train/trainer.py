@@ -21,18 +21,20 @@ from alchemetric_ray.data.loaders import build_datasets, check_shard_files
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import safe_child
+from alchemetric_ray.fsutil import is_uri, safe_child
 from alchemetric_ray.hardware.records import require_doctor_checked_precision
 from alchemetric_ray.models import model_spec
+from alchemetric_ray.storage import Location, local_copy, locate
 from alchemetric_ray.train.export import check_models_dir, export_model
 from alchemetric_ray.train.metrics import selection_mode
 from alchemetric_ray.train.plan import ResourcePlan, plan_resources
 from alchemetric_ray.train.session import (
+    check_storage_access,
     check_storage_reaches_every_node,
     ensure_ray,
-    local_storage,
     run_name,
-    storage_uri,
+    storage_location,
+    train_storage,
     worker_env,
 )
 
@@ -49,25 +51,29 @@ class TrainError(UserError, RuntimeError):
 class TrainOutcome:
     run_name: str
     run_path: str | None
-    shards: Path
+    shards: Location
     plan: ResourcePlan
     summary: dict[str, Any]  # the loop's return value (rank 0)
     best_checkpoint: Any  # ray.train.Checkpoint | None
     best_metrics: dict[str, Any] | None
     latest_checkpoint: Any
-    model_dir: Path | None
+    model_dir: Location | None
     seconds: float
     tensorboard: Path | None = None  # the run's TensorBoard event files (local storage)
 
 
-def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Path:
-    """The feature shards for ``cfg``: ``data.path`` itself if it holds shards, else built once."""
-    if cfg.data.path and (Path(cfg.data.path) / MANIFEST).is_file():
-        return Path(cfg.data.path)
-    storage = local_storage(cfg)
-    out = safe_child(storage / "features", cfg.storage.name, "storage.name")
+def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Location:
+    """The feature shards for ``cfg``: ``data.path`` itself if it holds shards (a local folder or
+    object storage), else built from the raw bars into ``<storage.path>/features/<storage.name>``."""
+    if cfg.data.path and (locate(cfg.data.path) / MANIFEST).is_file():
+        return locate(cfg.data.path)
+    out = storage_location(cfg) / "features" / safe_child(".", cfg.storage.name, "storage.name").name
     print(f"features: building shards from {cfg.data.path or cfg.data.source} into {out}", flush=True)
-    build_shards(cfg, out, progress=progress)
+    if cfg.data.path and is_uri(cfg.data.path):  # raw bars on object storage: read from a temporary local copy
+        with local_copy(cfg.data.path) as raw:
+            build_shards(cfg.replace(f"data.path={raw}"), out, source_description=cfg.data.path, progress=progress)
+    else:
+        build_shards(cfg, out, progress=progress)
     return out
 
 
@@ -110,7 +116,7 @@ def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: Reso
         dataset_config=CompleteValidationConfig(execution_options=options),  # val: every row, once
         run_config=TrainRunConfig(
             name=name,
-            storage_path=storage_uri(cfg),
+            **train_storage(cfg),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.storage.num_to_keep,
                                                checkpoint_score_attribute=cfg.train.metric,
                                                checkpoint_score_order=selection_mode(cfg.train)),
@@ -129,7 +135,7 @@ class Prepared:
 
     name: str  # the Train run's (or the sweep's) name
     plan: ResourcePlan
-    shards: Path
+    shards: Location
     manifest: Manifest
     datasets: dict[str, Any] | None  # None for a sweep: each trial builds its own
 
@@ -146,6 +152,7 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     model_spec(cfg.model)  # an unknown model (or model.module) fails before anything starts
     if export:
         check_models_dir(cfg.storage.models_dir)  # refused now, not after the training
+    check_storage_access(cfg, export=export)  # credentials, endpoint, buckets: before Ray starts
     ensure_ray(cfg)
     check_storage_reaches_every_node(cfg)
     plan = plan_resources(cfg, ray.cluster_resources())  # before any shard is written
@@ -169,10 +176,11 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
     started = time.monotonic()
     run = prepare_run(cfg, export=export, name=name, progress=progress)
     tensorboard = None
-    if "://" not in cfg.storage.path:  # event files beside the run's checkpoints
+    where = storage_location(cfg)
+    if where.is_local:  # event files beside the run's checkpoints
         from alchemetric_ray.train.tensorboard import SUBDIR, TensorBoardScalars
 
-        tensorboard = Path(storage_uri(cfg)) / run.name / SUBDIR
+        tensorboard = where.local / run.name / SUBDIR
         callbacks = [*(callbacks or []), TensorBoardScalars(tensorboard)]
     trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name, callbacks=callbacks,
                             local_mode=local_mode)
@@ -184,7 +192,8 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
             raise
         raise TrainError(str(user).splitlines()[0]) from None
     best_ckpt, best_metrics = _best(result, cfg)
-    outcome = TrainOutcome(run.name, getattr(result, "path", None), run.shards, run.plan, result.return_value or {},
+    run_path = getattr(result, "path", None) if where.is_local else str(where / run.name)
+    outcome = TrainOutcome(run.name, run_path, run.shards, run.plan, result.return_value or {},
                            best_ckpt, best_metrics, result.checkpoint, None, 0.0, tensorboard)
     if export and best_ckpt is not None:
         outcome.model_dir = export_model(best_ckpt, cfg, run.shards)

@@ -18,7 +18,7 @@ import numbers
 from pathlib import Path
 from typing import Any
 
-from alchemetric_ray.fsutil import staged_dir
+from alchemetric_ray.storage import Location, locate
 
 INDEX = "index.html"
 LEARNING_PNG = "learning_curves.png"
@@ -517,13 +517,13 @@ def _build(folder: Path, summary: dict) -> None:
     (folder / INDEX).write_text("\n".join(parts) + "\n", encoding="utf-8")
 
 
-def write_sweep_report(out_dir: str | Path, summary: dict) -> Path:
+def write_sweep_report(out_dir: str | Path | Location, summary: dict) -> Location:
     """Write out_dir/index.html plus PNG plots beside it (atomically: build in a temp folder beside
     out_dir, then rename over it); return the index.html path."""
     if not isinstance(summary, dict):
         raise TypeError(f"summary must be a dict, not {type(summary).__name__}")
-    target = Path(out_dir)
-    with staged_dir(target) as tmp:
+    target = locate(out_dir)
+    with target.staged(last=(INDEX,)) as tmp:
         _build(tmp, summary)
     return target / INDEX
 

@@ -23,12 +23,12 @@ from alchemetric_ray.config import ConfigError, RunConfig
 from alchemetric_ray.data.loaders import build_datasets
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_write_json
 from alchemetric_ray.models import load_model_module, model_spec
-from alchemetric_ray.train.checkpoint import read_meta
+from alchemetric_ray.storage import Location
+from alchemetric_ray.train.checkpoint import META
 from alchemetric_ray.train.metrics import selection_mode
 from alchemetric_ray.train.plan import DATA_CPU_RESERVE, ResourcePlan
-from alchemetric_ray.train.session import storage_uri
+from alchemetric_ray.train.session import storage_location, train_storage
 from alchemetric_ray.train.trainer import build_trainer, check_compatible, prepare_run
 
 TRIAL_DRIVER_CPU = 0.1  # the trial function only waits on its TorchTrainer
@@ -44,8 +44,8 @@ class SweepOutcome:
     name: str
     path: str
     summary: dict[str, Any]
-    model_dir: Path | None
-    report: Path | None
+    model_dir: Location | None
+    report: Location | None
 
 
 # ---- the search space ----------------------------------------------------------------------
@@ -112,7 +112,7 @@ def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
 # ---- one trial -----------------------------------------------------------------------------
 
 
-def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: Manifest, plan: ResourcePlan,
+def _trial(config: dict[str, Any], *, base: dict, shards: Location, manifest: Manifest, plan: ResourcePlan,
            sweep: str) -> None:
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -165,19 +165,23 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     trial_cfg = cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
     run = prepare_run(trial_cfg, sweep=True, export=export, progress=progress)
     name, plan, shards, manifest = run.name, run.plan, run.shards, run.manifest
-    path = f"{storage_uri(cfg).rstrip('/')}/{name}"
+    storage = train_storage(cfg)
+    where = storage_location(cfg) / name
+    path = where.path  # on storage["storage_filesystem"] (None: a local folder)
     limit = concurrency(cfg, plan, ray.cluster_resources().get("CPU", 1))
     print(f"sweep {name}: up to {limit} trial(s) at once", flush=True)
 
     trainable = tune.with_resources(
-        tune.with_parameters(_trial, base=trial_cfg.to_dict(), shards=str(shards), manifest=manifest,
+        tune.with_parameters(_trial, base=trial_cfg.to_dict(), shards=shards, manifest=manifest,
                              plan=plan, sweep=name),
         {"CPU": TRIAL_DRIVER_CPU})
-    if cfg.storage.resume or (cfg.storage.run and tune.Tuner.can_restore(path)):
-        if not tune.Tuner.can_restore(path):
-            raise SweepError(f"--resume: {path} holds no sweep state to restore")
+    filesystem = storage["storage_filesystem"]
+    if cfg.storage.resume or (cfg.storage.run and tune.Tuner.can_restore(path, storage_filesystem=filesystem)):
+        if not tune.Tuner.can_restore(path, storage_filesystem=filesystem):
+            raise SweepError(f"--resume: {where} holds no sweep state to restore")
         print(f"resuming sweep {name}: finished trials are kept, unfinished ones continue", flush=True)
-        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True,
+                                   storage_filesystem=filesystem)
     else:
         scheduler = None
         if cfg.tune.scheduler == "asha":
@@ -195,28 +199,30 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
             ),
             # Tune's status table off (it ranks trials by their last value, not ours); one line per
             # finished trial instead, and the summary names the best trial by its best epoch.
-            run_config=tune.RunConfig(name=name, storage_path=storage_uri(cfg),
+            run_config=tune.RunConfig(name=name, **storage,
                                       verbose=0 if not console.verbose() else 1,
                                       callbacks=[_trial_lines(cfg.train.metric, selection_mode(cfg.train))]),
         )
     grid = tuner.fit()
-    summary, best_ckpt, best_cfg = summarize(grid, trial_cfg, manifest, name)
+    summary, best_ckpt, best_cfg = summarize(grid, trial_cfg, manifest, name, where)
     model_dir = None
     if export and best_ckpt:
+        from ray.train import Checkpoint
+
         from alchemetric_ray.train.export import export_model
 
-        model_dir = export_model(best_ckpt, best_cfg, shards, extra={"sweep": {
+        # Tune reports a trial's checkpoint as a path on the storage file system, without its scheme
+        checkpoint = Checkpoint(best_ckpt.path, filesystem=best_ckpt.filesystem)
+        model_dir = export_model(checkpoint, best_cfg, shards, extra={"sweep": {
             "name": name, "num_trials": summary["num_trials"], "best_trial_id": summary["best_trial_id"],
             "selection_metric": cfg.train.metric}})
         summary["test_metrics"] = json.loads((model_dir / "metrics.json").read_text())["test"]
         summary["model_dir"] = str(model_dir)
-    report = None
-    if "://" not in path:
-        from alchemetric_ray.tune.report import write_sweep_report
+    from alchemetric_ray.tune.report import write_sweep_report
 
-        atomic_write_json(Path(path) / "sweep_summary.json", summary)
-        report = write_sweep_report(Path(path) / "report", summary)
-    return SweepOutcome(name, path, summary, model_dir, report)
+    (where / "sweep_summary.json").write_json(summary)
+    report = write_sweep_report(where / "report", summary)
+    return SweepOutcome(name, where.path if where.is_local else where.uri, summary, model_dir, report)
 
 
 def _values_of(spec: Any, default: str) -> list[str]:
@@ -239,8 +245,10 @@ def _searcher(cfg: RunConfig):
     return OptunaSearch(seed=cfg.train.seed)
 
 
-def summarize(grid, cfg: RunConfig, manifest: Manifest, name: str) -> tuple[dict, str | None, RunConfig | None]:
-    """Rank trials on validation only; find the best trial's best checkpoint (reported path)."""
+def summarize(grid, cfg: RunConfig, manifest: Manifest, name: str,
+              where: Location) -> tuple[dict, Location | None, RunConfig | None]:
+    """Rank trials on validation only; find the best trial's best checkpoint (the path Tune
+    reported, on the file system of the sweep's storage ``where``)."""
     metric, mode = cfg.train.metric, selection_mode(cfg.train)
     sign = 1 if mode == "max" else -1
     trials, best = [], None
@@ -270,15 +278,18 @@ def summarize(grid, cfg: RunConfig, manifest: Manifest, name: str) -> tuple[dict
     if best is None:
         errors = "; ".join(t["error"] for t in trials if t["error"])[:500]
         raise SweepError(f"sweep {name}: no trial reported {metric}" + (f" ({errors})" if errors else ""))
-    _, best_id, best_ckpt, best_config = best
+    _, best_id, best_path, best_config = best
     best_cfg = cfg.with_values(best_config)
-    confusion = None
-    if best_ckpt and Path(best_ckpt).is_dir():
-        confusion = read_meta(best_ckpt)["metrics"].get("val_confusion")
+    best_ckpt = confusion = None
+    if best_path:
+        best_ckpt = Location(best_path if where.is_local else f"{where.uri.split('://')[0]}://{best_path}",
+                             where.filesystem, best_path)
+        if (best_ckpt / META).is_file():
+            confusion = json.loads((best_ckpt / META).read_text())["metrics"].get("val_confusion")
     summary = {
         "name": name, "metric": metric, "mode": mode, "num_trials": len(trials), "space": cfg.tune.space,
         "scheduler": cfg.tune.scheduler, "search": cfg.tune.search, "trials": trials, "best_trial_id": best_id,
-        "best_value": best[0], "best_config": best_config, "best_checkpoint": best_ckpt,
+        "best_value": best[0], "best_config": best_config, "best_checkpoint": best_ckpt and str(best_ckpt),
         "classes": manifest.classes, "best_confusion": confusion, "test_metrics": None,
         "model_dir": None, "max_epochs": cfg.train.epochs,
     }
