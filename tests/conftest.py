@@ -18,9 +18,6 @@ os.environ.pop("ALCHEMETRIC_DEVICE", None)
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# Logical CPUs for the session's Ray: enough that Train workers (fractional CPUs), Tune trial
-# drivers and Ray Data readers never wait on each other on this 2-core machine.
-RAY_LOGICAL_CPUS = 8
 
 
 def free_port() -> int:
@@ -29,6 +26,29 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# Object storage for the tests: a real S3-compatible server (moto's standalone HTTP server) on
+# 127.0.0.1, reached the way every AWS SDK reaches an endpoint: AWS_ENDPOINT_URL plus credentials
+# from the environment.  Set before the session's Ray starts, so that its workers resolve the same
+# chain (as every node of a cluster does from its instance or pod role); the developer's own
+# ~/.aws files are kept out.  The server itself starts only for the tests that use it (``s3``).
+S3_PORT = free_port()
+S3_SECRET = "alchemetric-test-secret-never-in-outputs"
+os.environ.update({
+    "AWS_ENDPOINT_URL": f"http://127.0.0.1:{S3_PORT}",
+    "AWS_ACCESS_KEY_ID": "alchemetric-test-key",
+    "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+    "AWS_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": str(REPO / "tests" / ".no-aws-config"),
+    "AWS_SHARED_CREDENTIALS_FILE": str(REPO / "tests" / ".no-aws-credentials"),
+})
+for _name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"):
+    os.environ.pop(_name, None)
+# Logical CPUs for the session's Ray: enough that Train workers (fractional CPUs), Tune trial
+# drivers and Ray Data readers never wait on each other on this 2-core machine.
+RAY_LOGICAL_CPUS = 8
 
 
 @pytest.fixture(scope="session")
@@ -77,3 +97,41 @@ def stocknet_dir(tmp_path_factory) -> Path:
 
     return write_csvs(tmp_path_factory.mktemp("stocknet"))
 
+
+
+class S3Server:
+    """The tests' S3 server: its endpoint, and buckets made on it with boto3 (the test's own client)."""
+
+    def __init__(self, endpoint: str):
+        import boto3
+
+        self.endpoint = endpoint
+        self.client = boto3.client("s3", endpoint_url=endpoint)
+
+    def bucket(self, name: str) -> str:
+        """A new empty bucket; returns its s3:// URI."""
+        self.client.create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+    def read(self, bucket: str, key: str) -> bytes:
+        return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+@pytest.fixture(scope="session")
+def s3() -> S3Server:
+    """A real S3-compatible server (moto) on 127.0.0.1:S3_PORT for the whole session."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=S3_PORT, verbose=False)
+    server.start()
+    try:
+        yield S3Server(os.environ["AWS_ENDPOINT_URL"])
+    finally:
+        server.stop()

@@ -218,6 +218,48 @@ def test_cuda_asked_for_by_the_doctor_without_cuda(capsys, tmp_path, monkeypatch
     fails(capsys, ["doctor", "--device", "cuda"], "device 'cuda'", "CUDA is not available", under=tmp_path)
 
 
+# ---- object storage we cannot use (fails before Ray starts or anything is written) -------------
+# The S3 server is the session's (conftest.py: moto on 127.0.0.1, reached through AWS_ENDPOINT_URL).
+
+
+def test_object_storage_without_credentials(capsys, tmp_path, stocknet_dir, monkeypatch):
+    """moto accepts any key, so this is the product's own check of the AWS credential chain."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    data = csv_folder(tmp_path, stocknet_dir)
+    fails(capsys, train(data, tmp_path, "storage.path=s3://runs/train"), "s3://runs/train", "no AWS credentials",
+          under=tmp_path)
+
+
+def test_object_storage_endpoint_that_does_not_answer(capsys, tmp_path, stocknet_dir, monkeypatch):
+    import socket
+    import time
+
+    data = csv_folder(tmp_path, stocknet_dir)
+    with socket.socket() as silent:  # takes connections into its backlog and never says a word
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        started = time.monotonic()
+        fails(capsys, features(data, "s3://shards/stocks"), "s3://shards/stocks", "cannot reach object storage",
+              endpoint, under=tmp_path)
+        assert time.monotonic() - started < 30
+
+
+def test_object_storage_bucket_that_does_not_exist(capsys, tmp_path, stocknet_dir, s3):
+    data = csv_folder(tmp_path, stocknet_dir)
+    fails(capsys, train(data, tmp_path, "storage.models_dir=s3://no-such-bucket/models"),
+          "s3://no-such-bucket/models", "bucket 'no-such-bucket' does not exist", under=tmp_path)
+
+
+def test_storage_uri_with_keys_in_it(capsys, tmp_path, stocknet_dir):
+    data = csv_folder(tmp_path, stocknet_dir)
+    line = fails(capsys, train(data, tmp_path, "storage.path=s3://AKIAEXAMPLEKEY:hunter2secret@runs/train"),
+                 "s3://***@runs/train", "must not hold credentials", under=tmp_path)
+    assert "hunter2secret" not in line and "AKIAEXAMPLEKEY" not in line
+
+
 # ---- cases that need Ray (the session's) -------------------------------------------------------
 
 

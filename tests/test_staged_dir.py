@@ -179,3 +179,21 @@ def test_the_score_is_p_up_minus_p_down():
     proba = np.array([[0.2, 0.3, 0.5], [0.6, 0.3, 0.1]])
     assert np.allclose(direction_score(proba, ["down", "flat", "up"]), [0.3, -0.5])
     assert np.allclose(direction_score(proba[:, [0, 2]], ["down", "up"]), [0.3, -0.5])
+
+
+def test_object_storage_puts_the_last_files_in_place_after_all_others():
+    """A manifest that lists a folder's files goes in after them: a reader that finds it finds them."""
+    written: list[str] = []
+
+    class Recording(_NoFolderMoves):
+        def copy_file(self, src, dest):
+            written.append(dest)
+            super().copy_file(src, dest)
+
+    filesystem = fs.PyFileSystem(Recording())
+    with staged_dir("bucket/shards", filesystem, last=("manifest.json",)) as stage:
+        for name in ("split=train/part-00000.parquet", "split=val/part-00000.parquet", "manifest.json", "z.txt"):
+            (stage / name).parent.mkdir(parents=True, exist_ok=True)
+            (stage / name).write_text(name)
+    assert len(written) == 4 and written[-1] == "bucket/shards/manifest.json"
+    assert _files(filesystem, "bucket")["bucket/shards/split=val/part-00000.parquet"] == "split=val/part-00000.parquet"

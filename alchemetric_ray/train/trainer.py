@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from alchemetric_ray import console
@@ -59,7 +58,7 @@ class TrainOutcome:
     latest_checkpoint: Any
     model_dir: Location | None
     seconds: float
-    tensorboard: Path | None = None  # the run's TensorBoard event files (local storage)
+    tensorboard: Location | None = None  # the run's TensorBoard event files
 
 
 def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Location:
@@ -175,13 +174,11 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
                  progress: bool = True, name: str | None = None) -> TrainOutcome:
     started = time.monotonic()
     run = prepare_run(cfg, export=export, name=name, progress=progress)
-    tensorboard = None
-    where = storage_location(cfg)
-    if where.is_local:  # event files beside the run's checkpoints
-        from alchemetric_ray.train.tensorboard import SUBDIR, TensorBoardScalars
+    from alchemetric_ray.train.tensorboard import SUBDIR, TensorBoardScalars
 
-        tensorboard = where.local / run.name / SUBDIR
-        callbacks = [*(callbacks or []), TensorBoardScalars(tensorboard)]
+    where = storage_location(cfg)
+    tensorboard = where / run.name / SUBDIR  # event files beside the run's checkpoints
+    callbacks = [*(callbacks or []), TensorBoardScalars(tensorboard)]
     trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name, callbacks=callbacks,
                             local_mode=local_mode)
     try:

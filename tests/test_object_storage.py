@@ -1,0 +1,105 @@
+"""Object storage end to end, against a real S3-compatible server on 127.0.0.1 (moto, ``s3`` fixture).
+
+Nothing in the product knows the server is moto: it is reached through AWS_ENDPOINT_URL and the
+standard credential variables that conftest.py sets for the session, as any S3 endpoint would be.
+The bad-input cases (no credentials, no bucket, a dead endpoint, keys in a URI) are in
+test_bad_input.py with the rest of the checklist.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import S3_SECRET
+
+from alchemetric_ray.cli import main
+from alchemetric_ray.data.manifest import MANIFEST, Manifest
+from alchemetric_ray.storage import locate
+
+TICKERS = "AAPL,MSFT,XOM"
+
+
+def test_the_filesystem_pickled_to_workers_holds_no_credentials(s3):
+    """Ray pickles the storage file system to every worker: it must carry the endpoint, not the keys."""
+    where = locate("s3://any-bucket/runs")
+    blob = pickle.dumps(where.filesystem)
+    assert S3_SECRET.encode() not in blob and b"alchemetric-test-key" not in blob
+    assert pickle.loads(blob).get_file_info("any-bucket").type.name == "NotFound"  # it still works there
+
+
+def test_shards_on_a_bucket_manifest_last_and_only_listed_files_are_read(s3, stocknet_dir, tmp_path, monkeypatch,
+                                                                         capsys):
+    """`features --out s3://...` writes shards and the manifest there (put in place after every shard it
+    lists: test_staged_dir.py), and readers read the files it lists and nothing else."""
+    from alchemetric_ray.data.loaders import check_shard_files
+    from alchemetric_ray.train.evaluate import split_frame
+
+    monkeypatch.chdir(tmp_path)
+    bucket = s3.bucket("ar-shards")
+    assert main(["features", "--data", str(stocknet_dir), "--out", f"{bucket}/shards", "--quiet",
+                 f"data.tickers={TICKERS}"]) == 0
+    keys = s3.keys("ar-shards", "shards/")
+    manifest = Manifest.read(f"{bucket}/shards")
+    listed = [f"shards/{name}" for files in manifest.files.values() for name in files]
+    assert listed and f"shards/{MANIFEST}" in keys and set(listed) <= set(keys)
+    assert not any(k.startswith("shards/.") or "/.shards" in k for k in keys)  # no upload prefix left behind
+    assert list(tmp_path.iterdir()) == []  # a URI never becomes a local folder (no "s3:" here)
+
+    # a stray file in a split's folder (an older or unfinished build) is not read
+    train_file = manifest.files["train"][0]
+    s3.client.put_object(Bucket="ar-shards", Key="shards/split=train/part-99999.parquet",
+                         Body=s3.read("ar-shards", f"shards/{train_file}"))
+    check_shard_files(f"{bucket}/shards", manifest)  # row counts still match the manifest
+    frame = split_frame(f"{bucket}/shards", "train", manifest.features, manifest)
+    assert len(frame) == manifest.rows["train"]
+
+
+@pytest.mark.slow
+def test_train_resume_predict_and_evaluate_with_everything_on_a_bucket(ray_session, s3, stocknet_dir, tmp_path,
+                                                                       monkeypatch, capfd):
+    """Shards, runs (checkpoints), the exported model, raw bars, signals and the evaluation report all
+    on object storage; a resumed run finds its checkpoint there; no credential in anything written."""
+    monkeypatch.chdir(tmp_path)
+    bucket = s3.bucket("ar-e2e")
+    for ticker in TICKERS.split(","):  # raw bars for predict and evaluate, as the source's CSVs
+        s3.client.upload_file(str(stocknet_dir / f"{ticker}.csv"), "ar-e2e", f"raw/{ticker}.csv")
+    assert main(["features", "--data", str(stocknet_dir), "--out", f"{bucket}/shards", "--quiet",
+                 f"data.tickers={TICKERS}"]) == 0
+    common = ["--data", f"{bucket}/shards", f"storage.path={bucket}/runs", f"storage.models_dir={bucket}/models",
+              "storage.name=e2e", "model.hidden=8", "train.epochs=2"]
+
+    assert main(["train", *common, "train.stop_after=1"]) == 0
+    runs = [k for k in s3.keys("ar-e2e", "runs/") if k.endswith("/meta.json")]
+    assert runs and all(k.startswith("runs/e2e-") for k in runs)
+    assert main(["train", "--resume", *common]) == 0
+    out = "".join(capfd.readouterr())
+    assert "resumed from the checkpoint of epoch 0: continuing at epoch 1" in out
+    model_keys = s3.keys("ar-e2e", "models/e2e/")
+    assert {"models/e2e/weights.pt", "models/e2e/meta.json", "models/e2e/metrics.json"} <= set(model_keys)
+    metas = [k for k in s3.keys("ar-e2e", "runs/") if k.endswith("/meta.json")]
+    assert len({k.split("/")[1] for k in metas}) == 1  # the resumed run is the same run, in the same place
+    assert any(json.loads(s3.read("ar-e2e", k))["epoch"] == 1 for k in metas)
+    assert any("/tensorboard/events.out.tfevents." in k for k in s3.keys("ar-e2e", "runs/"))
+
+    assert main(["predict", "--model", f"{bucket}/models/e2e", "--data", f"{bucket}/raw",
+                 "--out", f"{bucket}/signals/e2e.parquet"]) == 0
+    signals = pq.read_table(io.BytesIO(s3.read("ar-e2e", "signals/e2e.parquet"))).to_pandas()
+    assert set(signals["ticker"]) == set(TICKERS.split(",")) and len(signals) > 1000
+    assert signals["model_id"].iloc[0].startswith("e2e@")
+
+    assert main(["evaluate", "--model", f"{bucket}/models/e2e", "--data", f"{bucket}/raw",
+                 "--out", f"{bucket}/evaluation/e2e"]) == 0
+    report = s3.keys("ar-e2e", "evaluation/e2e/")
+    assert {"evaluation/e2e/report.md", "evaluation/e2e/evaluation.json"} <= set(report)
+    verdict = json.loads(s3.read("ar-e2e", "evaluation/e2e/evaluation.json"))["verdict"]
+    assert verdict["line"]
+
+    assert not any(p.name.startswith("s3") for p in tmp_path.iterdir())  # no local "s3:" folder
+    printed = "".join(capfd.readouterr()) + out
+    assert S3_SECRET not in printed
+    for key in s3.keys("ar-e2e"):  # checkpoints, metadata, model, reports: no credential anywhere
+        assert S3_SECRET.encode() not in s3.read("ar-e2e", key), key
