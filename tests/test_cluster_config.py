@@ -41,6 +41,16 @@ def test_head_runs_no_training_and_gpu_workers_scale_from_zero():
     assert not head["node_config"]["InstanceType"].startswith(("g", "p"))
 
 
+def test_every_node_reaches_s3_through_an_instance_profile():
+    """The head (job drivers) and the GPU workers (checkpoints) write to S3: an IAM instance profile on
+    each, no access keys in the file."""
+    cfg = _config()
+    for name, node in cfg["available_node_types"].items():
+        arn = node["node_config"].get("IamInstanceProfile", {}).get("Arn", "")
+        assert arn.startswith("arn:aws:iam::") and ":instance-profile/" in arn, name
+    assert "aws_secret" not in CLUSTER.read_text().lower()
+
+
 def test_setup_installs_the_project_on_a_current_image():
     cfg = _config()
     assert cfg["docker"]["image"].startswith("rayproject/ray:2.60.0") and "ray-ml" not in cfg["docker"]["image"]
