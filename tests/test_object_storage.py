@@ -31,6 +31,17 @@ def test_the_filesystem_pickled_to_workers_holds_no_credentials(s3):
     assert pickle.loads(blob).get_file_info("any-bucket").type.name == "NotFound"  # it still works there
 
 
+def test_workers_learn_where_the_bucket_is_but_never_the_keys():
+    """runtime_env variables are shown on the dashboard: the endpoint and region go there, keys never."""
+    from alchemetric_ray.config import RunConfig
+    from alchemetric_ray.train.session import worker_env
+
+    env = worker_env(RunConfig())
+    assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:") and env["AWS_REGION"] == "us-east-1"
+    assert S3_SECRET not in json.dumps(env)
+    assert not any(name.startswith("AWS_") and ("KEY" in name or "TOKEN" in name) for name in env)
+
+
 def test_shards_on_a_bucket_manifest_last_and_only_listed_files_are_read(s3, stocknet_dir, tmp_path, monkeypatch,
                                                                          capsys):
     """`features --out s3://...` writes shards and the manifest there (put in place after every shard it
