@@ -316,9 +316,9 @@ def test_corrupt_or_truncated_parquet_shard(ray_session, capsys, tmp_path, shard
         raw[200:3000] = random.Random(1).randbytes(2800)
         part.write_bytes(bytes(raw))
         names = [f"split={split}/part-00000.parquet", "corrupt or truncated Parquet shard"]
-    else:  # a shard gone: the split's rows no longer match the manifest
+    else:  # a shard gone that the manifest lists
         part.unlink()
-        names = [f"split={split}", "rows in its Parquet files but manifest.json says"]
+        names = [f"split={split}/part-00000.parquet", "listed in manifest.json but missing"]
     fails(capsys, train(data, tmp_path), *names, under=tmp_path)
 
 

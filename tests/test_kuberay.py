@@ -266,7 +266,7 @@ def test_the_head_trains_nothing_and_gpu_workers_scale_from_zero():
     pod = group["template"]["spec"]
     assert int(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) >= 1
     for kind in ("requests", "limits"):
-        assert {"cpu", "memory"} <= set(pod["containers"][0]["resources"][kind])
+        assert {"CPU", "MEMORY"} <= {name.upper() for name in pod["containers"][0]["resources"][kind]}
     tolerates = any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", []))
     assert tolerates or pod.get("nodeSelector")
 

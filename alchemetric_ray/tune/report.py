@@ -517,15 +517,17 @@ def _build(folder: Path, summary: dict) -> None:
     (folder / INDEX).write_text("\n".join(parts) + "\n", encoding="utf-8")
 
 
-def write_sweep_report(out_dir: str | Path | Location, summary: dict) -> Location:
+def write_sweep_report(out_dir: str | Path | Location, summary: dict) -> Path | Location:
     """Write out_dir/index.html plus PNG plots beside it (atomically: build in a temp folder beside
-    out_dir, then rename over it); return the index.html path."""
+    out_dir, then rename over it; on object storage, index.html goes in last); return the index.html
+    path (a ``Location`` on object storage)."""
     if not isinstance(summary, dict):
         raise TypeError(f"summary must be a dict, not {type(summary).__name__}")
     target = locate(out_dir)
     with target.staged(last=(INDEX,)) as tmp:
         _build(tmp, summary)
-    return target / INDEX
+    index = target / INDEX
+    return Path(out_dir) / INDEX if index.is_local else index  # a local report: the path as given
 
 
 __all__ = ["write_sweep_report"]
