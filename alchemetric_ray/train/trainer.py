@@ -21,13 +21,16 @@ from alchemetric_ray.data.loaders import build_datasets, check_shard_files
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import safe_child
+from alchemetric_ray.fsutil import is_uri, safe_child
 from alchemetric_ray.hardware.records import require_doctor_checked_precision
 from alchemetric_ray.models import model_spec
+from alchemetric_ray.train.autoscale import CONTROLLER_FAILURE_LIMIT, run_bundles, scale_up
+from alchemetric_ray.train.capacity import discover_capacity
 from alchemetric_ray.train.export import check_models_dir, export_model
 from alchemetric_ray.train.metrics import selection_mode
 from alchemetric_ray.train.plan import ResourcePlan, plan_resources
 from alchemetric_ray.train.session import (
+    StorageError,
     check_storage_reaches_every_node,
     ensure_ray,
     local_storage,
@@ -35,10 +38,6 @@ from alchemetric_ray.train.session import (
     storage_uri,
     worker_env,
 )
-
-# How often the controller may fail (e.g. a worker group that cannot start) before the run
-# fails; Ray's default (-1) retries forever.
-CONTROLLER_FAILURE_LIMIT = 2
 
 
 class TrainError(UserError, RuntimeError):
@@ -148,7 +147,8 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
         check_models_dir(cfg.storage.models_dir)  # refused now, not after the training
     ensure_ray(cfg)
     check_storage_reaches_every_node(cfg)
-    plan = plan_resources(cfg, ray.cluster_resources())  # before any shard is written
+    plan = plan_resources(cfg, ray.cluster_resources(), discover_capacity(cfg))  # before any shard is written
+    _check_storage_for_new_nodes(cfg, plan)
     require_doctor_checked_precision(cfg, plan.accelerator)
     shards = prepare_shards(cfg, progress=progress)
     manifest = Manifest.read(shards)
@@ -164,8 +164,19 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     return Prepared(name, plan, shards, manifest, datasets)
 
 
+def _check_storage_for_new_nodes(cfg: RunConfig, plan: ResourcePlan) -> None:
+    """The nodes an autoscaling plan asks for are not up yet, so the node count cannot tell: the
+    workers will run elsewhere than this driver, and a plain local folder does not reach them."""
+    if plan.autoscale and not is_uri(cfg.storage.path) and not cfg.storage.shared:
+        raise StorageError(f"config 'storage.path': {cfg.storage.path} is a local folder but the workers will run on "
+                           f"nodes the autoscaler adds ({plan.capacity}); use storage every node sees (s3://..., "
+                           "gs://...) or, for an NFS/EFS mount at the same path on every node, set storage.shared=true")
+
+
 def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None = None, local_mode: bool = False,
                  progress: bool = True, name: str | None = None) -> TrainOutcome:
+    """The ``train`` command: prepare, ask for the workers and wait (train/autoscale.py), ``fit()``,
+    export.  The autoscaler's resource request is cleared however the fit ends."""
     started = time.monotonic()
     run = prepare_run(cfg, export=export, name=name, progress=progress)
     tensorboard = None
@@ -176,13 +187,15 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
         callbacks = [*(callbacks or []), TensorBoardScalars(tensorboard)]
     trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name, callbacks=callbacks,
                             local_mode=local_mode)
-    try:
-        result = trainer.fit()
-    except Exception as exc:  # ray.train.TrainingFailedError: the worker's whole traceback
-        user = _worker_user_error(exc)
-        if user is None:
-            raise
-        raise TrainError(str(user).splitlines()[0]) from None
+    with scale_up(cfg, run.plan, run_bundles(run.plan), local_mode=local_mode) as window:
+        window.apply()  # what our wait left of scaling.start_timeout_s, per worker-group start attempt
+        try:
+            result = trainer.fit()
+        except Exception as exc:  # ray.train.TrainingFailedError: the worker's whole traceback
+            user = _worker_user_error(exc)
+            if user is None:
+                raise
+            raise TrainError(str(user).splitlines()[0]) from None
     best_ckpt, best_metrics = _best(result, cfg)
     outcome = TrainOutcome(run.name, getattr(result, "path", None), run.shards, run.plan, result.return_value or {},
                            best_ckpt, best_metrics, result.checkpoint, None, 0.0, tensorboard)

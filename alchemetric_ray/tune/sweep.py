@@ -25,9 +25,10 @@ from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write_json
 from alchemetric_ray.models import load_model_module, model_spec
+from alchemetric_ray.train.autoscale import run_bundles, scale_up
 from alchemetric_ray.train.checkpoint import read_meta
 from alchemetric_ray.train.metrics import selection_mode
-from alchemetric_ray.train.plan import DATA_CPU_RESERVE, ResourcePlan
+from alchemetric_ray.train.plan import DATA_CPU_RESERVE, PlanError, ResourcePlan, nodes_needed
 from alchemetric_ray.train.session import storage_uri
 from alchemetric_ray.train.trainer import build_trainer, check_compatible, prepare_run
 
@@ -113,9 +114,11 @@ def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
 
 
 def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: Manifest, plan: ResourcePlan,
-           sweep: str) -> None:
+           sweep: str, start_timeout: str | None = None) -> None:
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
+
+    from alchemetric_ray.train.session import set_worker_group_start_timeout
 
     console.quiet_ray_data()  # this trial driver builds its own datasets
     cfg = RunConfig.from_dict(base).with_values(config)
@@ -125,6 +128,8 @@ def _trial(config: dict[str, Any], *, base: dict, shards: str, manifest: Manifes
                                  deterministic=cfg.train.deterministic, check=False)
     trainer = build_trainer(cfg, datasets, manifest, plan, name=f"{sweep}-{trial_id}",
                             callbacks=[TuneReportCallback()], epoch_lines=False)
+    if start_timeout:  # the sweep's per-attempt worker-group start timeout (train/autoscale.py)
+        set_worker_group_start_timeout(start_timeout)
     trainer.fit()
 
 
@@ -155,8 +160,6 @@ def _trial_lines(metric: str, mode: str):
 
 def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> SweepOutcome:
     import ray
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
 
     space = build_space(cfg)
     load_model_module(cfg.model)
@@ -166,12 +169,53 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     run = prepare_run(trial_cfg, sweep=True, export=export, progress=progress)
     name, plan, shards, manifest = run.name, run.plan, run.shards, run.manifest
     path = f"{storage_uri(cfg).rstrip('/')}/{name}"
-    limit = concurrency(cfg, plan, ray.cluster_resources().get("CPU", 1))
+    # an autoscaling plan counts on the CPUs of the nodes it asks for, not on what is up now
+    limit = concurrency(cfg, plan, plan.cluster_cpus if plan.autoscale else ray.cluster_resources().get("CPU", 1))
     print(f"sweep {name}: up to {limit} trial(s) at once", flush=True)
+    bundles = run_bundles(plan, limit, {"CPU": TRIAL_DRIVER_CPU})  # the concurrent trials' workers and drivers
+    _check_trials_fit(plan, bundles, limit)
+    with scale_up(cfg, plan, bundles) as window:  # the autoscaler's request is cleared however the sweep ends
+        grid = _fit(cfg, trial_cfg, name, plan, shards, manifest, path, space, limit, window.attempt_timeout_s())
+    summary, best_ckpt, best_cfg = summarize(grid, trial_cfg, manifest, name)
+    model_dir = None
+    if export and best_ckpt:
+        from alchemetric_ray.train.export import export_model
+
+        model_dir = export_model(best_ckpt, best_cfg, shards, extra={"sweep": {
+            "name": name, "num_trials": summary["num_trials"], "best_trial_id": summary["best_trial_id"],
+            "selection_metric": cfg.train.metric}})
+        summary["test_metrics"] = json.loads((model_dir / "metrics.json").read_text())["test"]
+        summary["model_dir"] = str(model_dir)
+    report = None
+    if "://" not in path:
+        from alchemetric_ray.tune.report import write_sweep_report
+
+        atomic_write_json(Path(path) / "sweep_summary.json", summary)
+        report = write_sweep_report(Path(path) / "report", summary)
+    return SweepOutcome(name, path, summary, model_dir, report)
+
+
+def _check_trials_fit(plan: ResourcePlan, bundles: list[dict], limit: int) -> None:
+    """On known node types, the concurrent trials must fit in what the node type scales to."""
+    if not (plan.autoscale and plan.node_type):
+        return
+    nodes = nodes_needed(plan, bundles)
+    if nodes > plan.max_nodes:
+        raise PlanError(f"config 'tune.max_concurrent_trials': {limit} trial(s) at once need {nodes} {plan.node_type} "
+                        f"node(s); it scales to at most {plan.max_nodes} ({plan.capacity}); lower "
+                        "tune.max_concurrent_trials or scaling.workers")
+
+
+def _fit(cfg: RunConfig, trial_cfg: RunConfig, name: str, plan: ResourcePlan, shards, manifest: Manifest, path: str,
+         space: dict, limit: int, start_timeout_s: float):
+    """Build (or restore) the Tuner and run it; each trial's ``fit()`` gets ``start_timeout_s`` per
+    worker-group start attempt (what the sweep's own wait left of scaling.start_timeout_s)."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
 
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=trial_cfg.to_dict(), shards=str(shards), manifest=manifest,
-                             plan=plan, sweep=name),
+                             plan=plan, sweep=name, start_timeout=f"{start_timeout_s:g}"),
         {"CPU": TRIAL_DRIVER_CPU})
     if cfg.storage.resume or (cfg.storage.run and tune.Tuner.can_restore(path)):
         if not tune.Tuner.can_restore(path):
@@ -199,24 +243,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
                                       verbose=0 if not console.verbose() else 1,
                                       callbacks=[_trial_lines(cfg.train.metric, selection_mode(cfg.train))]),
         )
-    grid = tuner.fit()
-    summary, best_ckpt, best_cfg = summarize(grid, trial_cfg, manifest, name)
-    model_dir = None
-    if export and best_ckpt:
-        from alchemetric_ray.train.export import export_model
-
-        model_dir = export_model(best_ckpt, best_cfg, shards, extra={"sweep": {
-            "name": name, "num_trials": summary["num_trials"], "best_trial_id": summary["best_trial_id"],
-            "selection_metric": cfg.train.metric}})
-        summary["test_metrics"] = json.loads((model_dir / "metrics.json").read_text())["test"]
-        summary["model_dir"] = str(model_dir)
-    report = None
-    if "://" not in path:
-        from alchemetric_ray.tune.report import write_sweep_report
-
-        atomic_write_json(Path(path) / "sweep_summary.json", summary)
-        report = write_sweep_report(Path(path) / "report", summary)
-    return SweepOutcome(name, path, summary, model_dir, report)
+    return tuner.fit()
 
 
 def _values_of(spec: Any, default: str) -> list[str]:
