@@ -340,7 +340,7 @@ def train_accelerator(requested: str | None, cluster_gpus: float, world_size: in
         return TrainAccelerator("cpu", False, "gloo", "CPU requested")
     local_mps = mps_available() and not cuda_available()
     if req in (DeviceName.AUTO, "cuda") and cluster_gpus > 0 and not local_mps:
-        where = f"on the cluster's node types ({node_types})" if node_types else "in the Ray cluster"
+        where = "on the cluster's node types" if node_types else "in the Ray cluster"
         return TrainAccelerator("cuda", True, "nccl",
                                 f"{cluster_gpus:g} GPU(s) {where} and no Apple GPU here: CUDA workers")
     if req == "cuda" and gpus_unknown and not local_mps:

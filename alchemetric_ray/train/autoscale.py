@@ -4,7 +4,8 @@
 (``run_sweep``):
 
 1. on an autoscaling plan, ``ray.autoscaler.sdk.request_resources(bundles=...)`` asks for the
-   workers' bundles (and a CPU for Ray Data) at once, past the autoscaler's upscaling speed;
+   workers' bundles (and Ray Data's CPU where it needs a node of its own) at once, past the
+   autoscaler's upscaling speed;
 2. a GPU plan sends one preflight task per planned GPU worker (``num_gpus`` as a worker holds, so it
    also triggers the scale-up); each reports its node, ``CUDA_VISIBLE_DEVICES``, ``torch.version.cuda``
    and ``torch.cuda.is_available()``, and a node whose torch cannot use the GPU stops the run with one
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.train.plan import ResourcePlan, data_bundle, fits
+from alchemetric_ray.train.plan import ResourcePlan, data_bundle, fits, nodes_needed
 
 PROGRESS_INTERVAL_S = 30.0  # a progress line this often while waiting (tests shorten it)
 POLL_INTERVAL_S = 1.0
@@ -96,10 +97,15 @@ def start_window(cfg: RunConfig, plan: ResourcePlan) -> StartWindow:
 
 
 def run_bundles(plan: ResourcePlan, trials: int = 1, trial_driver: dict[str, float] | None = None) -> list[dict]:
-    """What a run asks the autoscaler for: each (concurrent) trial's workers, its driver's share,
-    and one CPU's worth for Ray Data."""
+    """What a run asks the autoscaler for: each (concurrent) trial's workers and its driver's share;
+    and Ray Data's CPU where the workers' nodes leave none (it would get a node of its own) or the
+    node types are unknown.  Where the workers' nodes have room, Ray Data's CPU is not asked for: the
+    autoscaler would add another (CPU-only) node for it rather than pack it beside the workers."""
     one = [plan.worker_bundle()] * plan.num_workers + ([trial_driver] if trial_driver else [])
-    return one * trials + [data_bundle()]
+    bundles = one * trials
+    if plan.node_type is None or nodes_needed(plan, bundles + [data_bundle()]) > nodes_needed(plan, bundles):
+        bundles.append(data_bundle())
+    return bundles
 
 
 @contextlib.contextmanager
