@@ -145,18 +145,18 @@ def cold_cluster(worker_types: dict[str, dict], *, max_workers: int = 4, ready_t
     cluster = FakeCluster(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dash}", temp, config_path, head,
                           {**env, "RAY_AUTH_MODE": "token"})
     try:
-        _wait_for_jobs_api(cluster, ready_timeout_s)
+        _wait_until_up(cluster, ready_timeout_s)
         yield cluster
     finally:
         stop(cluster)
 
 
-def _wait_for_jobs_api(cluster: FakeCluster, timeout_s: float) -> None:
+def _wait_until_up(cluster: FakeCluster, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         ready = subprocess.run([str(RAY_BIN), "job", "list", f"--address={cluster.dashboard}"], env=cluster.env,
                                capture_output=True, text=True, timeout=60)
-        if ready.returncode == 0:
+        if ready.returncode == 0 and cluster.nodes():  # the dashboard answers before the head's raylet registers
             return
         if cluster.head.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the fake cluster's head did not come up: {ready.stderr[-1000:]}")

@@ -105,6 +105,15 @@ def _submit(cluster, *entry) -> tuple[int, str]:
     return done.returncode, ansi.sub("", done.stdout + done.stderr)
 
 
+def _cleared(cluster, ours: dict) -> None:
+    """The run asked (the request key exists) and its request is gone.  The v1 autoscaler keeps one
+    standing request per cluster, which Ray Data's autoscaling coordinator rewrites with its own
+    requests (they expire after 180 s), so the check is that none of OUR bundles stands."""
+    standing = cluster.resource_request()
+    assert standing is not None, "no resource request was ever made on this cluster"
+    assert ours not in standing, standing
+
+
 @pytest.mark.slow
 def test_ray_job_submit_train_tune_and_a_failing_job(cold_head, stocknet_dir, tmp_path):
     """Jobs submitted with the working dir to a COLD autoscaling head of the test's own (no CPUs on
@@ -123,7 +132,7 @@ def test_ray_job_submit_train_tune_and_a_failing_job(cold_head, stocknet_dir, tm
     assert "autoscaler: asked for 1 x {CPU: 3} (node type cpu_worker)" in out
     nodes = cold_head.nodes()
     assert len(nodes) == 2 and any(n["resources"].get("CPU") == 4 for n in nodes), nodes
-    assert cold_head.resource_request() == []  # asked (the key exists), then cleared
+    _cleared(cold_head, {"CPU": 3.0})
 
     rc, out = _submit(cold_head, "jobs/tune.py", *common, "storage.name=job-tune", "tune.search=grid",
                       "tune.space={train.lr: [0.01, 0.001]}", "tune.max_concurrent_trials=2",
@@ -132,7 +141,7 @@ def test_ray_job_submit_train_tune_and_a_failing_job(cold_head, stocknet_dir, tm
     assert "2 configurations tried" in out
     assert (tmp_path / "models" / "job-tune" / "metrics.json").is_file()
     assert "autoscaler: asked for 2 x {CPU: 1} + 2 x {CPU: 0.1} (node type cpu_worker)" in out
-    assert cold_head.resource_request() == []
+    _cleared(cold_head, {"CPU": 0.1})  # the trial drivers' share: only our request holds it
 
     rc, out = _submit(cold_head, "jobs/train.py", "train.lr=0")
     assert rc != 0 and "failed" in out.lower()
@@ -154,7 +163,7 @@ def test_a_cuda_run_stops_at_the_gpu_preflight_when_torch_has_no_cuda(cold_head,
     assert "Ray gave this worker GPU 0 (CUDA_VISIBLE_DEVICES=0) but torch " in error
     assert "torch.version.cuda=None, torch.cuda.is_available()=False); install a CUDA build of torch" in error
     assert any(n["resources"].get("GPU") == 1 for n in cold_head.nodes())  # the autoscaler started it
-    assert cold_head.resource_request() == []  # cleared on the failure path
+    _cleared(cold_head, {"CPU": 1.0, "GPU": 1.0})  # cleared on the failure path too
     assert not (tmp_path / "models" / "job-gpu").exists()
 
 

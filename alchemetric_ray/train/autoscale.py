@@ -17,6 +17,11 @@
 4. the request persists until overridden, so on the way out (success, failure, timeout, Ctrl-C)
    ``request_resources(bundles=[])`` clears it.
 
+The v1 autoscaler holds a single standing request for the whole cluster, and Ray Data's own
+autoscaling coordinator writes it too (its requests, renewed every 20 s while a dataset runs,
+expire after 180 s): the wait asks again every :data:`REASK_INTERVAL_S`, and the clear at the end
+may also drop another job's request until that job renews it.
+
 The start timeout (``scaling.start_timeout_s``; 0 = :data:`DEFAULT_START_TIMEOUT_S`, or
 :data:`AUTOSCALING_START_TIMEOUT_S` on an autoscaling plan) is the TOTAL wait.  Our own wait above
 covers the scale-up and the preflight; what is left of it, R, is Ray Train's to start the worker
@@ -42,6 +47,9 @@ from alchemetric_ray.train.plan import ResourcePlan, data_bundle, fits, nodes_ne
 
 PROGRESS_INTERVAL_S = 30.0  # a progress line this often while waiting (tests shorten it)
 POLL_INTERVAL_S = 1.0
+# The v1 autoscaler keeps ONE standing request per cluster (a GCS key), which Ray Data's autoscaling
+# coordinator also overwrites (every 20 s while any dataset runs): our wait asks again this often.
+REASK_INTERVAL_S = 10.0
 DEFAULT_START_TIMEOUT_S = 120.0  # no autoscaler: the nodes are up, only the worker group starts
 AUTOSCALING_START_TIMEOUT_S = 1200.0  # cloud VMs: boot, image pull, setup commands
 MIN_ATTEMPT_TIMEOUT_S = 10.0
@@ -156,6 +164,7 @@ def _wait(plan: ResourcePlan, bundles: list[dict], probes: list, window: StartWi
     pending = list(probes)
     started = time.monotonic()
     next_line = started + PROGRESS_INTERVAL_S
+    next_ask = started + REASK_INTERVAL_S
     while True:
         up = placed(bundles, _alive_nodes()) if bundles else 0
         if pending:
@@ -176,6 +185,9 @@ def _wait(plan: ResourcePlan, bundles: list[dict], probes: list, window: StartWi
             for ref in pending:
                 ray.cancel(ref, force=True)
             raise StartTimeout(_never_came(plan, bundles, up, len(pending), now - started))
+        if bundles and now >= next_ask:
+            _request(bundles)
+            next_ask = now + REASK_INTERVAL_S
         if now >= next_line:
             print(_progress(bundles, up, len(probes) - len(pending), len(probes), now - started), flush=True)
             next_line = now + PROGRESS_INTERVAL_S
