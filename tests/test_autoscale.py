@@ -176,3 +176,14 @@ def test_a_request_that_never_comes_times_out_in_one_line_and_is_cleared(ray_ses
     assert "autoscaler: asked for 1 x {CPU: 1000} + 1 x {CPU: 0.5}; waiting up to 2s" in out
     assert "waiting for 1 x {CPU: 1000} + 1 x {CPU: 0.5}: 1 of 2 up, " in out
     assert json.loads(_internal_kv_get(ray_constants.AUTOSCALER_RESOURCE_REQUEST_CHANNEL)) == []
+
+
+def test_prediction_actors_on_a_cold_gpu_cluster_get_cuda_not_cpu(tmp_path):
+    from alchemetric_ray.signals.predict import _actor_plan
+
+    cap = _capacity(tmp_path, WITH_GPUS)
+    assert _actor_plan(load_config(), 0.0, cap) == (4, 1.0, "cuda")  # one actor per GPU of a gpu_worker node
+    assert _actor_plan(load_config(None, ["device.name=cpu"]), 0.0, cap) == (1, 0.0, "cpu")
+    assert _actor_plan(load_config(), 0.0, _capacity(tmp_path, CPU_ONLY)) == (1, 0.0, "cpu")
+    with pytest.raises(DeviceError, match="no node type in this cluster has a GPU"):
+        _actor_plan(load_config(None, ["device.name=cuda"]), 0.0, _capacity(tmp_path, CPU_ONLY))

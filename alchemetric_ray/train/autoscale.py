@@ -130,7 +130,7 @@ def scale_up(cfg: RunConfig, plan: ResourcePlan, bundles: list[dict], *, local_m
             print(f"autoscaler: asked for {_counted(bundles)}"
                   + (f" (node type {plan.node_type})" if plan.node_type else "")
                   + f"; waiting up to {_duration(window.total_s)}", flush=True)
-        probes = _launch_gpu_probes(plan) if plan.use_gpu and not local_mode else []
+        probes = _launch_gpu_probes(plan.num_workers, plan.gpus_per_worker) if plan.use_gpu and not local_mode else []
         if asked or probes:
             _wait(plan, bundles if asked else [], probes, window)
         yield window
@@ -158,7 +158,14 @@ def _clear() -> None:
 # ---- waiting ---------------------------------------------------------------------------------
 
 
-def _wait(plan: ResourcePlan, bundles: list[dict], probes: list, window: StartWindow) -> None:
+def gpu_preflight(tasks: int, gpus_each: float, cfg: RunConfig, *, autoscaling: bool) -> None:
+    """The GPU preflight alone (``predict``'s GPU actors): ``tasks`` probes of ``gpus_each`` GPUs,
+    waited for within scaling.start_timeout_s; the probes' own demand scales a cold cluster up."""
+    total = cfg.scaling.start_timeout_s or (AUTOSCALING_START_TIMEOUT_S if autoscaling else DEFAULT_START_TIMEOUT_S)
+    _wait(None, [], _launch_gpu_probes(tasks, gpus_each), StartWindow(total, time.monotonic()))
+
+
+def _wait(plan: ResourcePlan | None, bundles: list[dict], probes: list, window: StartWindow) -> None:
     import ray
 
     pending = list(probes)
@@ -222,12 +229,12 @@ def _progress(bundles: list[dict], up: int, probed: int, probes: int, elapsed: f
     return "; ".join(parts) + f", {_duration(elapsed)}"
 
 
-def _never_came(plan: ResourcePlan, bundles: list[dict], up: int, unprobed: int, elapsed: float) -> str:
+def _never_came(plan: ResourcePlan | None, bundles: list[dict], up: int, unprobed: int, elapsed: float) -> str:
     missing = _missing(bundles)
     what = f"{_counted(missing)} never came ({up} of {len(bundles)} bundles up)" if missing else ""
     if unprobed:
         what += ("; " if what else "") + f"{unprobed} GPU preflight task(s) never ran (no node gave them a GPU)"
-    where = f" on node type {plan.node_type}" if plan.node_type else ""
+    where = f" on node type {plan.node_type}" if plan and plan.node_type else ""
     return (f"waited {_duration(elapsed)} (scaling.start_timeout_s) for the workers{where}: {what}; "
             f"see `ray status` and the autoscaler's log (monitor.log), or raise scaling.start_timeout_s")
 
@@ -277,13 +284,13 @@ def _gpu_probe() -> dict:
     return report
 
 
-def _launch_gpu_probes(plan: ResourcePlan) -> list:
+def _launch_gpu_probes(tasks: int, gpus_each: float) -> list:
     import ray
 
-    probe = ray.remote(num_gpus=plan.gpus_per_worker, num_cpus=0, max_retries=0)(_gpu_probe)
-    print(f"GPU preflight: {plan.num_workers} task(s) with {plan.gpus_per_worker:g} GPU each check that torch "
-          "can use the GPUs Ray hands out", flush=True)
-    return [probe.remote() for _ in range(plan.num_workers)]
+    probe = ray.remote(num_gpus=gpus_each, num_cpus=0, max_retries=0)(_gpu_probe)
+    print(f"GPU preflight: {tasks} task(s) with {gpus_each:g} GPU each check that torch can use the GPUs Ray "
+          "hands out", flush=True)
+    return [probe.remote() for _ in range(tasks)]
 
 
 def _probe_result(ref) -> dict:
