@@ -125,8 +125,8 @@ def scale_up(cfg: RunConfig, plan: ResourcePlan, bundles: list[dict], *, local_m
     asked = False
     try:
         if plan.autoscale and not local_mode:
+            asked = True  # from here on the finally clears, even if asking itself was interrupted
             _request(bundles)
-            asked = True
             print(f"autoscaler: asked for {_counted(bundles)}"
                   + (f" (node type {plan.node_type})" if plan.node_type else "")
                   + f"; waiting up to {_duration(window.total_s)}", flush=True)

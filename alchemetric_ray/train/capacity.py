@@ -30,6 +30,7 @@ from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
 
 CapacityKind = Literal["now", "node_types", "unknown"]
+UP_NOW = "the nodes that are up (ray.cluster_resources())"
 
 
 class CapacityError(UserError, ValueError):
@@ -90,7 +91,7 @@ class Capacity:
 
 
 def now() -> Capacity:
-    return Capacity("now", "the nodes that are up (ray.cluster_resources())")
+    return Capacity("now", UP_NOW)
 
 
 # ---- parsing (pure) ------------------------------------------------------------------------

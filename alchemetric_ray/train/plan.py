@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware.device import train_accelerator
-from alchemetric_ray.train.capacity import Capacity
+from alchemetric_ray.train.capacity import UP_NOW, Capacity
 
 DATA_CPU_RESERVE = 1.0  # logical CPUs kept free for Ray Data's read tasks
 MIN_DATA_CPUS = 0.5
@@ -41,7 +41,7 @@ class ResourcePlan:
     accelerator: str
     reasons: dict[str, str] = field(default_factory=dict)
     # where the resources were learnt (train/capacity.py), and on an autoscaling cluster what to ask for
-    capacity: str = "the nodes that are up (ray.cluster_resources())"
+    capacity: str = UP_NOW
     autoscale: bool = False  # ask the autoscaler for the workers' bundles and wait for them
     node_type: str | None = None  # the node type the workers are expected on (None: the nodes up now)
     node_resources: dict[str, float] = field(default_factory=dict)  # one node of that type
@@ -75,8 +75,9 @@ class ResourcePlan:
         if self.node_type:
             lines.append(f"node type        {self.node_type} {_shape(self.node_resources)} x {self.nodes} "
                          f"(of at most {self.max_nodes}; {self.reasons['node_type']})")
-        lines.append(f"capacity         {self.capacity}"
-                     + ("; the autoscaler is asked for the workers' nodes" if self.autoscale else ""))
+        if self.capacity != UP_NOW:  # a local Ray's plan reads as it always did
+            lines.append(f"capacity         {self.capacity}"
+                         + ("; the autoscaler is asked for the workers' nodes" if self.autoscale else ""))
         return "\n".join(lines)
 
 
