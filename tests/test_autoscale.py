@@ -6,6 +6,7 @@ The cold-cluster runs (a real fake-autoscaling head adding nodes) are in test_cl
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -136,7 +137,11 @@ def test_the_start_window_maps_onto_ray_trains_attempts(tmp_path, monkeypatch):
     # no autoscaler and no scaling.start_timeout_s: the user's own Ray knob stands
     local = plan_resources(load_config(None, ["device.name=cpu"]), {"CPU": 8.0})
     monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "300")
-    assert autoscale.start_window(load_config(), local).attempt_timeout_s() == 300
+    assert autoscale.start_window(load_config(), local).apply() == "300"
+    assert autoscale.start_window(load_config(), local).attempt_timeout_s() == 300  # still theirs, run after run
+    # an autoscaling plan's window replaces it for the fit it runs
+    value = autoscale.start_window(load_config(), plan).apply()
+    assert float(value) == pytest.approx(400, abs=1) and os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == value
 
 
 def test_bundles_up_count_first_fit_on_node_totals():

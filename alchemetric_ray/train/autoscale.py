@@ -90,7 +90,8 @@ class StartWindow:
         from alchemetric_ray.train.session import set_worker_group_start_timeout
 
         value = f"{self.attempt_timeout_s():g}"
-        set_worker_group_start_timeout(value)
+        if self.user_attempt_s is None:  # the user's own value is already there, and stays theirs
+            set_worker_group_start_timeout(value)
         return value
 
 
