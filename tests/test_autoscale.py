@@ -10,6 +10,7 @@ import os
 
 import pytest
 import yaml
+from device_probes import cpu_only_machine
 from fake_cluster import launcher_config
 
 from alchemetric_ray.config import ConfigError, load_config
@@ -22,6 +23,13 @@ from alchemetric_ray.train.plan import PlanError, plan_resources
 CPU_ONLY = {"cpu_worker": {"resources": {"CPU": 4}, "max_workers": 2}}
 WITH_GPUS = {**CPU_ONLY, "gpu_worker": {"resources": {"CPU": 8, "GPU": 4}, "max_workers": 2}}
 COLD = {"CPU": 0.0}  # what ray.cluster_resources() says on a cold cluster: a head with no CPUs
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    """The job driver's host (a cluster's head): no CUDA and no MPS, whatever this host has; the GPUs
+    are the cluster's."""
+    cpu_only_machine(monkeypatch)
 
 
 def _capacity(tmp_path, worker_types, **kw) -> Capacity:
@@ -43,13 +51,13 @@ def test_node_types_come_from_the_launcher_yaml(tmp_path):
     assert cap.head.name == "ray.head.default" and cap.max_workers == 3
 
 
-def test_cuda_on_cpu_only_node_types_is_refused_in_one_line(tmp_path):
+def test_cuda_on_cpu_only_node_types_is_refused_in_one_line(tmp_path, driver):
     with pytest.raises(DeviceError, match="asked for device 'cuda' but no node type in this cluster has a GPU") as err:
         _plan(["device.name=cuda"], _capacity(tmp_path, CPU_ONLY))
     assert "cpu_worker {CPU: 4} x 0-2" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_more_workers_than_the_node_types_hold_names_the_numbers(tmp_path):
+def test_more_workers_than_the_node_types_hold_names_the_numbers(tmp_path, driver):
     with pytest.raises(PlanError, match=r"config 'scaling.workers': 9 workers x 1 GPU need 9 GPUs; the node types "
                                         r"provide at most 8 such workers \(gpu_worker: 4 GPU x at most 2 node"):
         _plan(["device.name=cuda", "scaling.workers=9"], _capacity(tmp_path, WITH_GPUS))
@@ -61,7 +69,7 @@ def test_more_workers_than_the_node_types_hold_names_the_numbers(tmp_path):
         _plan(["device.name=cpu", "scaling.workers=3", "scaling.cpus_per_worker=4"], _capacity(tmp_path, CPU_ONLY))
 
 
-def test_cuda_on_a_cold_cluster_is_planned_on_the_gpu_node_type(tmp_path):
+def test_cuda_on_a_cold_cluster_is_planned_on_the_gpu_node_type(tmp_path, driver):
     cap = _capacity(tmp_path, WITH_GPUS)
     plan = _plan(["device.name=cuda", "scaling.workers=4"], cap)
     assert (plan.use_gpu, plan.worker_device, plan.num_workers, plan.autoscale) == (True, "cuda", 4, True)
@@ -78,7 +86,7 @@ def test_cuda_on_a_cold_cluster_is_planned_on_the_gpu_node_type(tmp_path):
     assert (cpu.use_gpu, cpu.node_type, cpu.nodes, cpu.worker_bundle()) == (False, "cpu_worker", 1, {"CPU": 1.5})
 
 
-def test_ray_data_gets_a_cpu_from_the_nodes_that_will_exist(tmp_path):
+def test_ray_data_gets_a_cpu_from_the_nodes_that_will_exist(tmp_path, driver):
     small = {"one_cpu": {"resources": {"CPU": 1}, "max_workers": 2}}
     plan = _plan(["device.name=cpu", "scaling.cpus_per_worker=1"], _capacity(tmp_path, small))
     assert (plan.nodes, plan.cpus_for_data) == (2, 1.0)  # the worker fills one node; Ray Data needs a second
@@ -87,7 +95,7 @@ def test_ray_data_gets_a_cpu_from_the_nodes_that_will_exist(tmp_path):
         _plan(["device.name=cpu", "scaling.cpus_per_worker=1"], _capacity(tmp_path, small, max_workers=1))
 
 
-def test_unknown_node_types_accept_the_request_and_ask_for_it(tmp_path):
+def test_unknown_node_types_accept_the_request_and_ask_for_it(tmp_path, driver):
     cfg = load_config(None, [f"scaling.cluster_config={tmp_path / 'none.yaml'}"])
     cap = discover_capacity(cfg, joined=True)
     assert cap.kind == "unknown" and f"no launcher config at {tmp_path / 'none.yaml'}" in cap.source
@@ -99,7 +107,7 @@ def test_unknown_node_types_accept_the_request_and_ask_for_it(tmp_path):
     assert not held.autoscale and "the nodes that are up hold it" in held.capacity
 
 
-def test_a_local_ray_plans_from_what_is_up_whatever_yaml_is_there(tmp_path):
+def test_a_local_ray_plans_from_what_is_up_whatever_yaml_is_there(tmp_path, driver):
     path = tmp_path / "bootstrap.yaml"
     path.write_text(yaml.safe_dump(launcher_config(6379, WITH_GPUS)))
     cap = discover_capacity(load_config(None, [f"scaling.cluster_config={path}"]), joined=False)
@@ -123,7 +131,7 @@ def test_a_broken_launcher_yaml_is_one_line_naming_the_key(tmp_path):
         from_launcher_config([], "x")
 
 
-def test_the_start_window_maps_onto_ray_trains_attempts(tmp_path, monkeypatch):
+def test_the_start_window_maps_onto_ray_trains_attempts(tmp_path, driver, monkeypatch):
     cap = _capacity(tmp_path, WITH_GPUS)
     plan = _plan(["device.name=cuda"], cap)
     window = autoscale.start_window(load_config(), plan)
@@ -183,7 +191,7 @@ def test_a_request_that_never_comes_times_out_in_one_line_and_is_cleared(ray_ses
     assert json.loads(_internal_kv_get(ray_constants.AUTOSCALER_RESOURCE_REQUEST_CHANNEL)) == []
 
 
-def test_prediction_actors_on_a_cold_gpu_cluster_get_cuda_not_cpu(tmp_path):
+def test_prediction_actors_on_a_cold_gpu_cluster_get_cuda_not_cpu(tmp_path, driver):
     from alchemetric_ray.signals.predict import _actor_plan
 
     cap = _capacity(tmp_path, WITH_GPUS)
@@ -192,3 +200,14 @@ def test_prediction_actors_on_a_cold_gpu_cluster_get_cuda_not_cpu(tmp_path):
     assert _actor_plan(load_config(), 0.0, _capacity(tmp_path, CPU_ONLY)) == (1, 0.0, "cpu")
     with pytest.raises(DeviceError, match="no node type in this cluster has a GPU"):
         _actor_plan(load_config(None, ["device.name=cuda"]), 0.0, _capacity(tmp_path, CPU_ONLY))
+
+
+def test_a_mac_driver_plans_cuda_on_the_clusters_gpu_node_types(tmp_path, monkeypatch):
+    """Ray advertises a Mac's Apple GPU as GPU: 1, so a local Mac plan never trusts Ray's GPUs; the
+    GPUs of a launcher config's node types are a cloud's, so they stay CUDA."""
+    from alchemetric_ray.hardware import device as dev
+
+    monkeypatch.setattr(dev, "cuda_available", lambda: False)
+    monkeypatch.setattr(dev, "mps_available", lambda: True)
+    plan = _plan(["device.name=cuda", "scaling.workers=2"], _capacity(tmp_path, WITH_GPUS))
+    assert (plan.use_gpu, plan.worker_device, plan.node_type) == (True, "cuda", "gpu_worker")

@@ -339,7 +339,8 @@ def train_accelerator(requested: str | None, cluster_gpus: float, world_size: in
     if req == "cpu":
         return TrainAccelerator("cpu", False, "gloo", "CPU requested")
     local_mps = mps_available() and not cuda_available()
-    if req in (DeviceName.AUTO, "cuda") and cluster_gpus > 0 and not local_mps:
+    # node types come from a launcher config: their GPUs are a cloud's, never this Mac's Apple GPU
+    if req in (DeviceName.AUTO, "cuda") and cluster_gpus > 0 and (not local_mps or node_types):
         where = "on the cluster's node types" if node_types else "in the Ray cluster"
         return TrainAccelerator("cuda", True, "nccl",
                                 f"{cluster_gpus:g} GPU(s) {where} and no Apple GPU here: CUDA workers")
