@@ -206,6 +206,13 @@ class ScalingConfig:
     threads_per_worker: int = 0  # torch threads; 0 = from the CPUs a worker holds
     max_failures: int = 0  # worker-group restarts before the run fails
     placement: Placement = "PACK"
+    # The Ray launcher YAML of an autoscaling cluster (`ray up` writes it on the head, where job
+    # drivers run): its available_node_types say what the cluster can grow to.  Read when the GCS
+    # holds no cluster config; a missing file means a cluster that does not scale (plan from now).
+    cluster_config: str = "~/ray_bootstrap_config.yaml"
+    # Total wait for the workers' nodes and the worker group to start, scale-up included;
+    # 0 = 120 s, or 1200 s where an autoscaler has to add nodes first.
+    start_timeout_s: float = 0.0
 
 
 @dataclass
@@ -511,6 +518,9 @@ def validate(cfg: RunConfig) -> None:
     _check(scaling.gpus_per_worker > 0, "scaling.gpus_per_worker", scaling.gpus_per_worker, "> 0")
     _check(scaling.threads_per_worker >= 0, "scaling.threads_per_worker", scaling.threads_per_worker, ">= 0")
     _check(scaling.max_failures >= -1, "scaling.max_failures", scaling.max_failures, ">= -1 (-1 = retry forever)")
+    _check(bool(str(scaling.cluster_config).strip()), "scaling.cluster_config", scaling.cluster_config,
+           "a path to the cluster's launcher YAML")
+    _check(scaling.start_timeout_s >= 0, "scaling.start_timeout_s", scaling.start_timeout_s, ">= 0 (0 = automatic)")
 
     tune = cfg.tune
     _check(tune.num_samples >= 1, "tune.num_samples", tune.num_samples, ">= 1")

@@ -1,5 +1,6 @@
 """Multi-node on one machine: a real second Ray node (``ray.cluster_utils.Cluster``) and a 2-worker
-run whose workers land on different nodes; and the refusal of node-local storage there."""
+run whose workers land on different nodes; the refusal of node-local storage there; and jobs
+submitted to a cold autoscaling head (tests/fake_cluster.py) that must add nodes for them."""
 
 import json
 import re
@@ -62,85 +63,108 @@ def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
     assert (Path(out["model_dir"]) / "weights.pt").is_file()
 
 
-def _free_port() -> int:
-    import socket
+# ---- ray job submit against a cold autoscaling head (tests/fake_cluster.py) ------------------
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The node types of the cold cluster: a head with no CPUs (fake_cluster.py), a CPU type large enough
+# for the train job and two tune trials at once, and a GPU type whose GPU is fake (this machine has
+# none, and its torch is a CPU build: the GPU preflight must stop a CUDA run there).
+NODE_TYPES = {"cpu_worker": {"resources": {"CPU": 4}, "max_workers": 1},
+              "gpu_worker": {"resources": {"CPU": 2, "GPU": 1}, "max_workers": 1}}
+RUN_ARGS = ["data.source=files", "data.tickers=AAPL,MSFT,XOM", "model.hidden=8", "train.epochs=1"]
+
+
+def storage_args(tmp_path) -> list[str]:
+    """Where the jobs keep runs and models: the one place to change for object storage.  Every fake
+    node is a set of processes on this machine, so a local folder truly is shared."""
+    return [f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
+            "storage.shared=true"]
+
+
+@pytest.fixture(scope="module")
+def cold_head():
+    """One cold autoscaling head for this module's job tests (about 5 s to start, stopped alone)."""
+    from fake_cluster import cold_cluster
+
+    with cold_cluster(NODE_TYPES, max_workers=2) as cluster:
+        yield cluster
+
+
+def _submit(cluster, *entry) -> tuple[int, str]:
+    import time
+
+    cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", f"--address={cluster.dashboard}",
+           f"--working-dir={REPO}",
+           "--runtime-env-json", json.dumps({"excludes": [".venv", ".git", "results", "models", "bench/results"]}),
+           "--", sys.executable, *entry]
+    for _ in range(30):  # the head's job agent starts a little after its dashboard answers
+        done = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=900)
+        if "No available agent to submit job" not in done.stderr:
+            break
+        time.sleep(3)
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+    return done.returncode, ansi.sub("", done.stdout + done.stderr)
+
+
+def _cleared(cluster, ours: dict) -> None:
+    """The run asked (the request key exists) and its request is gone.  The v1 autoscaler keeps one
+    standing request per cluster, which Ray Data's autoscaling coordinator rewrites with its own
+    requests (they expire after 180 s), so the check is that none of OUR bundles stands."""
+    standing = cluster.resource_request()
+    assert standing is not None, "no resource request was ever made on this cluster"
+    assert ours not in standing, standing
 
 
 @pytest.mark.slow
-def test_ray_job_submit_train_tune_and_a_failing_job(stocknet_dir, tmp_path):
-    """A real head of its own (own ports and temp dir, token authentication on, dashboard on
-    127.0.0.1), jobs submitted with the working dir, and only that head stopped afterwards."""
-    import os
-    import signal
-    import tempfile
-    import time
+def test_ray_job_submit_train_tune_and_a_failing_job(cold_head, stocknet_dir, tmp_path):
+    """Jobs submitted with the working dir to a COLD autoscaling head of the test's own (no CPUs on
+    the head, workers from 0; own ports and temp dir, token authentication on, dashboard on
+    127.0.0.1): the plan is made against the node types of the launcher YAML, the autoscaler adds
+    a node for the run, and the run's resource request is cleared afterwards."""
+    assert len(cold_head.nodes()) == 1 and cold_head.resource_request() is None  # cold: the head alone
+    common = [f"data.path={stocknet_dir}", *RUN_ARGS, *storage_args(tmp_path), "device.name=cpu",
+              f"scaling.cluster_config={cold_head.config_path}"]
+    rc, out = _submit(cold_head, "jobs/train.py", *common, "storage.name=job-train")
+    assert rc == 0 and "succeeded" in out.lower(), out[-3000:]
+    assert "saved model:" in out
+    assert (tmp_path / "models" / "job-train" / "weights.pt").is_file()
+    # planned on the node types, not on the cold cluster's 0 CPUs; the autoscaler added the node
+    assert "node type        cpu_worker {CPU: 4} x 1 (of at most 1" in out, out[-3000:]
+    assert "autoscaler: asked for 1 x {CPU: 3} (node type cpu_worker)" in out
+    nodes = cold_head.nodes()
+    assert len(nodes) == 2 and any(n["resources"].get("CPU") == 4 for n in nodes), nodes
+    _cleared(cold_head, {"CPU": 3.0})
+
+    rc, out = _submit(cold_head, "jobs/tune.py", *common, "storage.name=job-tune", "tune.search=grid",
+                      "tune.space={train.lr: [0.01, 0.001]}", "tune.max_concurrent_trials=2",
+                      "scaling.cpus_per_worker=1")  # both trials at once on the cpu_worker's 4 CPUs
+    assert rc == 0 and "succeeded" in out.lower(), out[-3000:]
+    assert "2 configurations tried" in out
+    assert (tmp_path / "models" / "job-tune" / "metrics.json").is_file()
+    assert "autoscaler: asked for 2 x {CPU: 1} + 2 x {CPU: 0.1} (node type cpu_worker)" in out
+    _cleared(cold_head, {"CPU": 0.1})  # the trial drivers' share: only our request holds it
+
+    rc, out = _submit(cold_head, "jobs/train.py", "train.lr=0")
+    assert rc != 0 and "failed" in out.lower()
+    assert "alchemetric-ray train: error: config 'train.lr': 0.0 is invalid, expected > 0" in out
 
 
-    ray_bin = Path(sys.executable).parent / "ray"
-    dash = _free_port()
-    temp = tempfile.mkdtemp(prefix="arj", dir="/tmp")  # short: Ray's socket paths have a length limit
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={_free_port()}",
-                             f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--num-cpus=4",
-                             f"--temp-dir={temp}", f"--ray-client-server-port={_free_port()}",
-                             # the session's Ray already holds the default agent port (52365)
-                             f"--dashboard-agent-listen-port={_free_port()}"],
-                            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # the client side of token authentication: the token file Ray keeps, never the token in the repo
-    cli_env = {**env, "RAY_AUTH_MODE": "token"}
-    address = f"http://127.0.0.1:{dash}"
-
-    def submit(*entry):
-        cmd = [str(ray_bin), "job", "submit", f"--address={address}", f"--working-dir={REPO}",
-               "--runtime-env-json", json.dumps({"excludes": [".venv", ".git", "results", "models", "bench/results"]}),
-               "--", sys.executable, *entry]
-        for _ in range(30):  # the head's job agent starts a little after its dashboard answers
-            done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=900)
-            if "No available agent to submit job" not in done.stderr:
-                break
-            time.sleep(3)
-        ansi = re.compile(r"\x1b\[[0-9;]*m")
-        return done.returncode, ansi.sub("", done.stdout + done.stderr)
-
-    try:
-        for _ in range(90):
-            ready = subprocess.run([str(ray_bin), "job", "list", f"--address={address}"], env=cli_env,
-                                   capture_output=True, text=True, timeout=60)
-            if ready.returncode == 0:
-                break
-            time.sleep(2)
-        assert ready.returncode == 0, f"the test head did not come up: {ready.stderr[-1000:]}"
-        common = [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM",
-                  f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
-                  "model.hidden=8", "train.epochs=1"]
-        rc, out = submit("jobs/train.py", *common, "storage.name=job-train")
-        assert rc == 0 and "succeeded" in out.lower(), out[-3000:]
-        assert "saved model:" in out
-        assert (tmp_path / "models" / "job-train" / "weights.pt").is_file()
-
-        rc, out = submit("jobs/tune.py", *common, "storage.name=job-tune", "tune.search=grid",
-                         "tune.space={train.lr: [0.01, 0.001]}", "tune.max_concurrent_trials=2",
-                         "scaling.cpus_per_worker=1")  # both trials at once on the head's 4 CPUs
-        assert rc == 0 and "succeeded" in out.lower(), out[-3000:]
-        assert "2 configurations tried" in out
-        assert (tmp_path / "models" / "job-tune" / "metrics.json").is_file()
-
-        rc, out = submit("jobs/train.py", "train.lr=0")
-        assert rc != 0 and "failed" in out.lower()
-        assert "alchemetric-ray train: error: config 'train.lr': 0.0 is invalid, expected > 0" in out
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)  # this head's process group only: never `ray stop`
-        try:
-            # `ray start --block` exits within a second or two of its processes, or never: it waited
-            # out a 30 s timeout on every run here, so it gets 5 s before the whole group is killed.
-            head.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
+@pytest.mark.slow
+def test_a_cuda_run_stops_at_the_gpu_preflight_when_torch_has_no_cuda(cold_head, stocknet_dir, tmp_path):
+    """--device cuda on the cold cluster: planned on the GPU node type, the autoscaler starts the
+    (fake-GPU) node, and the preflight stops the run with our one line (exit 2) because this
+    torch has no CUDA; the resource request is cleared on this failure too."""
+    rc, out = _submit(cold_head, "jobs/train.py", "--device", "cuda", f"data.path={stocknet_dir}", *RUN_ARGS,
+                      *storage_args(tmp_path), f"scaling.cluster_config={cold_head.config_path}",
+                      "storage.name=job-gpu")
+    assert rc != 0 and "exit code 2" in out, out[-3000:]
+    assert "node type        gpu_worker {CPU: 2, GPU: 1} x 1 (of at most 1" in out, out[-3000:]
+    error = next((ln for ln in out.splitlines() if ln.startswith("alchemetric-ray train: error: node ")), None)
+    assert error, out[-3000:]
+    assert "Ray gave this worker GPU 0 (CUDA_VISIBLE_DEVICES=0) but torch " in error
+    assert "torch.version.cuda=None, torch.cuda.is_available()=False); install a CUDA build of torch" in error
+    assert any(n["resources"].get("GPU") == 1 for n in cold_head.nodes())  # the autoscaler started it
+    _cleared(cold_head, {"CPU": 1.0, "GPU": 1.0})  # cleared on the failure path too
+    assert not (tmp_path / "models" / "job-gpu").exists()
 
 
 def test_job_entry_points_are_the_cli_commands():

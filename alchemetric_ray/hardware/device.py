@@ -318,8 +318,14 @@ class TrainAccelerator:
         return "one CPU worker (laptop default; --workers N for more)"
 
 
-def train_accelerator(requested: str | None, cluster_gpus: float, world_size: int) -> TrainAccelerator:
+def train_accelerator(requested: str | None, cluster_gpus: float, world_size: int, *,
+                      node_types: str | None = None, gpus_unknown: bool = False) -> TrainAccelerator:
     """Decide the Ray workers' accelerator for a cluster advertising ``cluster_gpus`` GPUs.
+
+    On an autoscaling cluster ``cluster_gpus`` counts what its node types can provide and
+    ``node_types`` says which types and where they were learnt (for the reason and the error);
+    with ``gpus_unknown`` (an autoscaling cluster whose node types could not be learnt) an explicit
+    CUDA request is trusted and its GPUs are asked of the autoscaler, while auto stays on what is up.
 
     The request is read as :func:`resolve_device` reads it (argument > ``ALCHEMETRIC_DEVICE`` >
     auto); a ``cuda:N`` index is the driver's business, a worker takes the GPU Ray assigns it.
@@ -333,9 +339,17 @@ def train_accelerator(requested: str | None, cluster_gpus: float, world_size: in
     if req == "cpu":
         return TrainAccelerator("cpu", False, "gloo", "CPU requested")
     local_mps = mps_available() and not cuda_available()
-    if req in (DeviceName.AUTO, "cuda") and cluster_gpus > 0 and not local_mps:
+    # node types come from a launcher config: their GPUs are a cloud's, never this Mac's Apple GPU
+    if req in (DeviceName.AUTO, "cuda") and cluster_gpus > 0 and (not local_mps or node_types):
+        where = "on the cluster's node types" if node_types else "in the Ray cluster"
         return TrainAccelerator("cuda", True, "nccl",
-                                f"{cluster_gpus:g} GPU(s) in the Ray cluster and no Apple GPU here: CUDA workers")
+                                f"{cluster_gpus:g} GPU(s) {where} and no Apple GPU here: CUDA workers")
+    if req == "cuda" and gpus_unknown and not local_mps:
+        return TrainAccelerator("cuda", True, "nccl", f"CUDA requested by {source}; the cluster's node types are "
+                                "unknown, so its GPUs are asked of the autoscaler")
+    if req == "cuda" and node_types:
+        raise DeviceError(f"{source} asked for device 'cuda' but no node type in this cluster has a GPU "
+                          f"({node_types})")
     if req == "cuda":
         raise DeviceError(f"{source} asked for device 'cuda' but no node of the Ray cluster has a CUDA GPU "
                           f"(cluster GPUs: {cluster_gpus:g}{', an Apple GPU' if local_mps else ''})")
@@ -354,3 +368,26 @@ def train_accelerator(requested: str | None, cluster_gpus: float, world_size: in
     if req == "xpu":
         raise DeviceError("device 'xpu' is not supported for Ray Train runs yet; use cpu")
     return TrainAccelerator("cpu", False, "gloo", "no CUDA GPU in the Ray cluster and no Apple GPU: CPU workers")
+
+
+# ---- the GPU preflight: what a Ray GPU worker's torch sees -----------------------------------
+
+
+def gpu_worker_report() -> dict:
+    """What torch sees in a process Ray gave GPUs to (the preflight runs it on every GPU node
+    before a run starts): CUDA_VISIBLE_DEVICES, torch's version and CUDA build, and its probe."""
+    return {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda, "available": cuda_available(), "devices": cuda_count()}
+
+
+def gpu_worker_problem(report: dict, where: str) -> str | None:
+    """One line saying why the GPUs Ray gave a worker (``report`` from :func:`gpu_worker_report`,
+    plus ``gpu_ids`` from Ray) are no use to torch there, or None when torch can use them."""
+    if report["available"] and report["devices"] > 0:
+        return None
+    ids = ",".join(str(i) for i in report.get("gpu_ids") or []) or "none"
+    fix = ("install a CUDA build of torch on the GPU nodes" if report["torch_cuda"] is None
+           else "check the NVIDIA driver there (nvidia-smi) and that it matches this CUDA build")
+    return (f"{where}: Ray gave this worker GPU {ids} (CUDA_VISIBLE_DEVICES={report['cuda_visible_devices']}) "
+            f"but torch {report['torch']} there has no usable CUDA (torch.version.cuda={report['torch_cuda']}, "
+            f"torch.cuda.is_available()={report['available']}); {fix}")

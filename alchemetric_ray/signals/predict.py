@@ -149,6 +149,8 @@ def predict(model_dir: str | Path | Location, data: str | None, out: str | Path 
     import ray
 
     from alchemetric_ray.data.loaders import read_parquet_folder, sequence_dataset
+    from alchemetric_ray.train.autoscale import gpu_preflight
+    from alchemetric_ray.train.capacity import discover_capacity
     from alchemetric_ray.train.export import load_model
     from alchemetric_ray.train.session import ensure_ray
 
@@ -165,7 +167,9 @@ def predict(model_dir: str | Path | Location, data: str | None, out: str | Path 
         if loaded.mode == "sequence":
             ds = sequence_dataset(ds, names, loaded.config.features.window)
         gpus = ray.cluster_resources().get("GPU", 0)
-        actors, per_actor_gpu, device_kind = _actor_plan(cfg, gpus)
+        actors, per_actor_gpu, device_kind = _actor_plan(cfg, gpus, discover_capacity(cfg))
+        if per_actor_gpu:  # GPU actors: check torch can use the GPUs there first (and scale a cold cluster up)
+            gpu_preflight(actors, per_actor_gpu, cfg, autoscaling=gpus < actors * per_actor_gpu)
         scored = ds.map_batches(
             ModelPredictor,
             fn_constructor_kwargs={"model_dir": model_dir.path if model_dir.is_local else model_dir.uri,
@@ -180,10 +184,17 @@ def predict(model_dir: str | Path | Location, data: str | None, out: str | Path 
     return _write_signals(scored, loaded, model_dir, out, cfg)
 
 
-def _actor_plan(cfg: RunConfig, gpus: float) -> tuple[int, float, str]:
+def _actor_plan(cfg: RunConfig, gpus: float, capacity=None) -> tuple[int, float, str]:
+    """(actors, GPUs per actor, the decided device kind: never "auto").  On an autoscaling cluster
+    whose node types are known (train/capacity.py) the GPUs are those of its GPU node type, so a
+    cold GPU cluster predicts on CUDA (one actor per GPU of one node) instead of silently on CPU."""
     from alchemetric_ray.hardware.device import train_accelerator
 
-    acc = train_accelerator(cfg.device.name, gpus, 1)
+    if capacity is not None and capacity.kind == "node_types":
+        gpus = max([gpus] + [t.resources.get("GPU", 0.0) for t in capacity.workers if capacity.limit(t) > 0])
+        acc = train_accelerator(cfg.device.name, gpus, 1, node_types=capacity.describe_types())
+    else:
+        acc = train_accelerator(cfg.device.name, gpus, 1)
     if acc.use_gpu:
         return cfg.signals.actors or max(1, int(gpus)), 1.0, acc.kind
     return cfg.signals.actors or 1, 0.0, acc.kind

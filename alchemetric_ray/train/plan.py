@@ -3,6 +3,12 @@
 Every decision comes with a reason, like the device resolver's.  Ray's known infinite waits
 become errors before anything starts: Ray Data with no CPU left (2 x 1-CPU workers on a 2-CPU
 machine wait forever), a GPU asked for that no node has, a worker group that cannot fit.
+
+On an autoscaling cluster the plan is made against what the cluster can become (the node types
+``train/capacity.py`` learnt), not what is up: the workers go on one node type, Ray Data gets the
+CPUs those nodes leave, and a request no node type can ever hold is refused here (the v1
+autoscaler never says so; it would wait forever).  This module only computes: it takes the
+cluster's resources and the :class:`~alchemetric_ray.train.capacity.Capacity` as data.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware.device import train_accelerator
+from alchemetric_ray.train.capacity import UP_NOW, Capacity
 
 DATA_CPU_RESERVE = 1.0  # logical CPUs kept free for Ray Data's read tasks
 MIN_DATA_CPUS = 0.5
@@ -33,9 +40,25 @@ class ResourcePlan:
     worker_device: str
     accelerator: str
     reasons: dict[str, str] = field(default_factory=dict)
+    # where the resources were learnt (train/capacity.py), and on an autoscaling cluster what to ask for
+    capacity: str = UP_NOW
+    autoscale: bool = False  # ask the autoscaler for the workers' bundles and wait for them
+    node_type: str | None = None  # the node type the workers are expected on (None: the nodes up now)
+    node_resources: dict[str, float] = field(default_factory=dict)  # one node of that type
+    nodes: int = 0  # nodes of node_type this plan needs
+    max_nodes: int = 0  # nodes of node_type the autoscaler may run
+    head_resources: dict[str, float] = field(default_factory=dict)  # the head's, from the node types
+    cluster_cpus: float = 0.0  # the CPUs the plan counts on (up now, or on the nodes it asks for)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def worker_bundle(self) -> dict[str, float]:
+        """What one Train worker asks Ray for."""
+        bundle = {"CPU": self.cpus_per_worker}
+        if self.use_gpu:
+            bundle["GPU"] = self.gpus_per_worker
+        return bundle
 
     def describe(self) -> str:
         threads = self.threads_per_worker or "auto (node cores // workers on the node)"
@@ -49,11 +72,31 @@ class ResourcePlan:
             f"use_gpu          {self.use_gpu}  ({self.reasons['accelerator']})",
             f"backend          {self.backend}",
         ]
+        if self.node_type:
+            lines.append(f"node type        {self.node_type} {_shape(self.node_resources)} x {self.nodes} "
+                         f"(of at most {self.max_nodes}; {self.reasons['node_type']})")
+        if self.capacity != UP_NOW:  # a local Ray's plan reads as it always did
+            lines.append(f"capacity         {self.capacity}"
+                         + ("; the autoscaler is asked for the workers' nodes" if self.autoscale else ""))
         return "\n".join(lines)
 
 
-def plan_resources(cfg: RunConfig, cluster: dict[str, float]) -> ResourcePlan:
-    """Plan a Train run for a Ray cluster with ``cluster`` total resources (``ray.cluster_resources()``)."""
+def plan_resources(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity | None = None) -> ResourcePlan:
+    """Plan a Train run for a Ray cluster with ``cluster`` total resources (``ray.cluster_resources()``)
+    and, where it autoscales, the node types in ``capacity`` (None: what is up is all there is)."""
+    if capacity is not None and capacity.kind == "node_types":
+        return _plan_on_node_types(cfg, cluster, capacity)
+    if capacity is not None and capacity.kind == "unknown":
+        try:
+            plan = _plan_on_what_is_up(cfg, cluster)
+        except UserError:  # more than is up: ask the autoscaler for it, and wait
+            return _plan_unknown(cfg, cluster, capacity)
+        plan.capacity = f"the nodes that are up hold it ({capacity.source})"
+        return plan
+    return _plan_on_what_is_up(cfg, cluster)
+
+
+def _plan_on_what_is_up(cfg: RunConfig, cluster: dict[str, float]) -> ResourcePlan:
     scaling = cfg.scaling
     total_cpus = float(cluster.get("CPU", 0))
     total_gpus = float(cluster.get("GPU", 0))
@@ -96,8 +139,143 @@ def plan_resources(cfg: RunConfig, cluster: dict[str, float]) -> ResourcePlan:
         gpus_per_worker=scaling.gpus_per_worker if accelerator.use_gpu else 0.0,
         threads_per_worker=scaling.threads_per_worker, cpus_for_data=data_cpus, backend=accelerator.backend,
         worker_device=accelerator.worker_device,
-        accelerator=accelerator.kind, reasons=reasons,
+        accelerator=accelerator.kind, reasons=reasons, cluster_cpus=total_cpus,
     )
+
+
+def _plan_on_node_types(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity) -> ResourcePlan:
+    """Plan for what the node types can become: the workers on one node type (the GPU type with the
+    most GPUs for CUDA; a CPU type without GPUs, the largest, otherwise), as many nodes of it as the
+    workers and Ray Data's share need, within its max_workers."""
+    scaling = cfg.scaling
+    types = capacity.describe_types()
+    head = capacity.head
+    head_resources = dict(head.resources) if head else {}
+    usable = [t for t in capacity.workers if capacity.limit(t) > 0]
+    gpu_types = [t for t in usable if t.resources.get("GPU", 0) > 0]
+    best_gpu = max(gpu_types, key=lambda t: t.resources["GPU"] * capacity.limit(t), default=None)
+    possible_gpus = best_gpu.resources["GPU"] * capacity.limit(best_gpu) if best_gpu else 0.0
+    accelerator = train_accelerator(cfg.device.name, possible_gpus, max(1, scaling.workers), node_types=types)
+    reasons = {"accelerator": accelerator.reason}
+
+    if accelerator.use_gpu:
+        node = best_gpu
+        gpus = node.resources["GPU"]
+        per_node = int(gpus // scaling.gpus_per_worker)
+        if per_node < 1:
+            raise PlanError(f"config 'scaling.gpus_per_worker': {scaling.gpus_per_worker:g} GPU per worker but the "
+                            f"node type with the most GPUs ({node.name}) has {gpus:g} ({types})")
+        most = per_node * capacity.limit(node)
+        gpus_up = float(cluster.get("GPU", 0))
+        workers = scaling.workers or min(most, max(per_node, int(gpus_up // scaling.gpus_per_worker)))
+        if workers > most:
+            raise PlanError(f"config 'scaling.workers': {workers} workers x {scaling.gpus_per_worker:g} GPU need "
+                            f"{workers * scaling.gpus_per_worker:g} GPUs; the node types provide at most {most} such "
+                            f"workers ({node.name}: {gpus:g} GPU x at most {capacity.limit(node)} node(s); {types})")
+        reasons["workers"] = ("scaling.workers" if scaling.workers
+                              else f"one per GPU of a {node.name} node ({gpus:g} GPU / {scaling.gpus_per_worker:g} "
+                                   "per worker)")
+        reasons["node_type"] = f"the node type with the most GPUs, from {capacity.source}"
+        on_node = min(per_node, workers)
+    else:
+        cpu_types = [t for t in usable if t.resources.get("CPU", 0) > 0]
+        if not cpu_types:
+            raise PlanError(f"no node type in this cluster has a CPU for the workers ({types})")
+        # a CPU run leaves the GPU nodes alone where a CPU-only type exists
+        node = max(cpu_types, key=lambda t: (t.resources.get("GPU", 0) == 0, t.resources["CPU"]))
+        workers = scaling.workers or 1
+        reasons["workers"] = "scaling.workers" if scaling.workers else accelerator.default_workers_reason
+        reasons["node_type"] = ("the largest CPU node type" + (" without GPUs" if not node.resources.get("GPU") else "")
+                                + f", from {capacity.source}")
+        on_node = workers
+    node_cpus = node.resources.get("CPU", 0.0)
+    head_cpus = head_resources.get("CPU", 0.0)
+    if scaling.cpus_per_worker:
+        cpus_per_worker = scaling.cpus_per_worker
+        reasons["cpus"] = "scaling.cpus_per_worker"
+    else:
+        share = (node_cpus + (0 if accelerator.use_gpu else head_cpus) - DATA_CPU_RESERVE) / on_node
+        cpus_per_worker = max(0.25, min(4.0, node_cpus, _round_down(share, 0.25))) if share > 0 else 0.25
+        reasons["cpus"] = (f"a {node.name} node's {node_cpus:g} CPUs minus {DATA_CPU_RESERVE:g} for Ray Data, "
+                           f"shared by {on_node} worker(s) on it")
+    if cpus_per_worker > node_cpus:
+        raise PlanError(f"config 'scaling.cpus_per_worker': {cpus_per_worker:g} CPUs per worker but a {node.name} node "
+                        f"has {node_cpus:g} ({types})")
+    plan = ResourcePlan(
+        num_workers=workers, use_gpu=accelerator.use_gpu, cpus_per_worker=cpus_per_worker,
+        gpus_per_worker=scaling.gpus_per_worker if accelerator.use_gpu else 0.0,
+        threads_per_worker=scaling.threads_per_worker, cpus_for_data=0.0, backend=accelerator.backend,
+        worker_device=accelerator.worker_device, accelerator=accelerator.kind, reasons=reasons,
+        capacity=capacity.source, autoscale=True, node_type=node.name, node_resources=dict(node.resources),
+        max_nodes=capacity.limit(node), head_resources=head_resources,
+    )
+    nodes = nodes_needed(plan, [plan.worker_bundle()] * workers + [data_bundle()])
+    if nodes > plan.max_nodes:
+        raise PlanError(f"config 'scaling.workers': {workers} worker(s) x {_shape(plan.worker_bundle())} and "
+                        f"{MIN_DATA_CPUS:g} CPU for Ray Data need {nodes} {node.name} node(s); it scales to at most "
+                        f"{plan.max_nodes} ({types}); lower scaling.workers or scaling.cpus_per_worker")
+    plan.nodes = nodes
+    plan.cluster_cpus = head_cpus + nodes * node_cpus
+    plan.cpus_for_data = plan.cluster_cpus - workers * cpus_per_worker
+    reasons["data"] = (f"what the workers leave on the {nodes} {node.name} node(s)"
+                       + (" and the head" if head_cpus else ""))
+    return plan
+
+
+def _plan_unknown(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity) -> ResourcePlan:
+    """More than is up, on a cluster whose node types are unknown: plan the request as configured
+    (1 CPU per worker unless told), ask the autoscaler for it and let the start timeout decide."""
+    scaling = cfg.scaling
+    gpus_up = float(cluster.get("GPU", 0))
+    accelerator = train_accelerator(cfg.device.name, gpus_up, max(1, scaling.workers), gpus_unknown=True)
+    reasons = {"accelerator": accelerator.reason}
+    if accelerator.use_gpu:
+        workers = scaling.workers or max(1, int(gpus_up // scaling.gpus_per_worker))
+        reasons["workers"] = "scaling.workers" if scaling.workers else "one (node types unknown; --workers N for more)"
+    else:
+        workers = scaling.workers or 1
+        reasons["workers"] = "scaling.workers" if scaling.workers else accelerator.default_workers_reason
+    cpus_per_worker = scaling.cpus_per_worker or 1.0
+    reasons["cpus"] = "scaling.cpus_per_worker" if scaling.cpus_per_worker else "1 CPU per worker (node types unknown)"
+    reasons["data"] = f"{MIN_DATA_CPUS:g} CPU asked of the autoscaler beside the workers"
+    return ResourcePlan(
+        num_workers=workers, use_gpu=accelerator.use_gpu, cpus_per_worker=cpus_per_worker,
+        gpus_per_worker=scaling.gpus_per_worker if accelerator.use_gpu else 0.0,
+        threads_per_worker=scaling.threads_per_worker, cpus_for_data=MIN_DATA_CPUS, backend=accelerator.backend,
+        worker_device=accelerator.worker_device, accelerator=accelerator.kind, reasons=reasons,
+        capacity=capacity.source, autoscale=True, cluster_cpus=workers * cpus_per_worker + MIN_DATA_CPUS,
+    )
+
+
+def data_bundle() -> dict[str, float]:
+    """What the autoscaler is asked for beside the workers, so that Ray Data has a CPU to read with."""
+    return {"CPU": MIN_DATA_CPUS}
+
+
+def nodes_needed(plan: ResourcePlan, bundles: list[dict[str, float]]) -> int:
+    """How many nodes of the plan's node type hold ``bundles`` (first fit, largest first, after
+    what fits on the head); a huge number when a bundle fits no node of that type."""
+    free = [dict(plan.head_resources)]
+    count = 0
+    for bundle in sorted(bundles, key=lambda b: (b.get("GPU", 0.0), b.get("CPU", 0.0)), reverse=True):
+        spot = next((node for node in free if fits(bundle, node)), None)
+        if spot is None:
+            if not fits(bundle, plan.node_resources):
+                return 1 << 30
+            spot = dict(plan.node_resources)
+            free.append(spot)
+            count += 1
+        for key, amount in bundle.items():
+            spot[key] = spot.get(key, 0.0) - amount
+    return count
+
+
+def fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
+    return all(node.get(key, 0.0) + 1e-9 >= amount for key, amount in bundle.items() if amount > 0)
+
+
+def _shape(resources: dict[str, float]) -> str:
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items()) if not k.startswith("node:")) + "}"
 
 
 def _round_down(value: float, step: float) -> float:

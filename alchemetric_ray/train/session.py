@@ -19,13 +19,18 @@ import time
 
 from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import is_uri, safe_child
 from alchemetric_ray.storage import S3_SETTINGS, Location, StorageError, locate, preflight
 
 # Each ray.train.report() waits up to this interval (Ray's default is 2 s): a deliberate,
 # small value keeps the per-epoch overhead low without busy-polling the workers.
 HEALTH_CHECK_INTERVAL_S = "0.25"
+# Ray Train's per-attempt worker-group start timeout until a run sets its own from
+# scaling.start_timeout_s (train/autoscale.py: StartWindow); the value every Ray worker starts with.
 WORKER_GROUP_START_TIMEOUT_S = "120"
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+_written_start_timeouts: set[str] = set()  # values of START_TIMEOUT_ENV this process set itself
 
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:
@@ -52,9 +57,9 @@ def ensure_ray(cfg: RunConfig) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S)
-    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", WORKER_GROUP_START_TIMEOUT_S)
-    env = {**worker_env(cfg),
-           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"]}
+    if START_TIMEOUT_ENV not in os.environ:
+        set_worker_group_start_timeout(WORKER_GROUP_START_TIMEOUT_S)
+    env = {**worker_env(cfg), START_TIMEOUT_ENV: os.environ[START_TIMEOUT_ENV]}
     console.quiet_ray_logger()
     quiet = {"logging_level": logging.INFO if console.verbose() else logging.WARNING, "log_to_driver": True}
     if os.environ.get("RAY_ADDRESS"):
@@ -74,6 +79,24 @@ def ensure_ray(cfg: RunConfig) -> None:
     logs = console.session_logs()
     if logs:
         print(f"ray: session logs in {logs}", flush=True)
+
+
+def set_worker_group_start_timeout(value: str) -> None:
+    """Ray Train's per-attempt worker-group start timeout for the next ``fit()`` in this process
+    (Train hands the driver's value to its controller)."""
+    _written_start_timeouts.add(value)
+    os.environ[START_TIMEOUT_ENV] = value
+
+
+def user_worker_group_start_timeout() -> float | None:
+    """RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S as the user set it, or None (unset, or set by us)."""
+    value = os.environ.get(START_TIMEOUT_ENV)
+    if value is None or value in _written_start_timeouts:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise UserError(f"environment variable {START_TIMEOUT_ENV}={value!r} is not a number of seconds") from None
 
 
 def check_storage_reaches_every_node(cfg: RunConfig) -> None:

@@ -23,7 +23,9 @@ from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import is_uri, safe_child
 from alchemetric_ray.hardware.records import require_doctor_checked_precision
 from alchemetric_ray.models import model_spec
-from alchemetric_ray.storage import Location, local_copy, locate
+from alchemetric_ray.storage import Location, StorageError, local_copy, locate
+from alchemetric_ray.train.autoscale import CONTROLLER_FAILURE_LIMIT, run_bundles, scale_up
+from alchemetric_ray.train.capacity import discover_capacity
 from alchemetric_ray.train.export import check_models_dir, export_model
 from alchemetric_ray.train.metrics import selection_mode
 from alchemetric_ray.train.plan import ResourcePlan, plan_resources
@@ -36,10 +38,6 @@ from alchemetric_ray.train.session import (
     train_storage,
     worker_env,
 )
-
-# How often the controller may fail (e.g. a worker group that cannot start) before the run
-# fails; Ray's default (-1) retries forever.
-CONTROLLER_FAILURE_LIMIT = 2
 
 
 class TrainError(UserError, RuntimeError):
@@ -154,7 +152,8 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     check_storage_access(cfg, export=export)  # credentials, endpoint, buckets: before Ray starts
     ensure_ray(cfg)
     check_storage_reaches_every_node(cfg)
-    plan = plan_resources(cfg, ray.cluster_resources())  # before any shard is written
+    plan = plan_resources(cfg, ray.cluster_resources(), discover_capacity(cfg))  # before any shard is written
+    _check_storage_for_new_nodes(cfg, plan)
     require_doctor_checked_precision(cfg, plan.accelerator)
     shards = prepare_shards(cfg, progress=progress)
     manifest = Manifest.read(shards)
@@ -170,8 +169,19 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     return Prepared(name, plan, shards, manifest, datasets)
 
 
+def _check_storage_for_new_nodes(cfg: RunConfig, plan: ResourcePlan) -> None:
+    """The nodes an autoscaling plan asks for are not up yet, so the node count cannot tell: the
+    workers will run elsewhere than this driver, and a plain local folder does not reach them."""
+    if plan.autoscale and not is_uri(cfg.storage.path) and not cfg.storage.shared:
+        raise StorageError(f"config 'storage.path': {cfg.storage.path} is a local folder but the workers will run on "
+                           f"nodes the autoscaler adds ({plan.capacity}); use storage every node sees (s3://..., "
+                           "gs://...) or, for an NFS/EFS mount at the same path on every node, set storage.shared=true")
+
+
 def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None = None, local_mode: bool = False,
                  progress: bool = True, name: str | None = None) -> TrainOutcome:
+    """The ``train`` command: prepare, ask for the workers and wait (train/autoscale.py), ``fit()``,
+    export.  The autoscaler's resource request is cleared however the fit ends."""
     started = time.monotonic()
     run = prepare_run(cfg, export=export, name=name, progress=progress)
     from alchemetric_ray.train.tensorboard import SUBDIR, TensorBoardScalars
@@ -181,13 +191,15 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
     callbacks = [*(callbacks or []), TensorBoardScalars(tensorboard)]
     trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name, callbacks=callbacks,
                             local_mode=local_mode)
-    try:
-        result = trainer.fit()
-    except Exception as exc:  # ray.train.TrainingFailedError: the worker's whole traceback
-        user = _worker_user_error(exc)
-        if user is None:
-            raise
-        raise TrainError(str(user).splitlines()[0]) from None
+    with scale_up(cfg, run.plan, run_bundles(run.plan), local_mode=local_mode) as window:
+        window.apply()  # what our wait left of scaling.start_timeout_s, per worker-group start attempt
+        try:
+            result = trainer.fit()
+        except Exception as exc:  # ray.train.TrainingFailedError: the worker's whole traceback
+            user = _worker_user_error(exc)
+            if user is None:
+                raise
+            raise TrainError(str(user).splitlines()[0]) from None
     best_ckpt, best_metrics = _best(result, cfg)
     run_path = getattr(result, "path", None) if where.is_local else str(where / run.name)
     outcome = TrainOutcome(run.name, run_path, run.shards, run.plan, result.return_value or {},

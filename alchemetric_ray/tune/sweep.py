@@ -25,9 +25,10 @@ from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.models import load_model_module, model_spec
 from alchemetric_ray.storage import Location
+from alchemetric_ray.train.autoscale import run_bundles, scale_up
 from alchemetric_ray.train.checkpoint import META
 from alchemetric_ray.train.metrics import selection_mode
-from alchemetric_ray.train.plan import DATA_CPU_RESERVE, ResourcePlan
+from alchemetric_ray.train.plan import DATA_CPU_RESERVE, PlanError, ResourcePlan, nodes_needed
 from alchemetric_ray.train.session import storage_location, train_storage
 from alchemetric_ray.train.trainer import build_trainer, check_compatible, prepare_run
 
@@ -45,7 +46,7 @@ class SweepOutcome:
     path: str
     summary: dict[str, Any]
     model_dir: Location | None
-    report: Location | None
+    report: Path | Location | None
 
 
 # ---- the search space ----------------------------------------------------------------------
@@ -113,9 +114,11 @@ def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
 
 
 def _trial(config: dict[str, Any], *, base: dict, shards: Location, manifest: Manifest, plan: ResourcePlan,
-           sweep: str) -> None:
+           sweep: str, start_timeout: str | None = None) -> None:
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
+
+    from alchemetric_ray.train.session import set_worker_group_start_timeout
 
     console.quiet_ray_data()  # this trial driver builds its own datasets
     cfg = RunConfig.from_dict(base).with_values(config)
@@ -125,6 +128,8 @@ def _trial(config: dict[str, Any], *, base: dict, shards: Location, manifest: Ma
                                  deterministic=cfg.train.deterministic, check=False)
     trainer = build_trainer(cfg, datasets, manifest, plan, name=f"{sweep}-{trial_id}",
                             callbacks=[TuneReportCallback()], epoch_lines=False)
+    if start_timeout:  # the sweep's per-attempt worker-group start timeout (train/autoscale.py)
+        set_worker_group_start_timeout(start_timeout)
     trainer.fit()
 
 
@@ -155,8 +160,6 @@ def _trial_lines(metric: str, mode: str):
 
 def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> SweepOutcome:
     import ray
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
 
     space = build_space(cfg)
     load_model_module(cfg.model)
@@ -165,17 +168,59 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     trial_cfg = cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
     run = prepare_run(trial_cfg, sweep=True, export=export, progress=progress)
     name, plan, shards, manifest = run.name, run.plan, run.shards, run.manifest
-    storage = train_storage(cfg)
     where = storage_location(cfg) / name
-    path = where.path  # on storage["storage_filesystem"] (None: a local folder)
-    limit = concurrency(cfg, plan, ray.cluster_resources().get("CPU", 1))
+    # an autoscaling plan counts on the CPUs of the nodes it asks for, not on what is up now
+    limit = concurrency(cfg, plan, plan.cluster_cpus if plan.autoscale else ray.cluster_resources().get("CPU", 1))
     print(f"sweep {name}: up to {limit} trial(s) at once", flush=True)
+    bundles = run_bundles(plan, limit, {"CPU": TRIAL_DRIVER_CPU})  # the concurrent trials' workers and drivers
+    _check_trials_fit(plan, bundles, limit)
+    with scale_up(cfg, plan, bundles) as window:  # the autoscaler's request is cleared however the sweep ends
+        grid = _fit(cfg, trial_cfg, name, plan, shards, manifest, where, space, limit, window.attempt_timeout_s())
+    summary, best_ckpt, best_cfg = summarize(grid, trial_cfg, manifest, name, where)
+    model_dir = None
+    if export and best_ckpt:
+        from ray.train import Checkpoint
+
+        from alchemetric_ray.train.export import export_model
+
+        # Tune reports a trial's checkpoint as a path on the storage file system, without its scheme
+        checkpoint = Checkpoint(best_ckpt.path, filesystem=best_ckpt.filesystem)
+        model_dir = export_model(checkpoint, best_cfg, shards, extra={"sweep": {
+            "name": name, "num_trials": summary["num_trials"], "best_trial_id": summary["best_trial_id"],
+            "selection_metric": cfg.train.metric}})
+        summary["test_metrics"] = json.loads((model_dir / "metrics.json").read_text())["test"]
+        summary["model_dir"] = str(model_dir)
+    from alchemetric_ray.tune.report import write_sweep_report
+
+    (where / "sweep_summary.json").write_json(summary)
+    report = write_sweep_report(where / "report", summary)
+    return SweepOutcome(name, where.path if where.is_local else where.uri, summary, model_dir, report)
+
+
+def _check_trials_fit(plan: ResourcePlan, bundles: list[dict], limit: int) -> None:
+    """On known node types, the concurrent trials must fit in what the node type scales to."""
+    if not (plan.autoscale and plan.node_type):
+        return
+    nodes = nodes_needed(plan, bundles)
+    if nodes > plan.max_nodes:
+        raise PlanError(f"config 'tune.max_concurrent_trials': {limit} trial(s) at once need {nodes} {plan.node_type} "
+                        f"node(s); it scales to at most {plan.max_nodes} ({plan.capacity}); lower "
+                        "tune.max_concurrent_trials or scaling.workers")
+
+
+def _fit(cfg: RunConfig, trial_cfg: RunConfig, name: str, plan: ResourcePlan, shards: Location, manifest: Manifest,
+         where: Location, space: dict, limit: int, start_timeout_s: float):
+    """Build (or restore) the Tuner and run it; each trial's ``fit()`` gets ``start_timeout_s`` per
+    worker-group start attempt (what the sweep's own wait left of scaling.start_timeout_s)."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
 
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=trial_cfg.to_dict(), shards=shards, manifest=manifest,
-                             plan=plan, sweep=name),
+                             plan=plan, sweep=name, start_timeout=f"{start_timeout_s:g}"),
         {"CPU": TRIAL_DRIVER_CPU})
-    filesystem = storage["storage_filesystem"]
+    storage = train_storage(cfg)
+    path, filesystem = where.path, storage["storage_filesystem"]  # filesystem None: a local folder
     if cfg.storage.resume or (cfg.storage.run and tune.Tuner.can_restore(path, storage_filesystem=filesystem)):
         if not tune.Tuner.can_restore(path, storage_filesystem=filesystem):
             raise SweepError(f"--resume: {where} holds no sweep state to restore")
@@ -203,26 +248,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
                                       verbose=0 if not console.verbose() else 1,
                                       callbacks=[_trial_lines(cfg.train.metric, selection_mode(cfg.train))]),
         )
-    grid = tuner.fit()
-    summary, best_ckpt, best_cfg = summarize(grid, trial_cfg, manifest, name, where)
-    model_dir = None
-    if export and best_ckpt:
-        from ray.train import Checkpoint
-
-        from alchemetric_ray.train.export import export_model
-
-        # Tune reports a trial's checkpoint as a path on the storage file system, without its scheme
-        checkpoint = Checkpoint(best_ckpt.path, filesystem=best_ckpt.filesystem)
-        model_dir = export_model(checkpoint, best_cfg, shards, extra={"sweep": {
-            "name": name, "num_trials": summary["num_trials"], "best_trial_id": summary["best_trial_id"],
-            "selection_metric": cfg.train.metric}})
-        summary["test_metrics"] = json.loads((model_dir / "metrics.json").read_text())["test"]
-        summary["model_dir"] = str(model_dir)
-    from alchemetric_ray.tune.report import write_sweep_report
-
-    (where / "sweep_summary.json").write_json(summary)
-    report = write_sweep_report(where / "report", summary)
-    return SweepOutcome(name, where.path if where.is_local else where.uri, summary, model_dir, report)
+    return tuner.fit()
 
 
 def _values_of(spec: Any, default: str) -> list[str]:

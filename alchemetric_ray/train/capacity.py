@@ -1,0 +1,188 @@
+"""What the Ray cluster can become: the autoscaler's node types, learnt before planning.
+
+A cold autoscaling cluster (a head with ``CPU: 0``, GPU workers from 0) shows no CPU and no GPU
+when a job starts; planning from ``ray.cluster_resources()`` alone refuses what the autoscaler
+would gladly provide.  Ray 2.60 has no public API for the node types, so :func:`discover_capacity`
+learns them in this order:
+
+1. the cluster config the autoscaler reported to the GCS
+   (``ray._private.state.state.get_cluster_config()``; usually None with the v1 autoscaler);
+2. the launcher YAML at ``scaling.cluster_config`` (default ``~/ray_bootstrap_config.yaml``, which
+   ``ray up`` writes on the head, where job drivers run): ``available_node_types`` (resources,
+   min_workers, max_workers) and the cluster-wide ``max_workers``;
+3. otherwise "unknown": the plan accepts what it cannot see now, asks the autoscaler and waits
+   within the start timeout.
+
+Only a cluster this process joined (``RAY_ADDRESS``, as ``ray job submit`` sets it) is asked: a
+local Ray of our own has no autoscaler, and plans from what is up ("now"), as ever.
+
+:class:`Capacity` is plain data; ``train/plan.py`` plans from it without touching Ray.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import UserError
+
+CapacityKind = Literal["now", "node_types", "unknown"]
+UP_NOW = "the nodes that are up (ray.cluster_resources())"
+
+
+class CapacityError(UserError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class NodeType:
+    name: str
+    resources: dict[str, float]
+    min_workers: int = 0
+    max_workers: int = 0
+    head: bool = False
+
+    def shape(self) -> str:
+        return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(self.resources.items())) + "}"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Where the plan's resources come from.
+
+    ``now``: the nodes that are up (``ray.cluster_resources()``), no autoscaler to ask;
+    ``node_types``: an autoscaling cluster whose node types are known (``source`` says from where);
+    ``unknown``: a cluster that may scale but whose node types could not be learnt.
+    """
+
+    kind: CapacityKind
+    source: str
+    node_types: tuple[NodeType, ...] = ()
+    max_workers: int | None = None  # the cluster-wide cap on worker nodes (launcher `max_workers`)
+    looked_in: list[str] = field(default_factory=list)  # where discovery looked, for messages
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.kind != "now"
+
+    @property
+    def head(self) -> NodeType | None:
+        return next((t for t in self.node_types if t.head), None)
+
+    @property
+    def workers(self) -> tuple[NodeType, ...]:
+        return tuple(t for t in self.node_types if not t.head)
+
+    def limit(self, node_type: NodeType) -> int:
+        """How many nodes of ``node_type`` the autoscaler may run (its own and the cluster's cap)."""
+        if node_type.head:
+            return 1
+        cap = node_type.max_workers
+        return cap if self.max_workers is None else min(cap, self.max_workers)
+
+    def describe_types(self) -> str:
+        """``gpu_worker {CPU: 48, GPU: 4} x 0-4, ...; from launcher config PATH``"""
+        shown = ", ".join(f"{t.name} {t.shape()} x {'head' if t.head else f'{t.min_workers}-{self.limit(t)}'}"
+                          for t in self.node_types)
+        return f"{shown or 'none'}; from {self.source}"
+
+
+def now() -> Capacity:
+    return Capacity("now", UP_NOW)
+
+
+# ---- parsing (pure) ------------------------------------------------------------------------
+
+
+def from_launcher_config(data: Any, source: str) -> Capacity:
+    """The node types of a Ray launcher YAML (already parsed); ``source`` names it in errors."""
+    if not isinstance(data, dict):
+        raise CapacityError(f"{source}: not a Ray cluster launcher config (expected a mapping)")
+    types = data.get("available_node_types")
+    if not isinstance(types, dict) or not types:
+        raise CapacityError(f"{source}: has no available_node_types; name the cluster's node types "
+                            "(resources, min_workers, max_workers) as `ray up` expects")
+    head_name = data.get("head_node_type")
+    cluster_max = data.get("max_workers")
+    if cluster_max is not None and not _count(cluster_max):
+        raise CapacityError(f"{source}: max_workers {cluster_max!r} is not a count of nodes")
+    parsed = []
+    for name, spec in types.items():
+        where = f"{source}: available_node_types.{name}"
+        if not isinstance(spec, dict):
+            raise CapacityError(f"{where} is not a mapping")
+        resources = spec.get("resources", {})
+        if not isinstance(resources, dict) or not all(_amount(v) for v in resources.values()):
+            raise CapacityError(f"{where}.resources {resources!r} is not a mapping of resource -> amount")
+        low, high = spec.get("min_workers", 0), spec.get("max_workers", cluster_max if cluster_max is not None else 0)
+        if not _count(low) or not _count(high):
+            raise CapacityError(f"{where}: min_workers {low!r} / max_workers {high!r} are not counts of nodes")
+        parsed.append(NodeType(str(name), {str(k): float(v) for k, v in resources.items()}, int(low), int(high),
+                               head=name == head_name))
+    return Capacity("node_types", source, tuple(parsed), None if cluster_max is None else int(cluster_max))
+
+
+def from_gcs_config(config: Any, source: str = "the cluster config in the GCS") -> Capacity | None:
+    """The node types of the ``ClusterConfig`` an autoscaler reported to the GCS, or None if it has none."""
+    groups = list(getattr(config, "node_group_configs", None) or [])
+    if not groups:
+        return None
+    parsed = tuple(NodeType(g.name, {k: float(v) for k, v in dict(g.resources).items()}, int(g.min_count),
+                            int(g.max_count) if g.max_count >= 0 else 1 << 30) for g in groups)
+    return Capacity("node_types", source, parsed)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _amount(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+# ---- discovery (talks to Ray) --------------------------------------------------------------
+
+
+def discover_capacity(cfg: RunConfig, *, joined: bool | None = None) -> Capacity:
+    """Learn what the cluster can become, in the order of the module docstring.
+
+    ``joined``: whether this process joined a cluster someone else started (default: RAY_ADDRESS
+    is set, as ``ray job submit`` does); only such a cluster can be "unknown"."""
+    import yaml
+
+    if joined is None:
+        joined = bool(os.environ.get("RAY_ADDRESS"))
+    if not joined:  # a local Ray of our own: no autoscaler (whatever launcher YAML this machine holds)
+        return now()
+    looked = []
+    gcs = _gcs_cluster_config()
+    if gcs is not None:
+        return gcs
+    looked.append("no cluster config in the GCS")
+    path = Path(os.path.expanduser(cfg.scaling.cluster_config))
+    if path.is_file():
+        source = f"launcher config {path}"
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CapacityError(f"config 'scaling.cluster_config': {path} cannot be read as YAML ({reason})") from None
+        try:
+            return from_launcher_config(data, source)
+        except CapacityError as exc:
+            raise CapacityError(f"config 'scaling.cluster_config': {exc}") from None
+    looked.append(f"no launcher config at {path} (scaling.cluster_config)")
+    return Capacity("unknown", "unknown node types (" + "; ".join(looked) + ")", looked_in=looked)
+
+
+def _gcs_cluster_config() -> Capacity | None:
+    try:
+        from ray._private.state import state
+
+        config = state.get_cluster_config()
+    except Exception:  # a private API: absent or changed, it only means "not known from here"
+        return None
+    return from_gcs_config(config) if config is not None else None
