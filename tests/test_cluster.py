@@ -70,14 +70,24 @@ def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
 # none, and its torch is a CPU build: the GPU preflight must stop a CUDA run there).
 NODE_TYPES = {"cpu_worker": {"resources": {"CPU": 4}, "max_workers": 1},
               "gpu_worker": {"resources": {"CPU": 2, "GPU": 1}, "max_workers": 1}}
-RUN_ARGS = ["data.source=files", "data.tickers=AAPL,MSFT,XOM", "model.hidden=8", "train.epochs=1"]
+RUN_ARGS = ["model.hidden=8", "train.epochs=1"]
+TICKERS = "AAPL,MSFT,XOM"
 
 
-def storage_args(tmp_path) -> list[str]:
-    """Where the jobs keep runs and models: the one place to change for object storage.  Every fake
-    node is a set of processes on this machine, so a local folder truly is shared."""
-    return [f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
-            "storage.shared=true"]
+def storage_args(bucket: str) -> list[str]:
+    """Runs and models on the test session's S3 server (conftest.py), as on a real cluster: the fake
+    nodes reach it through the AWS variables they inherit, like a node's instance role."""
+    return [f"storage.path={bucket}/runs", f"storage.models_dir={bucket}/models"]
+
+
+def shards_on(s3, bucket_name: str, stocknet_dir) -> str:
+    """Feature shards built here and put on the bucket (`alchemetric-ray features --out s3://...`)."""
+    from alchemetric_ray.cli import main
+
+    bucket = s3.bucket(bucket_name)
+    assert main(["features", "--data", str(stocknet_dir), "--out", f"{bucket}/shards", "--quiet",
+                 f"data.tickers={TICKERS}"]) == 0
+    return bucket
 
 
 @pytest.fixture(scope="module")
@@ -115,18 +125,20 @@ def _cleared(cluster, ours: dict) -> None:
 
 
 @pytest.mark.slow
-def test_ray_job_submit_train_tune_and_a_failing_job(cold_head, stocknet_dir, tmp_path):
+def test_ray_job_submit_train_tune_and_a_failing_job(cold_head, s3, stocknet_dir, tmp_path):
     """Jobs submitted with the working dir to a COLD autoscaling head of the test's own (no CPUs on
     the head, workers from 0; own ports and temp dir, token authentication on, dashboard on
-    127.0.0.1): the plan is made against the node types of the launcher YAML, the autoscaler adds
-    a node for the run, and the run's resource request is cleared afterwards."""
+    127.0.0.1), with shards, runs and models on object storage (the session's S3 server): the plan
+    is made against the node types of the launcher YAML, the autoscaler adds a node for the run,
+    the model and the sweep's report land in the bucket, and the run's resource request is cleared."""
     assert len(cold_head.nodes()) == 1 and cold_head.resource_request() is None  # cold: the head alone
-    common = [f"data.path={stocknet_dir}", *RUN_ARGS, *storage_args(tmp_path), "device.name=cpu",
-              f"scaling.cluster_config={cold_head.config_path}"]
-    rc, out = _submit(cold_head, "jobs/train.py", *common, "storage.name=job-train")
+    bucket = shards_on(s3, "ar-jobs", stocknet_dir)
+    data = ["--data", f"{bucket}/shards"]  # flags first, then key=value overrides
+    common = [*RUN_ARGS, *storage_args(bucket), "device.name=cpu", f"scaling.cluster_config={cold_head.config_path}"]
+    rc, out = _submit(cold_head, "jobs/train.py", *data, *common, "storage.name=job-train")
     assert rc == 0 and "succeeded" in out.lower(), out[-3000:]
-    assert "saved model:" in out
-    assert (tmp_path / "models" / "job-train" / "weights.pt").is_file()
+    assert "saved model: s3://ar-jobs/models/job-train" in out
+    assert {"models/job-train/weights.pt", "models/job-train/meta.json"} <= set(s3.keys("ar-jobs", "models/"))
     # planned on the node types, not on the cold cluster's 0 CPUs; the autoscaler added the node
     assert "node type        cpu_worker {CPU: 4} x 1 (of at most 1" in out, out[-3000:]
     assert "autoscaler: asked for 1 x {CPU: 3} (node type cpu_worker)" in out
@@ -134,12 +146,15 @@ def test_ray_job_submit_train_tune_and_a_failing_job(cold_head, stocknet_dir, tm
     assert len(nodes) == 2 and any(n["resources"].get("CPU") == 4 for n in nodes), nodes
     _cleared(cold_head, {"CPU": 3.0})
 
-    rc, out = _submit(cold_head, "jobs/tune.py", *common, "storage.name=job-tune", "tune.search=grid",
+    rc, out = _submit(cold_head, "jobs/tune.py", *data, *common, "storage.name=job-tune", "tune.search=grid",
                       "tune.space={train.lr: [0.01, 0.001]}", "tune.max_concurrent_trials=2",
                       "scaling.cpus_per_worker=1")  # both trials at once on the cpu_worker's 4 CPUs
     assert rc == 0 and "succeeded" in out.lower(), out[-3000:]
     assert "2 configurations tried" in out
-    assert (tmp_path / "models" / "job-tune" / "metrics.json").is_file()
+    assert "models/job-tune/metrics.json" in s3.keys("ar-jobs", "models/")  # the best trial, exported
+    keys = s3.keys("ar-jobs", "runs/sweep-job-tune-")  # the sweep, and its trials' Train runs beside it
+    summaries = [k for k in keys if k.endswith("/sweep_summary.json")]
+    assert len(summaries) == 1 and summaries[0].replace("sweep_summary.json", "report/index.html") in keys, keys
     assert "autoscaler: asked for 2 x {CPU: 1} + 2 x {CPU: 0.1} (node type cpu_worker)" in out
     _cleared(cold_head, {"CPU": 0.1})  # the trial drivers' share: only our request holds it
 
@@ -147,14 +162,22 @@ def test_ray_job_submit_train_tune_and_a_failing_job(cold_head, stocknet_dir, tm
     assert rc != 0 and "failed" in out.lower()
     assert "alchemetric-ray train: error: config 'train.lr': 0.0 is invalid, expected > 0" in out
 
+    # a local storage.path reaches neither the nodes that are up nor those the autoscaler adds
+    rc, out = _submit(cold_head, "jobs/train.py", *data, *RUN_ARGS, f"storage.path={tmp_path / 'results'}",
+                      f"scaling.cluster_config={cold_head.config_path}", "device.name=cpu")
+    error = f"alchemetric-ray train: error: config 'storage.path': {tmp_path / 'results'} is a local folder but "
+    assert rc != 0 and error in out and "set storage.shared=true" in out, out[-3000:]
+    assert not (tmp_path / "results").exists()
+
 
 @pytest.mark.slow
-def test_a_cuda_run_stops_at_the_gpu_preflight_when_torch_has_no_cuda(cold_head, stocknet_dir, tmp_path):
+def test_a_cuda_run_stops_at_the_gpu_preflight_when_torch_has_no_cuda(cold_head, s3, stocknet_dir):
     """--device cuda on the cold cluster: planned on the GPU node type, the autoscaler starts the
     (fake-GPU) node, and the preflight stops the run with our one line (exit 2) because this
     torch has no CUDA; the resource request is cleared on this failure too."""
-    rc, out = _submit(cold_head, "jobs/train.py", "--device", "cuda", f"data.path={stocknet_dir}", *RUN_ARGS,
-                      *storage_args(tmp_path), f"scaling.cluster_config={cold_head.config_path}",
+    bucket = shards_on(s3, "ar-gpu", stocknet_dir)
+    rc, out = _submit(cold_head, "jobs/train.py", "--device", "cuda", "--data", f"{bucket}/shards", *RUN_ARGS,
+                      *storage_args(bucket), f"scaling.cluster_config={cold_head.config_path}",
                       "storage.name=job-gpu")
     assert rc != 0 and "exit code 2" in out, out[-3000:]
     assert "node type        gpu_worker {CPU: 2, GPU: 1} x 1 (of at most 1" in out, out[-3000:]
@@ -164,7 +187,7 @@ def test_a_cuda_run_stops_at_the_gpu_preflight_when_torch_has_no_cuda(cold_head,
     assert "torch.version.cuda=None, torch.cuda.is_available()=False); install a CUDA build of torch" in error
     assert any(n["resources"].get("GPU") == 1 for n in cold_head.nodes())  # the autoscaler started it
     _cleared(cold_head, {"CPU": 1.0, "GPU": 1.0})  # cleared on the failure path too
-    assert not (tmp_path / "models" / "job-gpu").exists()
+    assert s3.keys("ar-gpu", "models/") == [] and s3.keys("ar-gpu", "runs/") == []  # nothing written
 
 
 def test_job_entry_points_are_the_cli_commands():
