@@ -46,7 +46,7 @@ from alchemetric_ray.fsutil import atomic_write, is_uri, staged_dir
 S3_CONNECT_TIMEOUT_S = 5.0
 S3_REQUEST_TIMEOUT_S = 20.0
 S3_MAX_ATTEMPTS = 4
-PROBE_TIMEOUT_S = 10.0
+PROBE_TIMEOUT_S = 5.0
 
 
 class StorageError(UserError, RuntimeError):

@@ -158,15 +158,12 @@ def test_ray_job_submit_train_tune_and_a_failing_job(cold_head, s3, stocknet_dir
     assert "autoscaler: asked for 2 x {CPU: 1} + 2 x {CPU: 0.1} (node type cpu_worker)" in out
     _cleared(cold_head, {"CPU": 0.1})  # the trial drivers' share: only our request holds it
 
-    rc, out = _submit(cold_head, "jobs/train.py", "train.lr=0")
-    assert rc != 0 and "failed" in out.lower()
-    assert "alchemetric-ray train: error: config 'train.lr': 0.0 is invalid, expected > 0" in out
-
-    # a local storage.path reaches neither the nodes that are up nor those the autoscaler adds
+    # a failing job: a local storage.path reaches neither the nodes that are up nor those the
+    # autoscaler adds; the job fails with our one line
     rc, out = _submit(cold_head, "jobs/train.py", *data, *RUN_ARGS, f"storage.path={tmp_path / 'results'}",
                       f"scaling.cluster_config={cold_head.config_path}", "device.name=cpu")
     error = f"alchemetric-ray train: error: config 'storage.path': {tmp_path / 'results'} is a local folder but "
-    assert rc != 0 and error in out and "set storage.shared=true" in out, out[-3000:]
+    assert rc != 0 and "failed" in out.lower() and error in out and "set storage.shared=true" in out, out[-3000:]
     assert not (tmp_path / "results").exists()
 
 
@@ -188,6 +185,35 @@ def test_a_cuda_run_stops_at_the_gpu_preflight_when_torch_has_no_cuda(cold_head,
     assert any(n["resources"].get("GPU") == 1 for n in cold_head.nodes())  # the autoscaler started it
     _cleared(cold_head, {"CPU": 1.0, "GPU": 1.0})  # cleared on the failure path too
     assert s3.keys("ar-gpu", "models/") == [] and s3.keys("ar-gpu", "runs/") == []  # nothing written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, named", [
+    (["--device", "cuda"], "asked for device 'cuda' but no node type in this cluster has a GPU"),
+    (["device.name=cpu", "scaling.workers=2", "scaling.cpus_per_worker=4"],
+     "config 'scaling.workers': 2 worker(s) x {CPU: 4}"),
+], ids=["cuda-without-a-gpu-node-type", "more-workers-than-nodes"])
+def test_what_no_node_type_can_hold_is_refused_before_anything_starts(cold_head, stocknet_dir, tmp_path, args, named):
+    """A job driver on the cold cluster (RAY_ADDRESS) whose request the node types can never hold:
+    one line, exit code 2, no node asked for and nothing written (the v1 autoscaler would wait forever)."""
+    import yaml
+    from fake_cluster import launcher_config
+
+    cpu_only = tmp_path / "cpu-only.yaml"  # the launcher YAML of a cluster whose workers have no GPU
+    port = int(cold_head.gcs_address.rsplit(":", 1)[1])
+    cpu_only.write_text(yaml.safe_dump(launcher_config(port, {"cpu_worker": NODE_TYPES["cpu_worker"]})))
+    config = cpu_only if "cuda" in args else cold_head.config_path
+    before = cold_head.resource_request()
+    done = subprocess.run([sys.executable, "jobs/train.py", *args, f"data.path={stocknet_dir}", "data.source=files",
+                           f"data.tickers={TICKERS}", f"storage.path={tmp_path / 'results'}", "storage.shared=true",
+                           f"storage.models_dir={tmp_path / 'models'}", f"scaling.cluster_config={config}"],
+                          env={**cold_head.env, "RAY_ADDRESS": cold_head.gcs_address}, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("alchemetric-ray train: error: ")]
+    assert done.returncode == 2 and len(errors) == 1 and named in errors[0], done.stderr[-3000:]
+    assert "cpu_worker" in errors[0] and f"launcher config {config}" in errors[0]  # the types, and where from
+    assert not (tmp_path / "results").exists() and not (tmp_path / "models").exists()
+    assert cold_head.resource_request() == before  # nothing was asked for
 
 
 def test_job_entry_points_are_the_cli_commands():

@@ -198,14 +198,19 @@ def test_ddp_early_stop_is_the_same_epoch_on_every_rank(ray_session, shards, tmp
 
 
 @pytest.mark.slow
-def test_resume_continues_at_next_epoch_bitwise_and_same_seed_is_reproducible(ray_session, shards, tmp_path, capfd):
+def test_resume_continues_at_next_epoch_bitwise_and_same_seed_is_reproducible(ray_session, s3, shards, tmp_path,
+                                                                              capfd):
+    """The interrupted run lives on object storage (the session's S3 server): `--resume` finds its
+    latest run there and continues bit for bit, as from a local folder (test_staged_dir.py)."""
     common = ["train.epochs=4", "train.deterministic=true", "train.patience=0"]
     full = run_training(_cfg(shards, tmp_path, *common, "storage.name=full"), export=False)
-    cut = run_training(_cfg(shards, tmp_path, *common, "storage.run=cut", "train.stop_after=2"), export=False)
-    assert cut.summary["epochs_run"] == 2
-    resumed = run_training(_cfg(shards, tmp_path, *common, "storage.run=cut"), export=False)
+    on_s3 = [f"storage.path={s3.bucket('ar-resume')}/runs", "storage.name=cut"]
+    cut = run_training(_cfg(shards, tmp_path, *common, *on_s3, "train.stop_after=2"), export=False)
+    assert cut.summary["epochs_run"] == 2 and cut.run_path.startswith("s3://ar-resume/runs/cut-")
+    resumed = run_training(_cfg(shards, tmp_path, *common, *on_s3, "storage.resume=true"), export=False)
     captured = capfd.readouterr()
     assert "continuing at epoch 2" in captured.out + captured.err
+    assert resumed.run_path == cut.run_path  # the same run, found in the bucket
     assert resumed.summary["epochs_run"] == 4 and resumed.summary["epochs_per_rank"] == [2]  # epochs 3 and 4 only
     again = run_training(_cfg(shards, tmp_path, *common, "storage.name=again"), export=False)
     a, b, c = _final_state(full), _final_state(resumed), _final_state(again)

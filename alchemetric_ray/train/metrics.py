@@ -6,7 +6,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from sklearn import metrics as skm
 
 # The metric-direction table lives with the config that validates train.metric / train.mode.
 from alchemetric_ray.config import (
@@ -29,6 +28,8 @@ def classification_metrics(y_true: np.ndarray, proba: np.ndarray, prefix: str = 
     of one scikit-learn call each, which together held ~175 bytes per row at their peak (260 MiB for
     a 1.5M-row validation split; bench/scaling.py).  ``tests/test_signal_metrics.py`` checks every
     figure against the scikit-learn function it replaces."""
+    from sklearn import metrics as skm  # here, not at the top: Train's controller imports this module too
+
     y_true = np.asarray(y_true, dtype=np.int64)
     proba = np.asarray(proba)
     if proba.dtype not in (np.float32, np.float64):
