@@ -7,6 +7,7 @@ import pytest
 from alchemetric_ray.data.normalize import RESERVOIR, NormalizerFit
 from alchemetric_ray.data.splits import (
     SplitError,
+    boundaries,
     label_end_dates,
     plan_splits,
     walk_forward_folds,
@@ -106,3 +107,15 @@ def test_constant_feature_gets_unit_scale():
     fit = NormalizerFit("zscore", ["a"])
     fit.add(np.ones((10, 1)))
     assert fit.finish().scale == [1.0]
+
+
+def test_a_walk_forward_fold_retrained_through_plan_splits_keeps_its_segments_with_one_embargo():
+    """The fold's model is retrained on shards whose splits plan_splits makes from features.train_end
+    and features.val_end: those must give back the fold's own segments, the embargo taken once."""
+    for fold in walk_forward_folds(CAL, 4, embargo=3):
+        train_end, val_end = boundaries(CAL, fold)
+        rebuilt = plan_splits(CAL, train_frac=0.7, val_frac=0.15, embargo=3, train_end=train_end, val_end=val_end)
+        assert (rebuilt.train_end, rebuilt.val_start, rebuilt.val_end, rebuilt.test_start) == (
+            fold.train_end, fold.val_start, fold.val_end, fold.test_start)
+        dates = list(np.unique(CAL.astype("datetime64[D]")).astype(str))
+        assert dates.index(fold.val_start) - dates.index(fold.train_end) == 3 + 1  # 3 dates between: one embargo

@@ -104,6 +104,17 @@ def walk_forward_folds(calendar: np.ndarray, n_folds: int, *, embargo: int, min_
     return folds
 
 
+def boundaries(calendar: np.ndarray, plan: SplitPlan) -> tuple[str, str]:
+    """``features.train_end`` and ``features.val_end`` for which :func:`plan_splits` rebuilds ``plan``
+    on ``calendar``: the last dates before its val and its test segments.  ``plan_splits`` takes the
+    embargo off those boundaries itself, so passing ``plan.train_end``/``plan.val_end`` (which already
+    lie an embargo before the next segment) would apply it twice."""
+    dates = np.unique(np.asarray(calendar).astype("datetime64[D]"))
+    i1 = int(np.searchsorted(dates, np.datetime64(plan.val_start, "D")))
+    i2 = int(np.searchsorted(dates, np.datetime64(plan.test_start, "D")))
+    return _d(dates[i1 - 1]), _d(dates[i2 - 1])
+
+
 def label_end_dates(dates: pd.Series, reach: int) -> np.ndarray:
     """For each bar of one ticker, the date of the bar ``reach`` bars later (NaT past the end)."""
     d = dates.to_numpy().astype("datetime64[ns]")

@@ -175,7 +175,7 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
 def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: Path) -> dict:
     """Retrain per fold (expanding window) and score each fold's test block; mean and spread."""
     from alchemetric_ray.data.labels import LabelSpec
-    from alchemetric_ray.data.splits import walk_forward_folds
+    from alchemetric_ray.data.splits import boundaries, walk_forward_folds
     from alchemetric_ray.train.export import load_model as load
     from alchemetric_ray.train.trainer import run_training
 
@@ -183,12 +183,14 @@ def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: P
         stage_inputs(loaded, data, Path(inputs_dir))
         inputs = _inputs_frame(Path(inputs_dir))
     reach = LabelSpec.from_config(loaded.config.features).reach
-    folds = walk_forward_folds(inputs["date"].to_numpy(), n_folds, embargo=reach)
+    calendar = inputs["date"].to_numpy()
+    folds = walk_forward_folds(calendar, n_folds, embargo=reach)
     base = loaded.config
     storage = cfg.storage.path if is_uri(cfg.storage.path) else str(Path(cfg.storage.path).resolve())
     results = []
     for k, fold in enumerate(folds):
-        fold_cfg = base.replace(f"features.train_end={fold.train_end}", f"features.val_end={fold.val_end}",
+        train_end, val_end = boundaries(calendar, fold)  # the embargo once: plan_splits takes it off these
+        fold_cfg = base.replace(f"features.train_end={train_end}", f"features.val_end={val_end}",
                                 f"storage.name={base.storage.name}-fold{k}", f"storage.models_dir={work / 'folds'}",
                                 f"storage.path={storage}", "storage.run=null",
                                 "storage.resume=false")
