@@ -42,7 +42,7 @@ def run_one(model_name: str, mode: str, tf32: bool, device: torch.device, steps:
         precision = resolve_precision(mode, device, model=model_spec(model_name), tf32=tf32)
     except PrecisionError as exc:
         return {**row, "refused": str(exc)}
-    precision.apply_matmul_settings()
+    precision.apply_tf32_settings()
     torch.manual_seed(0)
     seq = model_spec(model_name).inputs == "sequence"
     shape = (batch * 4, window, n_features) if seq else (batch * 4, n_features)

@@ -54,6 +54,24 @@ def test_cuda_fp32_reports_tf32(gpu):
     assert "TF32 matmuls off" in off.reason and not off.tf32
 
 
+def test_tf32_setting_reaches_matmuls_and_cudnn_through_one_api(gpu):
+    """precision.tf32 decides matmuls AND cuDNN convolutions/RNNs (a TCN is convolutions): torch's
+    cuDNN default is TF32 on, so 'off' must be set, not assumed; and through one API only (torch
+    refuses to read flags that were set through both)."""
+    gpu()
+    flags = (torch.backends.cuda.matmul, torch.backends.cudnn, torch.backends.cudnn.conv, torch.backends.cudnn.rnn)
+    saved = [f.fp32_precision for f in flags]
+    try:
+        for tf32, want in ((False, "ieee"), (True, "tf32"), (False, "ieee")):
+            resolve_precision("fp32", CUDA0, tf32=tf32).apply_tf32_settings()
+            assert [f.fp32_precision for f in flags] == [want] * 4
+        resolve_precision("fp32", torch.device("cpu")).apply_tf32_settings()  # a CPU run leaves CUDA's alone
+        assert [f.fp32_precision for f in flags] == ["ieee"] * 4
+    finally:
+        for f, value in zip(flags, saved):
+            f.fp32_precision = value
+
+
 def test_cuda_bf16_refused_without_native_support(gpu):
     gpu((7, 5), bf16=False)
     with pytest.raises(PrecisionError, match=r"'bf16' requested but this GPU \(capability 7.5\) has no native bf16"):

@@ -59,10 +59,21 @@ class Precision:
     def make_scaler(self) -> torch.amp.GradScaler:
         return torch.amp.GradScaler(self.device_type, enabled=self.use_scaler)
 
-    def apply_matmul_settings(self) -> None:
-        """TF32 is a process-wide switch: set it explicitly on CUDA, either way."""
-        if self.device_type == "cuda":
-            torch.set_float32_matmul_precision("high" if self.tf32 else "highest")
+    def apply_tf32_settings(self) -> None:
+        """TF32 is a process-wide switch, for matmuls and for cuDNN (convolutions, RNNs) alike: set
+        all of them explicitly on CUDA, either way, through one API.  torch >= 2.9 has the
+        ``fp32_precision`` settings (cuDNN's default there is "tf32": a TCN's convolutions ran in TF32
+        with ``precision.tf32=false``); older torch has only the ``allow_tf32`` flags.  Mixing the two
+        makes torch refuse to read the flags, so exactly one of them is used."""
+        if self.device_type != "cuda":
+            return
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            value = "tf32" if self.tf32 else "ieee"
+            torch.backends.cuda.matmul.fp32_precision = value
+            torch.backends.cudnn.fp32_precision = value  # cuDNN's convolutions and RNNs follow it
+        else:  # torch < 2.9
+            torch.backends.cuda.matmul.allow_tf32 = self.tf32
+            torch.backends.cudnn.allow_tf32 = self.tf32
 
     def as_dict(self) -> dict:
         return {

@@ -144,7 +144,7 @@ def _place_worker(cfg: RunConfig, plan: ResourcePlan, ctx) -> _Worker:
     device_choice = device_for_worker(plan.worker_device, source=f"the resource plan: {plan.reasons['accelerator']}")
     precision = resolve_precision(cfg.precision.mode, device_choice.device, model=model_spec(cfg.model),
                                   tf32=cfg.precision.tf32)
-    precision.apply_matmul_settings()
+    precision.apply_tf32_settings()
     # Workers on one node share its cores: left alone, each one's torch would start a thread per core.
     threads = cfg.scaling.threads_per_worker or max(1, cpu_count() // max(1, ctx.get_local_world_size()))
     torch.set_num_threads(threads)
