@@ -227,18 +227,3 @@ def _publish(stage: Path, target: str, filesystem: Any = None, last: tuple[str, 
     finally:
         if filesystem.get_file_info(upload).type != fs.FileType.NotFound:
             filesystem.delete_dir(upload)
-
-
-def subfolders(location: str | Path, pattern: str = "*") -> list[str]:
-    """Names of the folders in ``location`` (a local folder or a URI) that match ``pattern``, sorted."""
-    import fnmatch
-
-    local = _local_path(location)
-    if local is not None:
-        return sorted(p.name for p in local.glob(pattern) if p.is_dir())
-    from pyarrow import fs
-
-    filesystem, path = fs.FileSystem.from_uri(str(location))
-    infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
-    folders = (i.base_name for i in infos if i.type == fs.FileType.Directory)
-    return sorted(name for name in folders if fnmatch.fnmatch(name, pattern))

@@ -91,11 +91,6 @@ class Location:
     def name(self) -> str:
         return posixpath.basename(self.path.rstrip("/"))
 
-    @property
-    def parent(self) -> Location:
-        return Location(self.uri.rstrip("/").rpartition("/")[0] or self.uri, self.filesystem,
-                        posixpath.dirname(self.path.rstrip("/")))
-
     # ---- what is there ----
 
     def _type(self):

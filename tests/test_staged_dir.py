@@ -11,8 +11,9 @@ from pyarrow import fs
 from pyarrow._fs import _MockFileSystem
 
 from alchemetric_ray.config import load_config
-from alchemetric_ray.fsutil import staged_dir, subfolders
+from alchemetric_ray.fsutil import staged_dir
 from alchemetric_ray.signals.predict import direction_score
+from alchemetric_ray.storage import locate
 from alchemetric_ray.train.session import StorageError, run_name
 
 
@@ -154,9 +155,9 @@ def test_subfolders_local_and_uri(tmp_path):
     for name in ("m-1", "m-2", "sweep-m-1"):
         (tmp_path / name).mkdir()
     (tmp_path / "m-3").write_text("a file, not a run")
-    assert subfolders(tmp_path, "m-*") == ["m-1", "m-2"]
-    assert subfolders(f"file://{tmp_path}", "sweep-m-*") == ["sweep-m-1"]
-    assert subfolders(tmp_path / "missing", "m-*") == []
+    assert locate(tmp_path).listing("m-*", folders=True) == ["m-1", "m-2"]
+    assert locate(f"file://{tmp_path}").listing("sweep-m-*", folders=True) == ["sweep-m-1"]
+    assert locate(tmp_path / "missing").listing("m-*", folders=True) == []
 
 
 def test_one_name_function_for_runs_and_sweeps(tmp_path):

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.train.plan import ResourcePlan, data_bundle, fits, nodes_needed
+from alchemetric_ray.train.capacity import shape
+from alchemetric_ray.train.plan import ResourcePlan, data_bundle, nodes_needed, pack
 
 PROGRESS_INTERVAL_S = 30.0  # a progress line this often while waiting (tests shorten it)
 POLL_INTERVAL_S = 1.0
@@ -95,8 +96,13 @@ class StartWindow:
         return value
 
 
+def total_start_timeout_s(cfg: RunConfig, autoscaling: bool) -> float:
+    """scaling.start_timeout_s, or its default: longer where the autoscaler has to add nodes."""
+    return cfg.scaling.start_timeout_s or (AUTOSCALING_START_TIMEOUT_S if autoscaling else DEFAULT_START_TIMEOUT_S)
+
+
 def start_window(cfg: RunConfig, plan: ResourcePlan) -> StartWindow:
-    total = cfg.scaling.start_timeout_s or (AUTOSCALING_START_TIMEOUT_S if plan.autoscale else DEFAULT_START_TIMEOUT_S)
+    total = total_start_timeout_s(cfg, plan.autoscale)
     user = None
     if not cfg.scaling.start_timeout_s and not plan.autoscale:
         from alchemetric_ray.train.session import user_worker_group_start_timeout
@@ -162,8 +168,8 @@ def _clear() -> None:
 def gpu_preflight(tasks: int, gpus_each: float, cfg: RunConfig, *, autoscaling: bool) -> None:
     """The GPU preflight alone (``predict``'s GPU actors): ``tasks`` probes of ``gpus_each`` GPUs,
     waited for within scaling.start_timeout_s; the probes' own demand scales a cold cluster up."""
-    total = cfg.scaling.start_timeout_s or (AUTOSCALING_START_TIMEOUT_S if autoscaling else DEFAULT_START_TIMEOUT_S)
-    _wait(None, [], _launch_gpu_probes(tasks, gpus_each), StartWindow(total, time.monotonic()))
+    window = StartWindow(total_start_timeout_s(cfg, autoscaling), time.monotonic())
+    _wait(None, [], _launch_gpu_probes(tasks, gpus_each), window)
 
 
 def _wait(plan: ResourcePlan | None, bundles: list[dict], probes: list, window: StartWindow) -> None:
@@ -203,16 +209,8 @@ def _wait(plan: ResourcePlan | None, bundles: list[dict], probes: list, window: 
 
 
 def placed(bundles: list[dict], nodes: list[dict[str, float]]) -> int:
-    """How many of ``bundles`` fit on ``nodes`` (their total resources; first fit, largest first)."""
-    free = [dict(node) for node in nodes]
-    count = 0
-    for bundle in sorted(bundles, key=lambda b: (b.get("GPU", 0.0), b.get("CPU", 0.0)), reverse=True):
-        spot = next((node for node in free if fits(bundle, node)), None)
-        if spot is not None:
-            for key, amount in bundle.items():
-                spot[key] = spot.get(key, 0.0) - amount
-            count += 1
-    return count
+    """How many of ``bundles`` fit on ``nodes`` (their total resources)."""
+    return len(bundles) - len(pack(bundles, nodes)[0])
 
 
 def _alive_nodes() -> list[dict[str, float]]:
@@ -231,7 +229,7 @@ def _progress(bundles: list[dict], up: int, probed: int, probes: int, elapsed: f
 
 
 def _never_came(plan: ResourcePlan | None, bundles: list[dict], up: int, unprobed: int, elapsed: float) -> str:
-    missing = _missing(bundles)
+    missing = pack(bundles, _alive_nodes())[0] if bundles else []
     what = f"{_counted(missing)} never came ({up} of {len(bundles)} bundles up)" if missing else ""
     if unprobed:
         what += ("; " if what else "") + f"{unprobed} GPU preflight task(s) never ran (no node gave them a GPU)"
@@ -240,28 +238,9 @@ def _never_came(plan: ResourcePlan | None, bundles: list[dict], up: int, unprobe
             f"see `ray status` and the autoscaler's log (monitor.log), or raise scaling.start_timeout_s")
 
 
-def _missing(bundles: list[dict]) -> list[dict]:
-    if not bundles:
-        return []
-    free = [dict(node) for node in _alive_nodes()]
-    missing = []
-    for bundle in sorted(bundles, key=lambda b: (b.get("GPU", 0.0), b.get("CPU", 0.0)), reverse=True):
-        spot = next((node for node in free if fits(bundle, node)), None)
-        if spot is None:
-            missing.append(bundle)
-            continue
-        for key, amount in bundle.items():
-            spot[key] = spot.get(key, 0.0) - amount
-    return missing
-
-
 def _counted(bundles: list[dict]) -> str:
-    counts = Counter(_shape(b) for b in bundles)
+    counts = Counter(shape(b, gpu_first=True) for b in bundles)
     return " + ".join(f"{n} x {shape}" for shape, n in counts.items())
-
-
-def _shape(bundle: dict) -> str:
-    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(bundle.items(), key=lambda kv: kv[0] != "GPU")) + "}"
 
 
 def _duration(seconds: float) -> str:

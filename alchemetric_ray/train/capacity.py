@@ -46,7 +46,7 @@ class NodeType:
     head: bool = False
 
     def shape(self) -> str:
-        return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(self.resources.items())) + "}"
+        return shape(self.resources)
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,14 @@ class Capacity:
         shown = ", ".join(f"{t.name} {t.shape()} x {'head' if t.head else f'{t.min_workers}-{self.limit(t)}'}"
                           for t in self.node_types)
         return f"{shown or 'none'}; from {self.source}"
+
+
+def shape(resources: dict[str, float], *, gpu_first: bool = False) -> str:
+    """``{CPU: 4, GPU: 1}``: resources as plans and messages show them (``gpu_first``: ``{GPU: 1, CPU: 4}``,
+    as the autoscaler's requests are shown); Ray's ``node:<ip>`` markers left out."""
+    items = sorted((kv for kv in resources.items() if not kv[0].startswith("node:")),
+                   key=lambda kv: ((kv[0] != "GPU") if gpu_first else 0, kv[0]))
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in items) + "}"
 
 
 def now() -> Capacity:

@@ -19,6 +19,7 @@ from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware.device import train_accelerator
 from alchemetric_ray.train.capacity import UP_NOW, Capacity
+from alchemetric_ray.train.capacity import shape as _shape
 
 DATA_CPU_RESERVE = 1.0  # logical CPUs kept free for Ray Data's read tasks
 MIN_DATA_CPUS = 0.5
@@ -253,29 +254,35 @@ def data_bundle() -> dict[str, float]:
 
 
 def nodes_needed(plan: ResourcePlan, bundles: list[dict[str, float]]) -> int:
-    """How many nodes of the plan's node type hold ``bundles`` (first fit, largest first, after
-    what fits on the head); a huge number when a bundle fits no node of that type."""
-    free = [dict(plan.head_resources)]
-    count = 0
+    """How many nodes of the plan's node type hold ``bundles`` (after what fits on the head); a huge
+    number when a bundle fits no node of that type."""
+    unplaced, opened = pack(bundles, [plan.head_resources], new_node=plan.node_resources)
+    return 1 << 30 if unplaced else opened
+
+
+def pack(bundles: list[dict[str, float]], nodes: list[dict[str, float]],
+         new_node: dict[str, float] | None = None) -> tuple[list[dict[str, float]], int]:
+    """Place ``bundles`` on ``nodes`` (their resources), first fit, largest first, opening nodes of
+    ``new_node`` where none has room (when given).  Returns the bundles that found no place and how
+    many nodes were opened.  The one packing the plan, the wait and its timeout message all use."""
+    free = [dict(node) for node in nodes]
+    unplaced, opened = [], 0
     for bundle in sorted(bundles, key=lambda b: (b.get("GPU", 0.0), b.get("CPU", 0.0)), reverse=True):
         spot = next((node for node in free if fits(bundle, node)), None)
-        if spot is None:
-            if not fits(bundle, plan.node_resources):
-                return 1 << 30
-            spot = dict(plan.node_resources)
+        if spot is None and new_node is not None and fits(bundle, new_node):
+            spot = dict(new_node)
             free.append(spot)
-            count += 1
+            opened += 1
+        if spot is None:
+            unplaced.append(bundle)
+            continue
         for key, amount in bundle.items():
             spot[key] = spot.get(key, 0.0) - amount
-    return count
+    return unplaced, opened
 
 
 def fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
     return all(node.get(key, 0.0) + 1e-9 >= amount for key, amount in bundle.items() if amount > 0)
-
-
-def _shape(resources: dict[str, float]) -> str:
-    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items()) if not k.startswith("node:")) + "}"
 
 
 def _round_down(value: float, step: float) -> float:
