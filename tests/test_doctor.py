@@ -234,3 +234,20 @@ def test_mps_autocast_in_training_needs_a_passing_doctor_record(tmp_path):
     with pytest.raises(DoctorRequired):
         require_doctor_checked_precision(cfg.replace("model.hidden=32"), "mps")
     assert record_path(cfg, "mps", "bf16").is_file()
+
+
+def test_certificate_rows_are_whole_dates_spread_over_the_segment():
+    from alchemetric_ray.doctor.certificate import sample_dates
+
+    dates = np.repeat(np.arange("2017-01-02", "2017-07-01", dtype="datetime64[D]"), 50)  # 180 days x 50 tickers
+    small = sample_dates(dates[:900], 1000)
+    assert np.array_equal(small, np.arange(900))  # few rows: every one
+    keep = sample_dates(dates, 2000)
+    kept, per_day = np.unique(dates[keep], return_counts=True)
+    assert len(keep) <= 2000 and len(keep) >= 1900  # as many whole dates as fit
+    assert (per_day == 50).all()  # every ticker of each date
+    assert kept[0] == dates[0] and kept[-1] == dates[-1]  # from the first date to the last
+    gaps = np.diff(kept).astype(int)
+    assert gaps.max() - gaps.min() <= 1  # evenly spread
+    ragged = np.concatenate([dates, np.repeat(np.datetime64("2017-07-03"), 3000)])  # one date over the limit
+    assert len(sample_dates(ragged, 2000)) <= 2000

@@ -476,3 +476,26 @@ def test_classification_metrics_equal_the_scikit_learn_functions_they_replace():
         for key, value in want.items():
             assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (trial, key)
         assert got["confusion"] == skm.confusion_matrix(y, pred, labels=labels).tolist()
+
+
+def test_equity_plot_draws_buy_and_hold_as_the_equal_weight_long_only_book():
+    """On a cross-section the plot draws long-short curves; buy-and-hold (a constant score, which
+    ranks nothing) is drawn as what it stands for: every name held, equal weights, net of the
+    first day's cost."""
+    from alchemetric_ray.config import load_config
+    from alchemetric_ray.signals.evaluate import BUY_AND_HOLD, contender_stats, equity_curves
+
+    cfg = load_config(None, ["signals.n_boot=100"])
+    frame = panel(40, 12, seed=5, noise=1.0).assign(fwd_ret=lambda f: f["fwd_ret"] + 0.001)  # a rising market
+    model = contender_stats("deep model", frame.assign(position=np.sign(frame["score"])), cfg)
+    hold = contender_stats(BUY_AND_HOLD, frame.assign(score=1.0, position=1), cfg)
+    curves = equity_curves({"tickers": 12, "rows": [model, hold]})
+
+    gross = frame.assign(g=np.expm1(frame["fwd_ret"])).groupby("date")["g"].mean().to_numpy()
+    net = gross - np.r_[cfg.signals.cost_bps / 1e4, np.zeros(len(gross) - 1)]  # bought once, never traded again
+    np.testing.assert_allclose(curves[BUY_AND_HOLD]["equity"], np.cumprod(1 + net), rtol=1e-12)
+    assert curves[BUY_AND_HOLD]["equity"].iloc[-1] > 1.02  # not the flat 1.0 of its long-short book
+    assert (hold["_equity"]["equity"] == 1.0).all()
+    pd.testing.assert_frame_equal(curves["deep model"], model["_equity"])  # the others: long-short
+    few = equity_curves({"tickers": 3, "rows": [model, hold]})  # too few names: positions for everyone
+    pd.testing.assert_frame_equal(few["deep model"], model["_pos_equity"])

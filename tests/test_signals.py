@@ -142,6 +142,9 @@ def test_evaluate_cli_with_walk_forward_folds(ray_session, tmp_path, capsys):
     result = json.loads((tmp_path / "eval" / "evaluation.json").read_text())
     wf = result["walk_forward"]
     assert len(wf["folds"]) == 2 and wf["folds"][0]["test_end"] < wf["folds"][1]["test_start"]
+    # each fold's baselines learn from features normalized on that fold's train rows only
+    assert all(f["normalized_through"] < f["test_start"] for f in wf["folds"])
+    assert wf["folds"][0]["normalized_through"] < wf["folds"][1]["normalized_through"]
     assert np.isfinite(wf["rank_ic_mean"]) and np.isfinite(wf["rank_ic_std"])
     assert "## Walk-forward (2 folds, retrained per fold)" in (tmp_path / "eval" / "report.md").read_text()
     assert (tmp_path / "eval" / "signals.parquet").is_file()

@@ -9,7 +9,6 @@ layout); ``predict`` warns when it serves on a backend that was never certified.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -17,27 +16,44 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from alchemetric_ray.signals.predict import direction_score, positions, stage_inputs
+from alchemetric_ray.signals.predict import direction_score, inputs_frame, positions
 from alchemetric_ray.storage import Location, locate
 from alchemetric_ray.train.export import CERTIFICATE, backend_key
 
 MAX_FLIP_SHARE = 0.01  # more than 1% of positions flipping blocks a backend
-MAX_ROWS = 20_000
+MAX_ROWS = 20_000  # every row of the test segment up to this many; beyond it, whole dates spread over the segment
 
 
 def certificate_rows(loaded) -> tuple[np.ndarray, pd.DataFrame]:
     """Inputs (the model's own normalized features) and keys for its test segment."""
     from alchemetric_ray.train.evaluate import model_inputs
 
-    with tempfile.TemporaryDirectory(prefix="alchemetric-cert-") as tmp:
-        stage_inputs(loaded, None, Path(tmp))
-        frame = pd.read_parquet(tmp)
-    frame["date"] = np.asarray(pd.to_datetime(frame["date"]).to_numpy(), dtype="datetime64[ns]")
+    frame = inputs_frame(loaded, None)
     splits = loaded.manifest.splits
     test = frame[(frame["date"] >= pd.Timestamp(splits["test_start"]))
                  & (frame["date"] <= pd.Timestamp(splits["test_end"]))]
     x, rows = model_inputs(test, loaded.manifest.features, loaded.mode, loaded.config.features.window)
-    return x[:MAX_ROWS], rows.iloc[:MAX_ROWS].reset_index(drop=True)
+    keep = sample_dates(rows["date"].to_numpy(), MAX_ROWS)
+    return x[keep], rows.iloc[keep].reset_index(drop=True)
+
+
+def sample_dates(dates: np.ndarray, max_rows: int) -> np.ndarray:
+    """Row indices: all of them when there are at most ``max_rows``, else every row of evenly
+    spaced dates (first to last) up to ``max_rows``.  Whole dates keep every ticker of a date in the
+    sample, so its rank IC is a cross-section; spacing them covers the segment's regimes (the
+    first rows in ticker order were one or two tickers' whole history)."""
+    if len(dates) <= max_rows:
+        return np.arange(len(dates))
+    unique, code, per_date = np.unique(dates, return_inverse=True, return_counts=True)
+    n_dates = max(1, min(len(unique), int(max_rows // per_date.mean())))
+    while n_dates > 1:
+        chosen = np.unique(np.linspace(0, len(unique) - 1, n_dates).round().astype(np.int64))
+        if per_date[chosen].sum() <= max_rows:
+            break
+        n_dates -= 1
+    else:
+        chosen = np.array([0])
+    return np.flatnonzero(np.isin(code, chosen))
 
 
 def _scores(loaded, x: np.ndarray, device, precision) -> np.ndarray:

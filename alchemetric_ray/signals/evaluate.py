@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +27,15 @@ from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text, is_uri
 from alchemetric_ray.signals import metrics as sm
 from alchemetric_ray.signals.predict import (
     direction_score,
+    inputs_frame,
     positions,
     predict,
-    stage_inputs,
 )
 from alchemetric_ray.storage import Location, locate
 from alchemetric_ray.train.metrics import classification_metrics
 
 FEW_TICKERS = 10
+BUY_AND_HOLD = "buy and hold"
 
 
 class EvaluationError(UserError, ValueError):
@@ -127,22 +127,16 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
                                     proba=p, labels=test["label"].to_numpy()))
     mom = test["mom_20"].to_numpy()
     rows.append(contender_stats("momentum 20d", _scored(test, mom, np.sign(mom).astype(np.int8)), cfg, horizon=horizon))
-    rows.append(contender_stats("buy and hold", _scored(test, np.ones(len(test)), np.ones(len(test), np.int8)), cfg,
+    rows.append(contender_stats(BUY_AND_HOLD, _scored(test, np.ones(len(test)), np.ones(len(test), np.int8)), cfg,
                                 horizon=horizon))
     n_tickers = int(test["ticker"].nunique())
-    baselines_with_ic = [r for r in rows[1:] if r["name"] != "buy and hold" and r["_ic"].n_days > 0]
+    baselines_with_ic = [r for r in rows[1:] if r["name"] != BUY_AND_HOLD and r["_ic"].n_days > 0]
     best = max(baselines_with_ic, key=lambda r: r["_ic"].mean if not math.isnan(r["_ic"].mean) else -1, default=None)
     verdict = sm.edge_verdict(rows[0]["_ic"], best["_ic"] if best else None, n_tickers=n_tickers,
                               few_tickers=FEW_TICKERS, baseline_name=best["name"] if best else "best baseline",
                               n_boot=cfg.signals.n_boot, seed=cfg.train.seed)
     return {"segment": {"start": start, "end": end}, "tickers": n_tickers, "rows": rows,
             "best_baseline": best["name"] if best else None, "verdict": verdict, "n_trials": n_trials}
-
-
-def _inputs_frame(staging: Path) -> pd.DataFrame:
-    frame = pd.read_parquet(staging)
-    frame["date"] = np.asarray(pd.to_datetime(frame["date"]).to_numpy(), dtype="datetime64[ns]")
-    return frame
 
 
 def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | Path | Location,
@@ -157,9 +151,7 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
     n_trials = int(metrics.get("sweep", {}).get("num_trials", 1))
     with out_dir.staged() as tmp:
         signals = predict(model_dir, data, tmp / "signals.parquet", cfg)
-        with tempfile.TemporaryDirectory(prefix="alchemetric-eval-") as inputs_dir:
-            stage_inputs(loaded, data, Path(inputs_dir))
-            inputs = _inputs_frame(Path(inputs_dir))
+        inputs = inputs_frame(loaded, data)
         result = evaluate_signals(signals, inputs, loaded.manifest, cfg, n_trials=n_trials)
         if cfg.signals.folds:
             result["walk_forward"] = walk_forward(cfg, data, loaded, cfg.signals.folds, tmp)
@@ -173,17 +165,15 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
 
 
 def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: Path) -> dict:
-    """Retrain per fold (expanding window) and score each fold's test block; mean and spread."""
+    """Retrain per fold (expanding window) and score each fold's test block against baselines fitted
+    on the fold's train rows, in the fold's normalization; mean and spread."""
     from alchemetric_ray.data.labels import LabelSpec
     from alchemetric_ray.data.splits import boundaries, walk_forward_folds
     from alchemetric_ray.train.export import load_model as load
     from alchemetric_ray.train.trainer import run_training
 
-    with tempfile.TemporaryDirectory(prefix="alchemetric-wf-") as inputs_dir:
-        stage_inputs(loaded, data, Path(inputs_dir))
-        inputs = _inputs_frame(Path(inputs_dir))
     reach = LabelSpec.from_config(loaded.config.features).reach
-    calendar = inputs["date"].to_numpy()
+    calendar = inputs_frame(loaded, data)["date"].to_numpy()
     folds = walk_forward_folds(calendar, n_folds, embargo=reach)
     base = loaded.config
     storage = cfg.storage.path if is_uri(cfg.storage.path) else str(Path(cfg.storage.path).resolve())
@@ -201,9 +191,13 @@ def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: P
             raise EvaluationError(f"walk-forward fold {k}: training produced no checkpoint")
         fold_model = load(outcome.model_dir)
         sig = predict(outcome.model_dir, data, work / "folds" / f"signals-{k}.parquet", fold_cfg)
-        res = evaluate_signals(sig, inputs, fold_model.manifest, fold_cfg, segment=(fold.test_start, fold.test_end))
+        # the baselines see the fold's own normalization, fitted on the fold's train rows: the main
+        # model's was fitted on a train split that can reach into this fold's test block
+        res = evaluate_signals(sig, inputs_frame(fold_model, data), fold_model.manifest, fold_cfg,
+                               segment=(fold.test_start, fold.test_end))
         model = res["rows"][0]
         results.append({"fold": k, "test_start": fold.test_start, "test_end": fold.test_end,
+                        "normalized_through": fold_model.manifest.splits["train_end"],  # the baselines' inputs
                         "rank_ic": model["rank_ic"]["mean"], "sharpe": model["long_short"]["sharpe"],
                         "best_baseline_rank_ic": max((r["rank_ic"]["mean"] for r in res["rows"][1:]
                                                       if not math.isnan(r["rank_ic"]["mean"])), default=float("nan"))})
@@ -219,6 +213,20 @@ def _public(result: dict) -> dict:
     return out
 
 
+def equity_curves(result: dict) -> dict[str, pd.DataFrame]:
+    """The curve the equity plot draws per contender: the long-short portfolio on a cross-section
+    (FEW_TICKERS or more names), else the thresholded positions.  Buy-and-hold is always its
+    positions, the equal-weight long-only book: a constant score ranks no stock above another, so
+    its long-short curve is a flat 1.0 that stands for nothing."""
+    cross = result["tickers"] >= FEW_TICKERS
+    curves = {}
+    for row in result["rows"]:
+        eq = row.get("_equity" if cross and row["name"] != BUY_AND_HOLD else "_pos_equity")
+        if eq is not None and len(eq):
+            curves[row["name"]] = eq
+    return curves
+
+
 def _plot_equity(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -228,12 +236,8 @@ def _plot_equity(result: dict, path: Path) -> None:
     fig = Figure(figsize=(9, 4.5), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
     cross = result["tickers"] >= FEW_TICKERS
-    key = "_equity" if cross else "_pos_equity"
-    for row in result["rows"]:
-        eq = row.get(key)
-        if eq is not None and len(eq):
-            ax.plot(pd.to_datetime(eq["date"]), eq["equity"], label=row["name"],
-                    linewidth=2.2 if row["name"] == "deep model" else 1.2)
+    for name, eq in equity_curves(result).items():
+        ax.plot(pd.to_datetime(eq["date"]), eq["equity"], label=name, linewidth=2.2 if name == "deep model" else 1.2)
     ax.set_title(("long-short top/bottom quantile" if cross else "thresholded positions") + ", net of costs")
     ax.set_ylabel("equity (start = 1)")
     ax.grid(alpha=0.3)

@@ -102,6 +102,16 @@ def stage_inputs(loaded, data: str | None, staging: Path) -> dict:
     return _stage_inputs(loaded, data, staging)
 
 
+def inputs_frame(loaded, data: str | None) -> pd.DataFrame:
+    """Every bar of ``data`` (None: the model's own data) with features normalized by ``loaded``'s
+    statistics, its label and forward return, in memory."""
+    with tempfile.TemporaryDirectory(prefix="alchemetric-eval-") as staging:
+        stage_inputs(loaded, data, Path(staging))
+        frame = pd.read_parquet(staging)
+    frame["date"] = np.asarray(pd.to_datetime(frame["date"]).to_numpy(), dtype="datetime64[ns]")
+    return frame
+
+
 def _stage_inputs(loaded, data: str | None, staging: Path) -> dict:
     from alchemetric_ray.data.sources import open_source
 
