@@ -26,7 +26,8 @@ from alchemetric_ray.errors import UserError
 # --------------------------------------------------------------------------------------------
 
 DataSource = Literal["stocknet", "builtin", "synthetic", "files"]
-LabelScheme = Literal["three_class", "binary", "triple_barrier"]
+LabelScheme = Literal["three_class", "binary", "triple_barrier", "cs_rank", "cs_zscore"]
+CrossSectionNorm = Literal["none", "zscore", "rank"]
 ThresholdMode = Literal["fixed", "vol"]
 Normalization = Literal["zscore", "robust"]
 Schedule = Literal["cosine", "onecycle", "constant"]
@@ -154,6 +155,10 @@ class FeaturesConfig:
     train_end: str | None = None  # explicit split dates (YYYY-MM-DD) override fractions
     val_end: str | None = None
     embargo: int | None = None  # bars between segments; None = the label's reach
+    # each feature normalized across the stocks of its date (nothing fitted) before the train-fitted normalization
+    cs_normalize: CrossSectionNorm = "none"
+    # cross-sectional labels and features: dates with fewer stocks than this are dropped (and counted)
+    min_cross_section: int = 10
 
 
 @dataclass
@@ -484,6 +489,7 @@ def validate(cfg: RunConfig) -> None:
     _check(features.train_frac + features.val_frac < 1, "features.val_frac", features.val_frac,
            f"train_frac + val_frac < 1 (train_frac is {features.train_frac})")
     _check(features.embargo is None or features.embargo >= 0, "features.embargo", features.embargo, ">= 0")
+    _check(features.min_cross_section >= 2, "features.min_cross_section", features.min_cross_section, ">= 2")
     for key in ("train_end", "val_end"):
         value = getattr(features, key)
         if value is not None:

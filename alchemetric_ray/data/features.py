@@ -1,4 +1,8 @@
-"""A registry of named per-ticker features, each computed only from past and current bars.
+"""A registry of named features, each computed only from past and current bars.
+
+Most are per ticker.  A *market-relative* feature (``cross_sectional``) is a per-ticker value
+minus that date's mean over the stocks in the data: its function gives the per-ticker value, and
+the per-date pass (``data/cross_section.py``) subtracts the mean once every ticker is computed.
 
 Adding a feature is one decorated function ``(bars) -> Series`` with its warm-up (the bars it
 needs before it is defined).  Ratios whose denominator can be zero (a flat window) fall back to
@@ -29,14 +33,15 @@ class Feature:
     fn: Callable[[pd.DataFrame], pd.Series]
     warmup: int  # bars before the first defined value
     description: str
+    cross_sectional: bool = False  # minus the date's mean over the stocks (the per-date pass)
 
 
 FEATURES: dict[str, Feature] = {}
 
 
-def feature(name: str, warmup: int, description: str):
+def feature(name: str, warmup: int, description: str, *, cross_sectional: bool = False):
     def register(fn: Callable[[pd.DataFrame], pd.Series]):
-        FEATURES[name] = Feature(name, fn, warmup, description)
+        FEATURES[name] = Feature(name, fn, warmup, description, cross_sectional)
         return fn
 
     return register
@@ -59,6 +64,10 @@ def _log_ret(bars: pd.DataFrame) -> pd.Series:
 for _k in (1, 5, 10, 20):
     feature(f"ret_{_k}", _k, f"log return over the last {_k} bar(s)")(
         lambda bars, k=_k: np.log(bars["close"]).diff(k))
+
+for _k in (1, 5, 10, 20):
+    feature(f"ret_{_k}_rel", _k, f"log return over the last {_k} bar(s) minus that date's mean over the stocks",
+            cross_sectional=True)(lambda bars, k=_k: np.log(bars["close"]).diff(k))
 
 for _w in (5, 20, 60):
     feature(f"vol_{_w}", _w, f"std of daily log returns over {_w} bars")(
@@ -143,6 +152,11 @@ def resolve_feature_names(names: list[str] | None) -> list[str]:
     if len(set(names)) != len(names):
         raise FeatureError(f"features.names lists a feature twice: {names}")
     return names
+
+
+def cross_sectional_names(names: list[str]) -> list[str]:
+    """The market-relative features among ``names``: the per-date pass demeans them."""
+    return [n for n in names if FEATURES[n].cross_sectional]
 
 
 def warmup_bars(names: list[str]) -> int:

@@ -12,6 +12,12 @@ Schemes (class ids are stable; the manifest names them):
   * triple_barrier: entry at the open of t+1; up/down barriers at +-barrier * vol_20 in log
     price; first touch within ``barrier_bars`` bars decides up (2) or down (0), else flat (1).
     A bar whose high and low touch both barriers counts as down (conservative).
+
+Cross-sectional targets (regression; no classes): the same forward return, compared with the other
+stocks of the same date: ``cs_rank`` its percentile rank centred on 0, ``cs_zscore`` its z-score.
+Per ticker they are the forward return itself; the per-date pass (``data/cross_section.py``) turns
+it into the target once every ticker is computed.  Execution lag, horizon, reach, embargo and purge
+are those of the forward return, as for the classes.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+REGRESSION_SCHEMES = ("cs_rank", "cs_zscore")
+CROSS_SECTION_KIND = {"cs_rank": "rank", "cs_zscore": "zscore"}  # data/cross_section.py's transform
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,14 @@ class LabelSpec:
         return cls(**{f.name: manifest.label[f.name] for f in dataclasses.fields(cls)})
 
     @property
+    def regression(self) -> bool:
+        """A cross-sectional target: a real number per row, scored by regression, not classes."""
+        return self.scheme in REGRESSION_SCHEMES
+
+    @property
     def classes(self) -> list[str]:
+        if self.regression:
+            return []
         return ["down", "up"] if self.scheme == "binary" else ["down", "flat", "up"]
 
     @property
@@ -68,10 +84,13 @@ def forward_return(bars: pd.DataFrame, horizon: int) -> np.ndarray:
 
 
 def make_labels(bars: pd.DataFrame, spec: LabelSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(label as float with NaN where undefined, forward return) for every bar."""
+    """(label as float with NaN where undefined, forward return) for every bar.  For a
+    cross-sectional target the label is the forward return until the per-date pass replaces it."""
     fwd = forward_return(bars, spec.horizon)
     n = len(bars)
-    if spec.scheme == "binary":
+    if spec.regression:
+        label = fwd.copy()
+    elif spec.scheme == "binary":
         label = np.where(fwd > 0, 1.0, 0.0)
     elif spec.scheme == "three_class":
         if spec.threshold_mode == "fixed":

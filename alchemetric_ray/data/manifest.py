@@ -48,6 +48,9 @@ class Manifest:
     # whole, a file the manifest does not list (left by an older or an unfinished build) is ignored.
     # Empty in manifests written before the list existed: readers then take the split's folder.
     files: dict[str, list[str]] = field(default_factory=dict)
+    # the per-date pass (data/cross_section.py): its operations, threshold and what it dropped;
+    # empty when the label and features are per ticker only (and in manifests from before it)
+    cross_section: dict[str, Any] = field(default_factory=dict)
 
     @property
     def classes(self) -> list[str]:

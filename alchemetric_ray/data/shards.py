@@ -11,10 +11,16 @@ Columns: ``date`` (timestamp), ``ticker``, one float32 column per feature (norma
 train segment's statistics), ``label`` (int64 class id), ``fwd_ret`` (float32 forward log
 return, for evaluation), ``label_end`` (date of the last bar the label looks at).
 
-Memory stays bounded by one ticker: pass 1 computes features and labels ticker by ticker into a
-staging folder and collects the trading calendar; the split plan is then fixed; pass 2 fits the
-normalization on train rows; pass 3 normalizes and writes the final shards.  Everything is
-written under a temporary folder beside ``OUT`` that replaces ``OUT`` only once complete.
+Pass 1 computes features and labels ticker by ticker into a staging folder and collects the
+trading calendar; a cross-sectional label or feature (``cs_rank``, ``cs_zscore``, the market-relative
+features, ``features.cs_normalize``) then takes a per-date pass over the staging folder
+(``data/cross_section.py``), which drops dates with too few stocks; the split plan is then fixed;
+pass 2 fits the normalization on train rows; pass 3 normalizes and writes the final shards.
+Everything is written under a temporary folder beside ``OUT`` that replaces ``OUT`` only once
+complete.  Memory: one ticker's rows, and during the per-date pass one column of every row
+(about 28 bytes a row, see ``data/cross_section.py``).
+
+A regression target's ``label`` is float32 (the cross-sectional value); a class target's is int64.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import pyarrow.parquet as pq
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data import features as feat
+from alchemetric_ray.data.cross_section import apply_cross_section, plan_ops
 from alchemetric_ray.data.labels import LabelSpec, make_labels
 from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
@@ -127,12 +134,14 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
             staging = tmp / "_staging"
             staging.mkdir(parents=True)
             stats = _pass_features(bars, names, spec, staging, min_history(cfg), bar)
+            cross_section = _pass_cross_section(staging, names, spec, cfg, stats, source_description)
             plan = plan_splits(stats["calendar"], train_frac=cfg.features.train_frac, val_frac=cfg.features.val_frac,
                                embargo=embargo, train_end=cfg.features.train_end, val_end=cfg.features.val_end)
             normalizer = _fit_normalizer(staging, names, plan, cfg)
-            counts = _write_shards(staging, tmp, names, plan, normalizer, len(spec.classes))
+            counts = _write_shards(staging, tmp, names, plan, normalizer, spec)
             shutil.rmtree(staging)
-            _check_classes(counts, spec.classes)
+            if not spec.regression:
+                _check_classes(counts, spec.classes)
             files = {s: sorted(f"{split_dir(tmp, s).name}/{p.name}" for p in split_dir(tmp, s).glob("*.parquet"))
                      for s in SPLITS}
             manifest = Manifest(
@@ -152,6 +161,7 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
                 ingest=_ingest_summary(report),
                 columns={"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
                 files=files,
+                cross_section=cross_section,
             )
             manifest.write(tmp)
     except BaseException:
@@ -205,6 +215,24 @@ def _pass_features(bars, names, spec: LabelSpec, staging: Path, need: int, progr
         raise ShardError(f"no ticker has enough history for the features and labels ({detail or 'no data'})")
     return {"calendar": calendar, "hash": digest.hexdigest(), "tickers": tickers, "skipped": skipped,
             "nonfinite": nonfinite}
+
+
+def _pass_cross_section(staging: Path, names: list[str], spec: LabelSpec, cfg: RunConfig, stats: dict,
+                        source: str | None) -> dict:
+    """The per-date pass over the staged tickers, when the label or a feature needs one; the
+    calendar is then the dates it kept.  What the manifest records of it (empty when none ran)."""
+    ops = plan_ops(names, spec, cfg.features.cs_normalize)
+    if not ops:
+        return {}
+    files = _staged(staging)
+    report = apply_cross_section(files, ops, min_names=cfg.features.min_cross_section,
+                                 what=source or cfg.data.path or cfg.data.source)
+    stats["calendar"] = np.unique(np.concatenate(
+        [pq.read_table(f, columns=["date"]).column("date").to_numpy().astype("datetime64[D]") for f in files]))
+    return {"normalize": cfg.features.cs_normalize, "min_names": cfg.features.min_cross_section,
+            "ops": [op.__dict__ for op in ops], **report.as_dict(),
+            "universe": "the tickers in the data as given: stocks listed at the data's end date only, so the "
+                        "cross-section is survivorship-biased"}
 
 
 def feature_table(ticker: str, frame: pd.DataFrame, names: list[str], spec: LabelSpec) -> tuple[pd.DataFrame, int]:
@@ -286,15 +314,17 @@ class _RollingWriter:
             self.writer = None
 
 
-def _schema(names: list[str]) -> pa.Schema:
+def _schema(names: list[str], regression: bool = False) -> pa.Schema:
     return pa.schema([("date", pa.timestamp("ns")), ("ticker", pa.string()),
                       *[(n, pa.float32()) for n in names],
-                      ("label", pa.int64()), ("fwd_ret", pa.float32()), ("label_end", pa.timestamp("ns"))])
+                      ("label", pa.float32() if regression else pa.int64()), ("fwd_ret", pa.float32()),
+                      ("label_end", pa.timestamp("ns"))])
 
 
 def _write_shards(staging: Path, tmp: Path, names: list[str], plan: SplitPlan, normalizer: Normalizer,
-                  n_classes: int) -> dict:
-    schema = _schema(names)
+                  spec: LabelSpec) -> dict:
+    schema = _schema(names, spec.regression)
+    n_classes = len(spec.classes)
     writers = {s: _RollingWriter(split_dir(tmp, s), schema) for s in SPLITS}
     rows = {s: 0 for s in SPLITS}
     classes = {s: [0] * n_classes for s in SPLITS}
@@ -309,13 +339,14 @@ def _write_shards(staging: Path, tmp: Path, names: list[str], plan: SplitPlan, n
             part = table.loc[mask]
             cols = {"date": part["date"].to_numpy(), "ticker": part["ticker"].to_numpy()}
             cols.update({n: normed[mask, j] for j, n in enumerate(names)})
-            labels = part["label"].to_numpy().astype(np.int64)
+            labels = part["label"].to_numpy().astype(np.float32 if spec.regression else np.int64)
             cols.update({"label": labels, "fwd_ret": part["fwd_ret"].to_numpy().astype(np.float32),
                          "label_end": part["label_end"].to_numpy()})
             writers[name].write(pa.Table.from_pydict(cols, schema=schema))
             rows[name] += int(mask.sum())
-            for c, k in zip(*np.unique(labels, return_counts=True)):
-                classes[name][int(c)] += int(k)
+            if not spec.regression:
+                for c, k in zip(*np.unique(labels, return_counts=True)):
+                    classes[name][int(c)] += int(k)
     for w in writers.values():
         w.close()
     return {"rows": rows, "classes": classes}

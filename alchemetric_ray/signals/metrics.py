@@ -35,6 +35,8 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtr, ndtri
 
+from alchemetric_ray.data.cross_section import group_rank, grouped_corr
+
 __all__ = [
     "ICStats",
     "PortfolioStats",
@@ -54,7 +56,6 @@ EULER_GAMMA = 0.5772156649015329  # Euler-Mascheroni constant
 _REQUIRED = ("date", "ticker", "score", "fwd_ret")
 # A cross-section whose std is below this fraction of its mean |value| counts as constant (the
 # residue of computing the mean of identical floats), so its correlation is undefined and dropped.
-_REL_STD_TOL = 1e-10
 _PORTFOLIO_COLUMNS = ["date", "gross", "cost", "net", "equity"]
 
 
@@ -182,62 +183,6 @@ def _prepare(signals: pd.DataFrame, *, need_position: bool = False) -> _Panel:
     )
 
 
-def _group_sort_order(values: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """Permutation sorting rows by (codes, values): a value argsort, then a stable (radix, for
-    codes < 2**16) argsort by group -- about twice as fast as ``np.lexsort`` at 1M rows."""
-    o1 = np.argsort(values)
-    g = codes[o1]
-    if g.size and g.max() < 2**16:
-        g = g.astype(np.uint16)
-    return o1[np.argsort(g, kind="stable")]
-
-
-def _group_rank(values: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """1-based average ranks (ties share the mean rank) of ``values`` within each group ``codes``."""
-    n = values.size
-    if n == 0:
-        return np.empty(0)
-    order = _group_sort_order(values, codes)
-    v = values[order]
-    g = codes[order]
-    new_group = np.empty(n, dtype=bool)
-    new_group[0] = True
-    new_group[1:] = g[1:] != g[:-1]
-    group_start = np.maximum.accumulate(np.where(new_group, np.arange(n), 0))
-    pos = np.arange(n) - group_start + 1.0  # 1-based position inside the group
-    new_run = new_group.copy()
-    new_run[1:] |= v[1:] != v[:-1]
-    run_id = np.cumsum(new_run) - 1
-    starts = np.flatnonzero(new_run)
-    ends = np.append(starts[1:], n) - 1
-    avg = (pos[starts] + pos[ends]) / 2.0  # mean of consecutive positions
-    ranks = np.empty(n)
-    ranks[order] = avg[run_id]
-    return ranks
-
-
-def _grouped_corr(x: np.ndarray, y: np.ndarray, codes: np.ndarray, n_groups: int):
-    """Per-group Pearson correlation (two-pass, centred) and counts; NaN where a side is constant."""
-    cnt = np.bincount(codes, minlength=n_groups).astype(np.float64)
-    safe = np.where(cnt > 0, cnt, 1.0)
-    mx = np.bincount(codes, x, n_groups) / safe
-    my = np.bincount(codes, y, n_groups) / safe
-    dx = x - mx[codes]
-    dy = y - my[codes]
-    sxx = np.bincount(codes, dx * dx, n_groups)
-    syy = np.bincount(codes, dy * dy, n_groups)
-    sxy = np.bincount(codes, dx * dy, n_groups)
-    ax = np.bincount(codes, np.abs(x), n_groups) / safe
-    ay = np.bincount(codes, np.abs(y), n_groups) / safe
-    const_x = (sxx <= 0) | (sxx / safe <= (_REL_STD_TOL * ax) ** 2)
-    const_y = (syy <= 0) | (syy / safe <= (_REL_STD_TOL * ay) ** 2)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        corr = sxy / np.sqrt(sxx * syy)
-    corr = np.clip(corr, -1.0, 1.0)
-    corr[const_x | const_y] = np.nan
-    return corr, cnt
-
-
 # --------------------------------------------------------------------------------------------
 # information coefficient
 
@@ -255,9 +200,9 @@ def daily_ic(signals: pd.DataFrame, *, rank: bool = False, min_names: int = 3) -
     dcode, dates = pn.dcode, pn.dates
     x, y = pn.score, pn.fwd_ret
     if rank:
-        x = _group_rank(x, dcode)
-        y = _group_rank(y, dcode)
-    corr, cnt = _grouped_corr(x, y, dcode, len(dates))
+        x = group_rank(x, dcode)
+        y = group_rank(y, dcode)
+    corr, cnt = grouped_corr(x, y, dcode, len(dates))
     keep = (cnt >= max(int(min_names), 2)) & np.isfinite(corr)
     return pd.Series(corr[keep], index=pd.Index(dates[keep], name="date"), name=name)
 
@@ -471,7 +416,7 @@ def long_short(
 
     n_names = np.bincount(period, minlength=n_periods).astype(np.float64)  # n of the docstring, per period
     leg_size = np.maximum(1.0, np.floor(quantile * n_names + 1e-9))  # k
-    rank = _group_rank(score, period)  # r: 1-based, ties share their average rank
+    rank = group_rank(score, period)  # r: 1-based, ties share their average rank
     is_long = rank >= (n_names - leg_size + 1.0)[period]
     is_short = rank <= leg_size[period]
     n_long = np.bincount(period, is_long, n_periods)

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from alchemetric_ray.config import DataConfig, RunConfig
+from alchemetric_ray.data.cross_section import Op, apply_cross_section
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.normalize import Normalizer
 from alchemetric_ray.data.shards import feature_table
@@ -129,6 +130,8 @@ def _stage_inputs(loaded, data: str | None, staging: Path) -> dict:
     norm = Normalizer.from_dict(manifest.normalization)
     if norm.names != names:
         raise SignalError(f"model manifest: normalization covers {norm.names}, features are {names}")
+    # the model's per-date operations, over the stocks of this data (its own cross-section)
+    ops = [Op(**op) for op in (manifest.cross_section or {}).get("ops", [])]
     source = open_source(source_cfg)
     tickers = []
     for ticker, bars in source.bars:
@@ -136,21 +139,41 @@ def _stage_inputs(loaded, data: str | None, staging: Path) -> dict:
         table = table[table["has_features"]]
         if table.empty:
             continue
-        x = norm.apply(table[names].to_numpy())
         effective = table["next_date"].to_numpy()
         last = pd.Timestamp(bars["date"].iloc[-1])
         effective = np.where(pd.isna(effective), np.datetime64(last + pd.offsets.BDay(1), "ns"), effective)
         cols = {"date": table["date"].to_numpy(), "ticker": table["ticker"].to_numpy(),
-                **{n: x[:, j] for j, n in enumerate(names)},
-                "label": np.nan_to_num(table["label"].to_numpy(), nan=-1).astype(np.int64),  # -1: not known yet
+                **{n: table[n].to_numpy() for n in names},
+                "label": table["label"].to_numpy(),
                 "mom_20": np.log(bars["close"]).diff(20).to_numpy()[table.index.to_numpy()].astype(np.float32),
                 "fwd_ret": table["fwd_ret"].to_numpy().astype(np.float32),
                 "effective_date": effective.astype("datetime64[ns]")}
-        pq.write_table(pa.table(cols), staging / f"{ticker}.parquet")
+        frame = pd.DataFrame(cols)
+        if not ops:  # per-ticker features only: normalized as they come
+            frame = _normalized(frame, norm, names, spec.regression)
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), staging / f"{ticker}.parquet")
         tickers.append(ticker)
     if not tickers:
         raise SignalError(f"{data or 'the training data'}: no ticker has enough history for the model's features")
+    if ops:
+        files = [staging / f"{t}.parquet" for t in tickers]
+        apply_cross_section(files, ops, min_names=manifest.cross_section["min_names"],
+                            what=data or "the training data")
+        for path in files:  # then the normalization, ticker by ticker
+            frame = _normalized(pq.read_table(path).to_pandas(), norm, names, spec.regression)
+            part = path.with_name(path.name + ".tmp")
+            pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), part)
+            part.replace(path)
     return {"tickers": tickers}
+
+
+def _normalized(frame: pd.DataFrame, norm: Normalizer, names: list[str], regression: bool) -> pd.DataFrame:
+    """One ticker's features through the model's normalization, and its label in the shards' type:
+    float (NaN: not known yet) for a regression target, else the class id (-1: not known yet)."""
+    x = norm.apply(frame[names].to_numpy())
+    label = frame["label"].to_numpy()
+    return frame.assign(**{name: x[:, j] for j, name in enumerate(names)},
+                        label=label.astype(np.float32) if regression else np.nan_to_num(label, nan=-1).astype(np.int64))
 
 
 def predict(model_dir: str | Path | Location, data: str | None, out: str | Path | Location,

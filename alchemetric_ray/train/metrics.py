@@ -1,5 +1,7 @@
-"""Classification metrics (scikit-learn) for validation and test, from probabilities and labels, and
-the direction in which each one improves (``train.metric``, ``train.mode``)."""
+"""Validation and test metrics, and the direction in which each one improves (``train.metric``,
+``train.mode``): classification metrics (scikit-learn) from probabilities and labels, the mean
+squared error of a regression target, and for every target the signal metrics of the score
+against the realised forward return across the stocks of each date (IC, rank IC and their IRs)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from alchemetric_ray.config import (
 )
 
 __all__ = ["HIGHER_IS_BETTER", "LOWER_IS_BETTER", "SELECTION_METRICS", "metric_direction", "selection_mode",
-           "classification_metrics", "is_better"]
+           "classification_metrics", "regression_metrics", "signal_metrics", "is_better"]
 
 
 def classification_metrics(y_true: np.ndarray, proba: np.ndarray, prefix: str = "val_") -> dict:
@@ -79,6 +81,38 @@ def _log_loss(y_true: np.ndarray, proba: np.ndarray) -> float:
     clipped = np.clip(proba, 1e-7, 1)
     picked = clipped[np.arange(len(y_true)), y_true].astype(np.float64)
     return float(-np.mean(np.log(picked / clipped.sum(axis=1, dtype=np.float64))))
+
+
+def regression_metrics(y_true: np.ndarray, pred: np.ndarray, prefix: str = "val_") -> dict:
+    """Mean squared error of a regression target (float64 accumulation)."""
+    err = np.asarray(pred, dtype=np.float64) - np.asarray(y_true, dtype=np.float64)
+    return {f"{prefix}mse": float(np.mean(err * err)) if len(err) else float("nan")}
+
+
+def signal_metrics(score: np.ndarray, fwd_ret: np.ndarray, date: np.ndarray, prefix: str = "val_") -> dict:
+    """The score against the realised forward return, across the stocks of each date: the mean
+    daily Pearson IC and rank IC (Spearman: Pearson of the per-date ranks), each one's IR (mean /
+    std of the daily values, not annualised) and the number of dates.  A date with fewer than 2
+    stocks, or no spread in the score or the return, has no IC and is left out; with no date left
+    the metrics are NaN.  The daily values are ``signals.metrics.daily_ic``'s with ``min_names=2``."""
+    from alchemetric_ray.data.cross_section import group_rank, grouped_corr
+
+    score = np.asarray(score, dtype=np.float64)
+    fwd_ret = np.asarray(fwd_ret, dtype=np.float64)
+    ok = np.isfinite(score) & np.isfinite(fwd_ret)
+    x, y = score[ok], fwd_ret[ok]
+    _, code = np.unique(np.asarray(date)[ok], return_inverse=True)
+    n_dates = int(code.max()) + 1 if len(code) else 0
+    out = {}
+    for name, (a, b) in {"ic": (x, y), "rank_ic": (group_rank(x, code), group_rank(y, code))}.items():
+        corr, count = grouped_corr(a, b, code, n_dates)
+        daily = corr[(count >= 2) & np.isfinite(corr)]
+        mean = float(daily.mean()) if len(daily) else float("nan")
+        std = float(daily.std(ddof=1)) if len(daily) > 1 else float("nan")
+        out[f"{prefix}{name}"] = mean
+        out[f"{prefix}{name}ir"] = mean / std if std > 0 else float("nan")
+        out[f"{prefix}ic_days"] = float(len(daily))
+    return out
 
 
 def is_better(value: float, best: float | None, mode: str) -> bool:

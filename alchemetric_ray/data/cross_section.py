@@ -1,0 +1,224 @@
+"""The per-date pass: labels and features taken across the stocks that trade on each date.
+
+Features and labels are first computed ticker by ticker (one per-ticker Parquet file each, in a
+staging folder); what needs every stock of a date at once comes after, here:
+
+* ``rank``: the value's percentile rank among that date's stocks, ties averaged, centred on 0
+  (``(rank - 1) / (n - 1) - 0.5``, in [-0.5, 0.5]);
+* ``zscore``: ``(value - date mean) / date std`` (0 where every stock has the same value);
+* ``demean``: ``value - date mean`` (the market-relative features).
+
+Nothing is fitted: a date's values depend on that date's rows only, so there is no look-ahead
+across dates.  A value that is not known (NaN: the forward return of the last bars) stays NaN and
+takes no part in its date's statistics.  Dates with fewer than ``min_names`` stocks are dropped
+(and counted): a rank or a z-score over two stocks says little.
+
+Memory: one column of every row at a time.  The pass holds the date code of every row (4 bytes),
+one source column and its result (8 bytes each) and a sort order (8 bytes): about 28 bytes a row,
+about 280 MB at 10M rows, independent of the number of features; each result is kept in a
+memory-mapped ``.npy`` file until the per-file rewrite at the end, which holds one ticker.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from alchemetric_ray.errors import UserError
+
+KINDS = ("rank", "zscore", "demean")
+
+
+class CrossSectionError(UserError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Op:
+    """``target = kind(source)`` per date (target may be source: in place)."""
+
+    target: str
+    source: str
+    kind: str
+
+
+@dataclass
+class CrossSectionReport:
+    dates_kept: int
+    dates_dropped: int
+    rows_dropped: int
+    max_names: int  # the most stocks on any one date
+    min_names: int  # the threshold applied
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+# ---- the transforms on one column (code: the row's date as 0..n_dates-1) ----------------------
+
+
+def demean_by_date(values: np.ndarray, code: np.ndarray, n_dates: int) -> np.ndarray:
+    counts = np.bincount(code, minlength=n_dates)
+    means = np.bincount(code, weights=values, minlength=n_dates) / np.maximum(counts, 1)
+    return values - means[code]
+
+
+def zscore_by_date(values: np.ndarray, code: np.ndarray, n_dates: int) -> np.ndarray:
+    counts = np.maximum(np.bincount(code, minlength=n_dates), 1)
+    centred = demean_by_date(values, code, n_dates)
+    std = np.sqrt(np.bincount(code, weights=centred * centred, minlength=n_dates) / counts)
+    scale = std[code]
+    return np.divide(centred, scale, out=np.zeros_like(centred), where=scale > 1e-12)
+
+
+def rank_by_date(values: np.ndarray, code: np.ndarray, n_dates: int) -> np.ndarray:
+    """Percentile rank within the date, ties averaged, centred on 0; a date of one stock gives 0."""
+    n = np.bincount(code, minlength=n_dates)[code].astype(np.float64)
+    return np.divide(group_rank(values, code) - 1, n - 1, out=np.full(len(values), 0.5), where=n > 1) - 0.5
+
+
+# ---- grouped primitives (also the evaluation's daily IC, signals/metrics.py) ----------------------
+
+_REL_STD_TOL = 1e-10  # a date whose values spread less than this (relative to their size) is constant
+
+
+def _group_sort_order(values: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Permutation sorting rows by (codes, values): a value argsort, then a stable (radix, for
+    codes < 2**16) argsort by group -- about twice as fast as ``np.lexsort`` at 1M rows."""
+    o1 = np.argsort(values)
+    g = codes[o1]
+    if g.size and g.max() < 2**16:
+        g = g.astype(np.uint16)
+    return o1[np.argsort(g, kind="stable")]
+
+
+def group_rank(values: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """1-based average ranks (ties share the mean rank) of ``values`` within each group ``codes``."""
+    n = values.size
+    if n == 0:
+        return np.empty(0)
+    order = _group_sort_order(values, codes)
+    v = values[order]
+    g = codes[order]
+    new_group = np.empty(n, dtype=bool)
+    new_group[0] = True
+    new_group[1:] = g[1:] != g[:-1]
+    group_start = np.maximum.accumulate(np.where(new_group, np.arange(n), 0))
+    pos = np.arange(n) - group_start + 1.0  # 1-based position inside the group
+    new_run = new_group.copy()
+    new_run[1:] |= v[1:] != v[:-1]
+    run_id = np.cumsum(new_run) - 1
+    starts = np.flatnonzero(new_run)
+    ends = np.append(starts[1:], n) - 1
+    avg = (pos[starts] + pos[ends]) / 2.0  # mean of consecutive positions
+    ranks = np.empty(n)
+    ranks[order] = avg[run_id]
+    return ranks
+
+
+def grouped_corr(x: np.ndarray, y: np.ndarray, codes: np.ndarray, n_groups: int):
+    """Per-group Pearson correlation (two-pass, centred) and counts; NaN where a side is constant."""
+    cnt = np.bincount(codes, minlength=n_groups).astype(np.float64)
+    safe = np.where(cnt > 0, cnt, 1.0)
+    mx = np.bincount(codes, x, n_groups) / safe
+    my = np.bincount(codes, y, n_groups) / safe
+    dx = x - mx[codes]
+    dy = y - my[codes]
+    sxx = np.bincount(codes, dx * dx, n_groups)
+    syy = np.bincount(codes, dy * dy, n_groups)
+    sxy = np.bincount(codes, dx * dy, n_groups)
+    ax = np.bincount(codes, np.abs(x), n_groups) / safe
+    ay = np.bincount(codes, np.abs(y), n_groups) / safe
+    const_x = (sxx <= 0) | (sxx / safe <= (_REL_STD_TOL * ax) ** 2)
+    const_y = (syy <= 0) | (syy / safe <= (_REL_STD_TOL * ay) ** 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        corr = sxy / np.sqrt(sxx * syy)
+    corr = np.clip(corr, -1.0, 1.0)
+    corr[const_x | const_y] = np.nan
+    return corr, cnt
+
+
+_TRANSFORMS = {"rank": rank_by_date, "zscore": zscore_by_date, "demean": demean_by_date}
+
+
+# ---- over a folder of per-ticker files ------------------------------------------------------
+
+
+def apply_cross_section(files: list[Path], ops: list[Op], *, min_names: int, what: str) -> CrossSectionReport:
+    """Apply ``ops`` in order to the per-ticker Parquet ``files`` (rewritten in place, each through a
+    temporary file), dropping the rows of dates with fewer than ``min_names`` stocks.  ``what`` names
+    the data in the error raised when no date has enough stocks."""
+    keys = [pq.read_table(f, columns=["date"]).column("date").to_numpy() for f in files]
+    sizes = [len(k) for k in keys]
+    dates, code = np.unique(np.concatenate(keys) if keys else np.array([], "datetime64[ns]"), return_inverse=True)
+    del keys
+    per_date = np.bincount(code, minlength=len(dates))
+    keep_date = per_date >= min_names
+    if not keep_date.any():
+        most = int(per_date.max()) if len(per_date) else 0
+        raise CrossSectionError(f"{what}: no date has {min_names} or more stocks (features.min_cross_section; the "
+                                f"most on any date: {most}), so there is no cross-section to rank or normalize")
+    keep_row = keep_date[code]
+    remap = np.cumsum(keep_date) - 1  # kept dates renumbered 0..kept-1
+    kept_code = remap[code[keep_row]].astype(np.int64)
+    n_kept = int(keep_date.sum())
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    with tempfile.TemporaryDirectory(prefix="alchemetric-cs-") as tmp:
+        results: dict[str, Path] = {}
+        for k, op in enumerate(ops):
+            if op.kind not in _TRANSFORMS:
+                raise ValueError(f"unknown cross-section kind {op.kind!r} (known: {', '.join(KINDS)})")
+            if op.source in results:  # a column an earlier op has already rewritten
+                column = np.load(results[op.source])
+            else:
+                column = _read_column(files, op.source)[keep_row]
+            column = column.astype(np.float64)
+            finite = np.isfinite(column)  # a value not known yet (the last bars' forward return) stays NaN
+            out = np.full(len(column), np.nan)
+            out[finite] = _TRANSFORMS[op.kind](column[finite], kept_code[finite], n_kept)
+            results[op.target] = Path(tmp) / f"{k}.npy"
+            np.save(results[op.target], out)
+            del column, out
+        arrays = {name: np.load(path, mmap_mode="r") for name, path in results.items()}
+        kept_before = np.concatenate(([0], np.cumsum(keep_row)))  # kept rows before each global row
+        for i, f in enumerate(files):
+            lo, hi = offsets[i], offsets[i + 1]
+            mask = keep_row[lo:hi]
+            table = pq.read_table(f).filter(pa.array(mask))
+            start = kept_before[lo]
+            for name, values in arrays.items():
+                column = np.asarray(values[start:start + table.num_rows])
+                dtype = table.schema.field(name).type if name in table.column_names else pa.float64()
+                array = pa.array(column).cast(dtype)
+                table = (table.set_column(table.column_names.index(name), name, array)
+                         if name in table.column_names else table.append_column(name, array))
+            part = f.with_name(f.name + ".tmp")
+            pq.write_table(table, part)
+            part.replace(f)
+    return CrossSectionReport(dates_kept=n_kept, dates_dropped=int((~keep_date).sum()),
+                              rows_dropped=int((~keep_row).sum()), max_names=int(per_date.max()), min_names=min_names)
+
+
+def _read_column(files: list[Path], name: str) -> np.ndarray:
+    parts = [pq.read_table(f, columns=[name]).column(name).to_numpy() for f in files]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def plan_ops(names: list[str], spec, normalize: str) -> list[Op]:
+    """The per-date operations a feature set and label need, in the order they apply: the
+    market-relative features demeaned, then every feature normalized across the date's stocks
+    (``features.cs_normalize``), then the cross-sectional label from the forward return."""
+    from alchemetric_ray.data.features import cross_sectional_names
+    from alchemetric_ray.data.labels import CROSS_SECTION_KIND
+
+    ops = [Op(name, name, "demean") for name in cross_sectional_names(names)]
+    if normalize != "none":
+        ops += [Op(name, name, normalize) for name in names]
+    if spec.scheme in CROSS_SECTION_KIND:
+        ops.append(Op("label", "fwd_ret", CROSS_SECTION_KIND[spec.scheme]))
+    return ops
