@@ -10,7 +10,7 @@ import typing
 from typing import Callable, Sequence
 
 from alchemetric_ray import console
-from alchemetric_ray.config import DeviceName, PrecisionMode, RunConfig, load_config
+from alchemetric_ray.config import DeviceName, PrecisionMode, RunConfig, load_config, selection_metric
 from alchemetric_ray.errors import UserError
 
 MODEL_NAMES = "{model names}"  # in a help text: the registered models, looked up only when help is printed
@@ -109,7 +109,8 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
     outcome = run_training(cfg)
     best = outcome.summary.get("best")
     stopped = ", stopped early" if outcome.summary.get("stopped_early") else ""
-    print(f"run {outcome.run_name}: {outcome.summary.get('epochs_run')} epoch(s), best {cfg.train.metric} "
+    metric = selection_metric(outcome.config)
+    print(f"run {outcome.run_name}: {outcome.summary.get('epochs_run')} epoch(s), best {metric} "
           f"{best if best is None else round(best, 4)}{stopped} in {outcome.seconds:.0f}s")
     if outcome.model_dir:
         print(f"saved model: {outcome.model_dir} (model card: {outcome.model_dir / 'model_card.md'})")

@@ -42,12 +42,19 @@ DeviceKind = Literal["cpu", "mps", "cuda", "xpu"]
 IndexedDeviceKind = Literal["cuda", "xpu"]  # kinds with several devices on a machine: cuda:N
 
 
+# What each validation metric scores: class targets only, regression targets only, or any target
+# (the signal metrics compare the model's score with the realised forward return across each date's stocks).
+CLASSIFICATION_METRICS = {"accuracy", "balanced_accuracy", "macro_f1", "roc_auc", "mcc", "log_loss"}
+REGRESSION_METRICS = {"mse"}
+SIGNAL_METRICS = {"ic", "rank_ic", "icir", "rank_icir"}
 # The direction in which each metric improves: larger is better, or smaller is better.
-HIGHER_IS_BETTER = {"accuracy", "balanced_accuracy", "macro_f1", "roc_auc", "mcc"}
-LOWER_IS_BETTER = {"log_loss"}
-# What train.metric may name: a validation metric of the loop's report (built from the two sets above).
+HIGHER_IS_BETTER = {"accuracy", "balanced_accuracy", "macro_f1", "roc_auc", "mcc", *SIGNAL_METRICS}
+LOWER_IS_BETTER = {"log_loss", "mse"}
+# What train.metric may name: a validation metric of the loop's report (built from the sets above),
+# or "auto": val_balanced_accuracy for a class target, val_rank_ic for a cross-sectional one.
 SELECTION_METRICS = tuple(f"val_{name}" for name in sorted(HIGHER_IS_BETTER | LOWER_IS_BETTER))
-SelectionMetric = Literal[SELECTION_METRICS]  # type: ignore[valid-type]
+SelectionMetric = Literal[(*SELECTION_METRICS, "auto")]  # type: ignore[valid-type]
+REGRESSION_LABELS = ("cs_rank", "cs_zscore")  # the LabelScheme values that are regression targets
 
 
 class DeviceName(str):
@@ -102,14 +109,35 @@ def metric_direction(metric: str) -> str:
     raise ValueError(f"metric {metric!r} is not one of {', '.join(SELECTION_METRICS)}")
 
 
-def selection_mode(train) -> str:
-    """The direction ("max" or "min") in which ``train.metric`` improves, for a validated ``TrainConfig``.
+def selection_metric(cfg: RunConfig) -> str:
+    """The validation metric that picks the best epoch, checkpoint and trial: ``train.metric``, or
+    for "auto" the target's own (val_rank_ic for a cross-sectional target, else val_balanced_accuracy)."""
+    if cfg.train.metric != "auto":
+        return cfg.train.metric
+    return "val_rank_ic" if cfg.features.label in REGRESSION_LABELS else "val_balanced_accuracy"
+
+
+def selection_mode(cfg: RunConfig) -> str:
+    """The direction ("max" or "min") in which the selection metric improves, for a validated config.
 
     The one answer every reader of the selection uses: the loop's best epoch and early stopping,
     Ray Train's checkpoint ranking (which checkpoints ``num_to_keep`` keeps), the exported best
     checkpoint and Tune's sweep.  ``train.mode`` is "auto" (derived from the metric) or an explicit
     direction that config validation has already checked against the metric."""
-    return metric_direction(train.metric)
+    return metric_direction(selection_metric(cfg))
+
+
+def metric_target_problem(metric: str, label: str) -> str | None:
+    """Why ``metric`` cannot score the target ``label`` (features.label), or None."""
+    name = metric.removeprefix("val_")
+    regression = label in REGRESSION_LABELS
+    if regression and name in CLASSIFICATION_METRICS:
+        return (f"{metric} is a classification metric but features.label={label} is a regression target; use "
+                "val_rank_ic, val_ic, val_icir, val_rank_icir or val_mse")
+    if not regression and name in REGRESSION_METRICS:
+        return (f"{metric} is a regression metric but features.label={label} is a class target; use a "
+                "classification metric or val_rank_ic, val_ic, val_icir, val_rank_icir")
+    return None
 
 
 class ConfigError(UserError, ValueError):
@@ -183,7 +211,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # max grad norm; 0 = no clipping
     seed: int = 0
     patience: int = 5  # epochs without improvement before early stop; 0 = never
-    metric: SelectionMetric = "val_balanced_accuracy"  # the validation metric that picks the best epoch
+    metric: SelectionMetric = "auto"  # the validation metric that picks the best epoch; auto: the target's own
     mode: SelectionMode = "auto"  # the metric's own direction, or max | min; a mode contradicting the metric is refused
     max_skipped_steps: int = 100  # consecutive skipped (non-finite) steps before failing
     deterministic: bool = False  # ordered data and seeded shuffles for bitwise reproducibility
@@ -510,10 +538,14 @@ def validate(cfg: RunConfig) -> None:
     _check(train.weight_decay >= 0, "train.weight_decay", train.weight_decay, ">= 0")
     _check(train.grad_clip >= 0, "train.grad_clip", train.grad_clip, ">= 0")
     _check(train.patience >= 0, "train.patience", train.patience, ">= 0")
-    direction = metric_direction(train.metric)
+    metric = selection_metric(cfg)
+    problem = metric_target_problem(metric, features.label)
+    if problem:
+        raise ConfigError(f"config 'train.metric': {problem}")
+    direction = metric_direction(metric)
     if train.mode not in ("auto", direction):
         better = "larger" if direction == "max" else "smaller"
-        raise ConfigError(f"config 'train.mode': {train.mode!r} contradicts train.metric={train.metric!r}, "
+        raise ConfigError(f"config 'train.mode': {train.mode!r} contradicts train.metric={metric!r}, "
                           f"where {better} is better; set train.mode={direction} or train.mode=auto")
     _check(train.stop_after >= 0, "train.stop_after", train.stop_after, ">= 0 (0 = run all epochs)")
     _check(train.max_skipped_steps >= 1, "train.max_skipped_steps", train.max_skipped_steps, ">= 1")

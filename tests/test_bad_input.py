@@ -190,6 +190,12 @@ def test_fewer_rows_than_the_sequence_window_in_the_data(capsys, tmp_path, stock
           "no ticker has at least", "AAPL: 120 rows", under=tmp_path)
 
 
+def test_a_cross_sectional_label_on_data_with_too_few_stocks_on_every_date(capsys, tmp_path, stocknet_dir):
+    data = csv_folder(tmp_path, stocknet_dir)  # two tickers: a cross-section of 2 on every date
+    fails(capsys, features(data, tmp_path / "shards", "features.label=cs_rank"), data,
+          "no date has 10 or more stocks", "features.min_cross_section", "the most on any date: 2", under=tmp_path)
+
+
 # ---- bad options and config (fails before Ray starts) --------------------------------------
 
 
@@ -207,10 +213,15 @@ def test_unknown_model_name(capsys, tmp_path, stocknet_dir, flags, overrides):
     ("train.batch_size=0", ["'train.batch_size'", ": 0 is invalid", "expected >= 1"]),
     ("train.btach_size=64", ["unknown config key 'train.btach_size'", "did you mean 'train.batch_size'?"]),
     ("trian.lr=0.01", ["unknown config key 'trian'", "did you mean 'train'?"]),
+    # a metric that cannot score the target, both ways round
+    ("features.label=cs_rank train.metric=val_accuracy",
+     ["'train.metric'", "val_accuracy is a classification metric", "features.label=cs_rank is a regression target"]),
+    ("train.metric=val_mse", ["'train.metric'", "val_mse is a regression metric",
+                              "features.label=three_class is a class target"]),
 ])
 def test_bad_training_config(capsys, tmp_path, stocknet_dir, override, names):
     data = csv_folder(tmp_path, stocknet_dir)
-    fails(capsys, train(data, tmp_path, override), *names, under=tmp_path)
+    fails(capsys, train(data, tmp_path, *override.split()), *names, under=tmp_path)
 
 
 def test_cuda_asked_for_by_the_doctor_without_cuda(capsys, tmp_path, monkeypatch):

@@ -102,17 +102,30 @@ def test_replace_returns_validated_copy():
 
 # Written out here, not read from the code: which way each selection metric improves.
 DIRECTIONS = {"val_accuracy": "max", "val_balanced_accuracy": "max", "val_macro_f1": "max", "val_roc_auc": "max",
-              "val_mcc": "max", "val_log_loss": "min"}
+              "val_mcc": "max", "val_log_loss": "min", "val_mse": "min", "val_ic": "max", "val_rank_ic": "max",
+              "val_icir": "max", "val_rank_icir": "max"}
+REGRESSION_ONLY = {"val_mse"}
 
 
 @pytest.mark.parametrize("metric", sorted(DIRECTIONS))
 def test_selection_direction_is_derived_from_the_metric(metric):
     from alchemetric_ray.train.metrics import selection_mode
 
-    cfg = load_config(None, [f"train.metric={metric}"])
-    assert cfg.train.mode == "auto" and selection_mode(cfg.train) == DIRECTIONS[metric]
-    agreeing = load_config(None, [f"train.metric={metric}", f"train.mode={DIRECTIONS[metric]}"])
-    assert selection_mode(agreeing.train) == DIRECTIONS[metric]
+    label = "features.label=cs_rank" if metric in REGRESSION_ONLY else "features.label=three_class"
+    cfg = load_config(None, [label, f"train.metric={metric}"])
+    assert cfg.train.mode == "auto" and selection_mode(cfg) == DIRECTIONS[metric]
+    agreeing = load_config(None, [label, f"train.metric={metric}", f"train.mode={DIRECTIONS[metric]}"])
+    assert selection_mode(agreeing) == DIRECTIONS[metric]
+
+
+def test_auto_metric_is_the_targets_own():
+    from alchemetric_ray.config import selection_metric
+
+    assert selection_metric(load_config(None, [])) == "val_balanced_accuracy"
+    assert selection_metric(load_config(None, ["features.label=cs_rank"])) == "val_rank_ic"
+    assert selection_metric(load_config(None, ["features.label=cs_zscore", "train.metric=val_ic"])) == "val_ic"
+    # val_rank_ic scores every target, classes included
+    assert selection_metric(load_config(None, ["features.label=binary", "train.metric=val_rank_ic"])) == "val_rank_ic"
 
 
 def test_mode_that_contradicts_the_metric_is_refused_in_one_line_and_the_cli_exits_2(capsys):

@@ -109,3 +109,116 @@ def test_unknown_values_stay_unknown_and_do_not_count(tmp_path):
     assert out.loc[out["date"] == frame["date"].max(), "label"].isna().all()
     first = out[out["date"] == frame["date"].min()]
     assert first["label"].isna().sum() == 1 and first["label"].min() == -0.5 and first["label"].max() == 0.5
+
+
+# ---- in the shards -----------------------------------------------------------------------------
+
+
+def _cs_cfg(*overrides):
+    from alchemetric_ray.config import load_config
+
+    return load_config(None, ["data.source=synthetic", "data.synthetic_tickers=12", "data.synthetic_days=260",
+                              "features.names=[ret_1,ret_5,ret_5_rel,vol_20]", *overrides])
+
+
+def _all_rows(out) -> pd.DataFrame:
+    return pd.concat([pd.read_parquet(out.local / f"split={s}") for s in ("train", "val", "test")],
+                     ignore_index=True)
+
+
+def test_cs_rank_shards_hold_the_per_date_rank_of_the_forward_return(tmp_path):
+    from alchemetric_ray.data.shards import build_shards
+
+    built = build_shards(_cs_cfg("features.label=cs_rank"), tmp_path / "shards")
+    manifest, rows = built.manifest, _all_rows(built.out)
+    assert manifest.regression and manifest.classes == [] and manifest.outputs == 1
+    assert rows["label"].dtype == np.float32 and rows["label"].between(-0.5, 0.5).all()
+    by_date = rows.groupby("date")["fwd_ret"]
+    expected = (by_date.rank() - 1) / (by_date.transform("count") - 1) - 0.5
+    np.testing.assert_allclose(rows["label"], expected, atol=1e-6)
+    assert manifest.cross_section["min_names"] == 10 and manifest.cross_section["dates_dropped"] == 0
+    assert {"target": "label", "source": "fwd_ret", "kind": "rank"} in manifest.cross_section["ops"]
+    assert "survivorship" in manifest.cross_section["universe"]
+    # the market-relative feature: its raw value minus the date's mean, i.e. one constant per date after
+    # the train-fitted normalization (an affine map): every date's mean is the same
+    assert rows.groupby("date")["ret_5_rel"].mean().std() < 1e-5
+    assert rows.groupby("date")["ret_5"].mean().std() > 0.1  # the plain return keeps the market's move
+
+
+def test_cs_zscore_label_and_rank_normalized_features(tmp_path):
+    from alchemetric_ray.data.shards import build_shards
+
+    built = build_shards(_cs_cfg("features.label=cs_zscore", "features.cs_normalize=rank"), tmp_path / "shards")
+    rows = _all_rows(built.out)
+    by_date = rows.groupby("date")
+    z = (rows["fwd_ret"] - by_date["fwd_ret"].transform("mean")) / by_date["fwd_ret"].transform(lambda v: v.std(ddof=0))
+    np.testing.assert_allclose(rows["label"], z, atol=1e-4)  # fwd_ret is stored as float32
+    for name in ("ret_1", "vol_20"):  # every feature ranked per date: the same 12 values on every full date
+        per_date = by_date[name].agg(["min", "max"])
+        assert per_date["min"].std() < 1e-5 and per_date["max"].std() < 1e-5, name
+
+
+def test_the_per_date_pass_looks_at_no_later_date(tmp_path):
+    """Bars after a date D in the test segment are rewritten; every row whose label ends before D
+    is unchanged, features and label alike (nothing fitted across dates; the normalization is
+    fitted on train rows, which end long before D)."""
+    from alchemetric_ray.data.shards import build_shards
+    from alchemetric_ray.data.sources import open_source
+
+    cfg = _cs_cfg("features.label=cs_rank", "features.cs_normalize=zscore")
+    bars = list(open_source(cfg.data).bars)
+    cut = bars[0][1]["date"].iloc[-30]
+    rng = np.random.default_rng(5)
+
+    def later_changed(frame):
+        frame = frame.copy()
+        late = frame["date"] >= cut
+        scale = np.exp(np.cumsum(rng.normal(0, 0.05, int(late.sum()))))
+        for col in ("open", "high", "low", "close"):
+            frame.loc[late, col] = frame.loc[late, col] * scale
+        return frame
+
+    a = _all_rows(build_shards(cfg, tmp_path / "a", bars=bars).out)
+    b = _all_rows(build_shards(cfg, tmp_path / "b", bars=[(t, later_changed(f)) for t, f in bars]).out)
+    key = ["date", "ticker"]
+    before_a = a[a["label_end"] < cut].sort_values(key).reset_index(drop=True)
+    before_b = b[b["label_end"] < cut].sort_values(key).reset_index(drop=True)
+    assert len(before_a) > 1000
+    pd.testing.assert_frame_equal(before_a, before_b)
+    after = a[a["date"] > cut].sort_values(key).reset_index(drop=True)
+    assert not after["label"].equals(b[b["date"] > cut].sort_values(key).reset_index(drop=True)["label"])
+
+
+# ---- a regression target through the service ----------------------------------------------------
+
+
+def test_a_cs_rank_model_trains_with_mse_reports_ic_and_predicts_scores(ray_session, tmp_path):
+    """features.label=cs_rank end to end on a real local Ray: a one-output model trained on the MSE,
+    picked by val_rank_ic (train.metric auto), IC / rank IC / their IRs every epoch, the export's test
+    metrics and regression baselines, and `predict` writing the score with per-date quantile positions."""
+    import json
+
+    from alchemetric_ray.signals.predict import predict
+    from alchemetric_ray.train.trainer import run_training
+
+    cfg = _cs_cfg("features.label=cs_rank", f"storage.path={tmp_path / 'results'}",
+                  f"storage.models_dir={tmp_path / 'models'}", "storage.name=cs", "train.epochs=2",
+                  "model.hidden=16", "device.name=cpu", "signals.quantile=0.25")
+    outcome = run_training(cfg, progress=False)
+    history = outcome.summary["history"]
+    assert len(history) == 2 and all(np.isfinite(h["train_loss"]) for h in history)
+    for key in ("val_mse", "val_ic", "val_rank_ic", "val_icir", "val_rank_icir"):
+        assert all(np.isfinite(h[key]) for h in history), key
+    assert "val_accuracy" not in history[0] and outcome.summary["best"] == max(h["val_rank_ic"] for h in history)
+    metrics = json.loads((outcome.model_dir / "metrics.json").read_text())
+    assert metrics["selection_metric"] == "val_rank_ic"
+    assert {"mse", "ic", "rank_ic"} <= set(metrics["test"])
+    assert set(metrics["baselines"]) == {"mean", "ridge_regression", "hist_gradient_boosting"}
+    card = (outcome.model_dir / "model_card.md").read_text()
+    assert "| model | val rank IC | test rank IC | test IC | test MSE |" in card and "Survivorship" in card
+
+    signals = predict(outcome.model_dir, None, tmp_path / "signals.parquet")
+    assert not [c for c in signals.columns if c.startswith("p_")] and "pred_class" not in signals
+    assert signals["score"].notna().all() and signals["score"].std() > 0
+    legs = signals.groupby("date")["position"].agg(long=lambda p: (p == 1).sum(), short=lambda p: (p == -1).sum())
+    assert (legs["long"] == 3).all() and (legs["short"] == 3).all()  # 12 stocks a date, quantile 0.25

@@ -33,10 +33,13 @@ def _all_batches(ds, mode, features, **kw):
 def test_tabular_batches_are_one_float_tensor(ray_session, shards):
     datasets, m = build_datasets(shards, "tabular", WINDOW)
     batches = _all_batches(datasets["train"], "tabular", m.features)
-    x = torch.cat([b[0] for b in batches])
-    y = torch.cat([b[1] for b in batches])
+    x, y, date, fwd = (torch.cat([b[k] for b in batches]) for k in range(4))
     assert x.dtype == torch.float32 and y.dtype == torch.int64 and x.shape == (m.rows["train"], 16)
     ref = pd.read_parquet(split_dir(shards, "train"))
+    # each row's date (days since 1970) and forward return travel with it: what the IC metrics need
+    by_key = ref.set_index(ref["date"].to_numpy().astype("datetime64[D]").astype(np.int64))["fwd_ret"]
+    assert sorted(date.tolist()) == sorted(by_key.index.tolist())
+    np.testing.assert_allclose(np.sort(fwd.numpy()), np.sort(ref["fwd_ret"].to_numpy()))
     # same multiset of rows as the Parquet files (order aside)
     np.testing.assert_allclose(np.sort(x[:, 0].numpy()), np.sort(ref[m.features[0]].to_numpy()))
     assert np.bincount(y.numpy()).tolist() == m.class_counts["train"]
@@ -56,8 +59,9 @@ def test_sequence_windows_never_cross_tickers(ray_session, shards):
         assert end >= WINDOW - 1  # the whole window lies inside this ticker's rows of this split
         np.testing.assert_array_equal(row["x"], g.loc[end - WINDOW + 1: end, feats].to_numpy(dtype=np.float32))
         assert row["label"] == g.loc[end, "label"]
-    x, y = _all_batches(ds, "sequence", feats)[0]
+    x, y, date, fwd = _all_batches(ds, "sequence", feats)[0]
     assert x.shape[1:] == (WINDOW, 16) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert date.dtype == torch.int64 and fwd.dtype == torch.float32 and len(date) == len(fwd) == len(y)
 
 
 def test_make_windows_short_ticker_gives_nothing():
@@ -112,7 +116,7 @@ def _count_loop(config):
         n, shape = 0, None
         shard = ray.train.get_dataset_shard(split)
         collate = collate_for(config["mode"], config["features"])
-        for x, y in shard.iter_torch_batches(batch_size=128, collate_fn=collate):
+        for x, y, _, _ in shard.iter_torch_batches(batch_size=128, collate_fn=collate):
             n += len(y)
             shape = list(x.shape[1:])
         seen[split] = (n, shape)
@@ -161,7 +165,7 @@ def test_streamed_epochs_shuffle_in_windows_and_see_every_row_once(ray_session, 
             return batches
 
         first = epoch(1, 0)
-        assert all(len(y) == batch for _, y in first[:-1]) and 0 < len(first[-1][1]) <= batch
+        assert all(len(b[1]) == batch for b in first[:-1]) and 0 < len(first[-1][1]) <= batch
         x = torch.cat([b[0] for b in first])
         unshuffled = torch.cat([b[0] for b in _all_batches(datasets["train"], "tabular", m.features)])
         # every row exactly once, but not in file order; no row leaves its window of SHUFFLE_WINDOW batches

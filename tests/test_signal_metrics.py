@@ -499,3 +499,32 @@ def test_equity_plot_draws_buy_and_hold_as_the_equal_weight_long_only_book():
     pd.testing.assert_frame_equal(curves["deep model"], model["_equity"])  # the others: long-short
     few = equity_curves({"tickers": 3, "rows": [model, hold]})  # too few names: positions for everyone
     pd.testing.assert_frame_equal(few["deep model"], model["_pos_equity"])
+
+
+def test_validation_signal_metrics_are_the_daily_ic_of_the_evaluation():
+    """The loop's val_ic / val_rank_ic (and IRs) are the mean (and mean/std) of the evaluation's
+    daily IC series, with dates of one stock or a constant score left out."""
+    from alchemetric_ray.train.metrics import signal_metrics
+
+    frame = panel(60, 15, seed=4, noise=3.0)
+    frame.loc[frame["date"] == frame["date"].iloc[0], "score"] = 0.5  # a date with a constant score
+    frame = pd.concat([frame, pd.DataFrame({"date": [pd.Timestamp("2030-01-01")], "ticker": ["T000"],
+                                            "score": [1.0], "fwd_ret": [0.01]})])  # a date of one stock
+    got = signal_metrics(frame["score"].to_numpy(), frame["fwd_ret"].to_numpy(), frame["date"].to_numpy())
+    for name, rank in (("ic", False), ("rank_ic", True)):
+        daily = daily_ic(frame, rank=rank, min_names=2)
+        assert len(daily) == 59
+        assert got[f"val_{name}"] == pytest.approx(daily.mean(), abs=1e-12)
+        assert got[f"val_{name}ir"] == pytest.approx(daily.mean() / daily.std(ddof=1), abs=1e-9)
+    assert got["val_ic_days"] == 59 and got["val_rank_ic"] > 0.1
+
+
+def test_quantile_positions_take_the_top_and_bottom_of_each_date():
+    from alchemetric_ray.signals.metrics import quantile_positions
+
+    dates = np.repeat(np.arange(3), [10, 5, 1])
+    score = np.concatenate([np.arange(10.0), [3.0, 1.0, 2.0, 2.0, 9.0], [4.0]])
+    pos = quantile_positions(score, dates, 0.2)
+    assert pos[:10].tolist() == [-1, -1, 0, 0, 0, 0, 0, 0, 1, 1]  # k = 2 of 10
+    assert pos[10:15].tolist() == [0, -1, 0, 0, 1]  # k = 1 of 5
+    assert pos[15] == 0  # one stock: neither leg

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-REGRESSION_SCHEMES = ("cs_rank", "cs_zscore")
+from alchemetric_ray.config import REGRESSION_LABELS as REGRESSION_SCHEMES  # the config validates them
+
 CROSS_SECTION_KIND = {"cs_rank": "rank", "cs_zscore": "zscore"}  # data/cross_section.py's transform
 
 

@@ -1,11 +1,16 @@
 """Ray Data loaders over the feature shards, in two modes.
 
-* tabular: each batch is one float32 tensor (batch, n_features) plus int64 labels; all feature
+* tabular: each batch is one float32 tensor (batch, n_features) plus the labels; all feature
   columns are stacked in one step per Arrow batch (:class:`TabularCollate`), not per column
   through a dict of tensors.
 * sequence: windows of the last ``window`` bars of one ticker, (batch, window, n_features),
   built with Ray Data's ``groupby("ticker").map_groups``, so a window never crosses tickers; each
   split is its own dataset, so a window never crosses a split boundary either.
+
+Every batch is ``(x, y, date, fwd)``: features, label (int64 class ids, or float32 for a
+regression target), the row's date (int64 days since 1970) and its forward return (float32).  The
+date and the forward return are what the signal metrics (IC, rank IC per date) and a per-date loss
+need; the step itself reads ``x`` and ``y``.
 
 Reproducible order when asked (``train.deterministic``): the trainer turns on Ray Data's
 ``preserve_order``, sequence windows are sorted by (ticker, date) after the groupby (whose
@@ -71,15 +76,36 @@ def deterministic_context() -> None:
     DataContext.get_current().execution_options.preserve_order = True
 
 
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # (x, y, date, fwd)
+
+
+def label_tensor(values: np.ndarray) -> torch.Tensor:
+    """Labels as the loss takes them: float32 for a regression target, int64 class ids otherwise."""
+    values = np.asarray(values)
+    return torch.from_numpy(np.array(values, dtype=np.float32 if values.dtype.kind == "f" else np.int64))
+
+
+def keys_tensors(date: np.ndarray, fwd_ret: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(date as int64 days since 1970, forward return as float32)."""
+    days = np.asarray(date).astype("datetime64[D]").astype(np.int64)
+    return torch.from_numpy(days), torch.from_numpy(np.array(fwd_ret, dtype=np.float32))
+
+
 class TabularCollate(ArrowBatchCollateFn):
-    """Arrow batch -> (x float32 (batch, n_features), y int64 (batch,))."""
+    """Arrow batch -> (x float32 (batch, n_features), y, date, fwd)."""
 
     def __init__(self, features: list[str], label: str = "label"):
         super().__init__()
         self.features, self.label = list(features), label
 
-    def __call__(self, batch: pa.Table) -> tuple[torch.Tensor, torch.Tensor]:
-        return arrow_to_xy(batch, self.features, self.label)
+    def __call__(self, batch: pa.Table) -> Batch:
+        x, y = arrow_to_xy(batch, self.features, self.label)
+        return (x, y, *keys_tensors(_column(batch, "date"), _column(batch, "fwd_ret")))
+
+
+def _column(batch: pa.Table, name: str) -> np.ndarray:
+    col = batch.column(name)
+    return col.to_numpy() if col.num_chunks != 1 else col.chunk(0).to_numpy(zero_copy_only=False)
 
 
 def arrow_to_xy(batch: pa.Table, features: list[str], label: str = "label") -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,18 +113,16 @@ def arrow_to_xy(batch: pa.Table, features: list[str], label: str = "label") -> t
     # one allocation and one memcpy per column.
     x = np.empty((len(features), batch.num_rows), dtype=np.float32)
     for j, name in enumerate(features):
-        col = batch.column(name)
-        x[j] = col.to_numpy() if col.num_chunks != 1 else col.chunk(0).to_numpy(zero_copy_only=False)
-    y = batch.column(label).to_numpy()
-    return torch.from_numpy(x).T, torch.from_numpy(np.array(y, dtype=np.int64))
+        x[j] = _column(batch, name)
+    return torch.from_numpy(x).T, label_tensor(batch.column(label).to_numpy())
 
 
 class SequenceCollate(NumpyBatchCollateFn):
-    """Numpy batch with an ``x`` tensor column (batch, window, n_features) -> (x, y)."""
+    """Numpy batch with an ``x`` tensor column (batch, window, n_features) -> (x, y, date, fwd)."""
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batch: dict[str, np.ndarray]) -> Batch:
         x = np.array(batch["x"], dtype=np.float32)  # a writable copy
-        return torch.from_numpy(x), torch.from_numpy(np.array(batch["label"], dtype=np.int64))
+        return (torch.from_numpy(x), label_tensor(batch["label"]), *keys_tensors(batch["date"], batch["fwd_ret"]))
 
 
 def make_windows(group: dict[str, np.ndarray], features: list[str], window: int) -> dict[str, np.ndarray]:

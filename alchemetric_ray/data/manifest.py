@@ -57,6 +57,16 @@ class Manifest:
         return list(self.label["classes"])
 
     @property
+    def regression(self) -> bool:
+        """A cross-sectional (real-valued) target, not classes."""
+        return not self.label["classes"]
+
+    @property
+    def outputs(self) -> int:
+        """The model's outputs: one logit per class, or one score for a regression target."""
+        return len(self.label["classes"]) or 1
+
+    @property
     def label_spec(self) -> LabelSpec:
         return LabelSpec.from_manifest(self)
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from alchemetric_ray.signals.predict import direction_score, inputs_frame, positions
+from alchemetric_ray.signals.predict import direction_score, inputs_frame, signal_positions
 from alchemetric_ray.storage import Location, locate
 from alchemetric_ray.train.export import CERTIFICATE, backend_key
 
@@ -61,7 +61,7 @@ def _scores(loaded, x: np.ndarray, device, precision) -> np.ndarray:
 
     model = loaded.model.to(device)
     try:
-        proba = predict_proba(model, x, device, precision)
+        proba = predict_proba(model, x, device, precision, regression=loaded.manifest.regression)
     finally:
         loaded.model.to("cpu")
     return direction_score(proba, loaded.manifest.classes)
@@ -80,15 +80,15 @@ def certify(loaded, backends: list[tuple[Any, Any]], reference: tuple[Any, Any])
     from scipy.stats import spearmanr
 
     x, rows = certificate_rows(loaded)
-    thresholds = loaded.config.signals
+    dates, classes = rows["date"].to_numpy(), loaded.manifest.classes
     ref_dev, ref_prec = reference
     ref_score = _scores(loaded, x, ref_dev, ref_prec)
-    ref_pos = positions(ref_score, thresholds.long_threshold, thresholds.short_threshold)
+    ref_pos = signal_positions(ref_score, dates, classes, loaded.config)
     ref_ic = _rank_ic(rows, ref_score)
     results = {}
     for device, precision in backends:
         score = _scores(loaded, x, device, precision)
-        pos = positions(score, thresholds.long_threshold, thresholds.short_threshold)
+        pos = signal_positions(score, dates, classes, loaded.config)
         flips = float((pos != ref_pos).mean()) if len(pos) else 0.0
         corr = float(spearmanr(score, ref_score).statistic) if len(score) > 2 else float("nan")
         ic = _rank_ic(rows, score)

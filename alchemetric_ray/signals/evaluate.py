@@ -1,12 +1,14 @@
 """`alchemetric-ray evaluate`: does the deep model beat simple baselines on this data, honestly?
 
 On the model's test segment (its own split dates, never seen in training or selection):
-classification metrics, daily IC and rank IC of the score vs the realised forward return
-(mean, ICIR, bootstrap interval), a top-minus-bottom quantile long-short portfolio with costs,
-the thresholded positions' returns and hit rate, the probabilistic Sharpe ratio and, for a model
-chosen by a sweep, the Sharpe ratio deflated for the number of configurations tried.  The same
-numbers for logistic regression and HistGradientBoosting on the same features, a 20-day momentum
-rule and buy-and-hold.  Returns are earned only from the bar after the signal (``fwd_ret`` starts
+classification metrics (class targets), daily IC and rank IC of the score vs the realised forward
+return (mean, ICIR, bootstrap interval), a top-minus-bottom quantile long-short portfolio with
+costs, the positions' returns (thresholded P(up) - P(down), or per-date quantiles of a regression
+target's score) and hit rate, the probabilistic Sharpe ratio and, for a model chosen by a sweep,
+the Sharpe ratio deflated for the number of configurations tried.  The same numbers for the
+learned baselines on the same features and target (logistic regression and HistGradientBoosting
+for classes; ridge regression and HistGradientBoosting regressor for a cross-sectional target), a
+20-day momentum rule and buy-and-hold.  Returns are earned only from the bar after the signal (``fwd_ret`` starts
 at the next open).  Optional walk-forward folds retrain the model per fold.
 """
 
@@ -28,8 +30,8 @@ from alchemetric_ray.signals import metrics as sm
 from alchemetric_ray.signals.predict import (
     direction_score,
     inputs_frame,
-    positions,
     predict,
+    signal_positions,
 )
 from alchemetric_ray.storage import Location, locate
 from alchemetric_ray.train.metrics import classification_metrics
@@ -109,22 +111,24 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
         raise EvaluationError(f"no rows of the data fall in the test segment {start}..{end}")
     model_signals = model_signals.assign(date=np.asarray(model_signals["date"], dtype="datetime64[ns]"))
     model_rows = model_signals.merge(test[["date", "ticker", "label"]], on=["date", "ticker"], how="inner")
-    proba_cols = [f"p_{c}" for c in classes]
+    proba_cols = [f"p_{c}" for c in classes]  # none for a regression target: its score is the model's output
     rows = [contender_stats("deep model", model_rows[["date", "ticker", "score", "position", "fwd_ret"]], cfg,
-                            n_trials=n_trials, horizon=horizon, proba=model_rows[proba_cols].to_numpy(),
+                            n_trials=n_trials, horizon=horizon,
+                            proba=model_rows[proba_cols].to_numpy() if classes else None,
                             labels=model_rows["label"].to_numpy())]
 
-    train = inputs[(inputs["date"] <= pd.Timestamp(splits["train_end"])) & (inputs["label"] >= 0)]
+    known = np.isfinite(inputs["label"]) if manifest.regression else inputs["label"] >= 0
+    train = inputs[(inputs["date"] <= pd.Timestamp(splits["train_end"])) & known]
     if len(train) > 200_000:
         train = train.sample(200_000, random_state=cfg.train.seed)
-    thresholds = (cfg.signals.long_threshold, cfg.signals.short_threshold)
-    for name, model in baseline_models(cfg.train.seed).items():
+    for name, model in baseline_models(cfg.train.seed, manifest.regression).items():
         fit_baseline(model, train[names].to_numpy(), train["label"].to_numpy())
         p = predict_baseline(model, test[names].to_numpy(), len(classes))
         name = name.replace("_", " ")
         score = direction_score(p, classes)
-        rows.append(contender_stats(name, _scored(test, score, positions(score, *thresholds)), cfg, horizon=horizon,
-                                    proba=p, labels=test["label"].to_numpy()))
+        pos = signal_positions(score, test["date"].to_numpy(), classes, cfg)
+        rows.append(contender_stats(name, _scored(test, score, pos), cfg, horizon=horizon,
+                                    proba=p if classes else None, labels=test["label"].to_numpy()))
     mom = test["mom_20"].to_numpy()
     rows.append(contender_stats("momentum 20d", _scored(test, mom, np.sign(mom).astype(np.int8)), cfg, horizon=horizon))
     rows.append(contender_stats(BUY_AND_HOLD, _scored(test, np.ones(len(test)), np.ones(len(test), np.int8)), cfg,

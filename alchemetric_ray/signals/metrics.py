@@ -358,6 +358,26 @@ def _empty_portfolio(periods_per_year: float) -> PortfolioStats:
     return PortfolioStats(nan, nan, nan, nan, nan, nan, 0, daily, float(periods_per_year))
 
 
+def quantile_legs(score: np.ndarray, group: np.ndarray, n_groups: int,
+                  quantile: float) -> tuple[np.ndarray, np.ndarray]:
+    """(long, short) masks of the top and bottom ``quantile`` of each group's scores (a date, or a
+    rebalance period): with n names, k = max(1, floor(quantile * n)); rank the scores (ties share
+    their average rank r); long r >= n - k + 1, short r <= k."""
+    n_names = np.bincount(group, minlength=n_groups).astype(np.float64)
+    leg_size = np.maximum(1.0, np.floor(quantile * n_names + 1e-9))  # k
+    rank = group_rank(score, group)  # r: 1-based, ties share their average rank
+    return rank >= (n_names - leg_size + 1.0)[group], rank <= leg_size[group]
+
+
+def quantile_positions(score: np.ndarray, dates: np.ndarray, quantile: float) -> np.ndarray:
+    """Positions from a score on a cross-sectional scale (a regression target's): +1 for each date's
+    top ``quantile`` of stocks, -1 for its bottom one, 0 between (:func:`quantile_legs`)."""
+    _, code = np.unique(np.asarray(dates), return_inverse=True)
+    is_long, is_short = quantile_legs(np.asarray(score, dtype=np.float64), code, int(code.max(initial=-1)) + 1,
+                                      quantile)
+    return np.where(is_long & ~is_short, 1, np.where(is_short & ~is_long, -1, 0)).astype(np.int8)
+
+
 def long_short(
     signals: pd.DataFrame,
     *,
@@ -414,11 +434,7 @@ def long_short(
     if n_periods == 0:
         return _empty_portfolio(periods_per_year)
 
-    n_names = np.bincount(period, minlength=n_periods).astype(np.float64)  # n of the docstring, per period
-    leg_size = np.maximum(1.0, np.floor(quantile * n_names + 1e-9))  # k
-    rank = group_rank(score, period)  # r: 1-based, ties share their average rank
-    is_long = rank >= (n_names - leg_size + 1.0)[period]
-    is_short = rank <= leg_size[period]
+    is_long, is_short = quantile_legs(score, period, n_periods, quantile)
     n_long = np.bincount(period, is_long, n_periods)
     n_short = np.bincount(period, is_short, n_periods)
     trades = (n_long > 0) & (n_short > 0)  # both legs present, else the book is flat that period

@@ -30,7 +30,9 @@ from alchemetric_ray.data.normalize import Normalizer
 from alchemetric_ray.data.shards import feature_table
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import is_uri
+from alchemetric_ray.signals.metrics import quantile_positions
 from alchemetric_ray.storage import Location, local_copy, locate
+from alchemetric_ray.train.metrics import direction_score
 
 
 class SignalError(UserError, ValueError):
@@ -60,7 +62,7 @@ class ModelPredictor:
             x = np.asarray(batch["x"], dtype=np.float32)
         else:
             x = np.stack([np.asarray(batch[f], dtype=np.float32) for f in self.features], axis=1)
-        proba = predict_proba(self.model, x, self.device, self.precision)
+        proba = predict_proba(self.model, x, self.device, self.precision, regression=self.loaded.manifest.regression)
         out = {k: batch[k] for k in ("date", "ticker", "fwd_ret", "effective_date")}
         out["proba"] = proba.astype(np.float32)
         out["device"] = np.full(len(proba), str(self.device))
@@ -74,9 +76,13 @@ def model_id(model_dir: str | Path | Location) -> str:
     return f"{model_dir.name}@{digest}"
 
 
-def direction_score(proba: np.ndarray, classes: list[str]) -> np.ndarray:
-    """The signal's score: P(up) - P(down), from class probabilities (one column per class)."""
-    return proba[:, classes.index("up")] - proba[:, classes.index("down")]
+def signal_positions(score: np.ndarray, dates: np.ndarray, classes: list[str], cfg: RunConfig) -> np.ndarray:
+    """Positions for a model's scores: P(up) - P(down) against the thresholds for a class target;
+    per-date quantiles (``signals.quantile``) for a regression target, whose scores live on a
+    cross-sectional scale where fixed thresholds mean nothing."""
+    if not classes:
+        return quantile_positions(score, dates, cfg.signals.quantile)
+    return positions(score, cfg.signals.long_threshold, cfg.signals.short_threshold)
 
 
 def positions(score: np.ndarray, long_threshold: float, short_threshold: float) -> np.ndarray:
@@ -264,9 +270,10 @@ def _write_signals(scored: pd.DataFrame, loaded, model_dir: Location, out: Locat
     frame = pd.DataFrame({"date": _datetimes(scored["date"]), "ticker": scored["ticker"].astype(str).to_numpy()})
     for j, name in enumerate(classes):
         frame[f"p_{name}"] = proba[:, j]
-    frame["pred_class"] = np.asarray(classes, dtype=object)[proba.argmax(axis=1)] if len(frame) else []
-    frame["score"] = direction_score(proba, classes)
-    frame["position"] = positions(frame["score"].to_numpy(), cfg.signals.long_threshold, cfg.signals.short_threshold)
+    if classes:
+        frame["pred_class"] = np.asarray(classes, dtype=object)[proba.argmax(axis=1)] if len(frame) else []
+    frame["score"] = direction_score(proba, classes) if len(frame) else np.zeros(0)
+    frame["position"] = signal_positions(frame["score"].to_numpy(), frame["date"].to_numpy(), classes, cfg)
     frame["effective_date"] = _datetimes(scored["effective_date"])
     frame["fwd_ret"] = scored["fwd_ret"].astype("float32")
     frame["model_id"] = model_id(model_dir)

@@ -1,7 +1,11 @@
-"""Baselines on the same split and features: majority class, logistic regression, HistGradientBoosting.
+"""Baselines on the same split, features and target.
 
-A deep model is only worth its cost if it beats these; the export reports them side by side.
-They use each row's own features (no windows) and at most ``MAX_TRAIN_ROWS`` train rows.
+Class targets: the majority class, logistic regression and HistGradientBoosting (classifier).
+Regression (cross-sectional) targets: the mean, ridge regression and HistGradientBoosting
+(regressor; the LightGBM-like family, Qlib's strongest baselines).  A deep model is only worth its
+cost if it beats these; the export reports them side by side, with the same metrics as the model
+(the target's own and the signal metrics).  They use each row's own features (no windows) and at
+most ``MAX_TRAIN_ROWS`` train rows.
 """
 
 from __future__ import annotations
@@ -9,15 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from sklearn.base import ClassifierMixin
-from sklearn.dummy import DummyClassifier
-from sklearn.ensemble import HistGradientBoostingClassifier
-from sklearn.linear_model import LogisticRegression
+from sklearn.base import BaseEstimator
+from sklearn.dummy import DummyClassifier, DummyRegressor
+from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+from sklearn.linear_model import LogisticRegression, Ridge
 from threadpoolctl import threadpool_limits
 
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.train.evaluate import split_frame
-from alchemetric_ray.train.metrics import classification_metrics
+from alchemetric_ray.train.metrics import target_metrics
 
 MAX_TRAIN_ROWS = 200_000
 # Below this many train rows HistGradientBoosting runs on one OpenMP thread: on small tables the
@@ -26,35 +30,45 @@ MAX_TRAIN_ROWS = 200_000
 ONE_THREAD_BELOW_ROWS = 50_000
 
 
-def baseline_models(seed: int) -> dict[str, ClassifierMixin]:
+def baseline_models(seed: int, regression: bool = False) -> dict[str, BaseEstimator]:
     """The two learned baselines every report compares a deep model with, unfitted."""
+    if regression:
+        return {
+            "ridge_regression": Ridge(alpha=1.0),
+            "hist_gradient_boosting": HistGradientBoostingRegressor(max_iter=100, random_state=seed),
+        }
     return {
         "logistic_regression": LogisticRegression(max_iter=300),
         "hist_gradient_boosting": HistGradientBoostingClassifier(max_iter=100, random_state=seed),
     }
 
 
-def fit_baseline(model: ClassifierMixin, x: np.ndarray, y: np.ndarray) -> ClassifierMixin:
+def fit_baseline(model: BaseEstimator, x: np.ndarray, y: np.ndarray) -> BaseEstimator:
     with threadpool_limits(1 if len(x) < ONE_THREAD_BELOW_ROWS else None, user_api="openmp"):
         return model.fit(x, y)
 
 
-def predict_baseline(model: ClassifierMixin, x: np.ndarray, n_classes: int) -> np.ndarray:
-    """Class probabilities in the label's class order (a class absent from the train rows gets 0)."""
-    full = np.zeros((len(x), n_classes))
+def predict_baseline(model: BaseEstimator, x: np.ndarray, n_classes: int) -> np.ndarray:
+    """The baseline's outputs as the model's are laid out: class probabilities in the label's class
+    order (a class absent from the train rows gets 0), or for a regression target (``n_classes``
+    0) its prediction as one column."""
     with threadpool_limits(1 if len(x) < ONE_THREAD_BELOW_ROWS else None, user_api="openmp"):
+        if not n_classes:
+            return np.asarray(model.predict(x), dtype=np.float64)[:, None]
+        full = np.zeros((len(x), n_classes))
         full[:, model.classes_.astype(int)] = model.predict_proba(x)
     return full
 
 
 def baseline_scores(shards: str | Path, manifest: Manifest, seed: int = 0, splits=("val", "test")) -> dict[str, dict]:
-    features = manifest.features
-    n_classes = len(manifest.classes)
+    features, classes = manifest.features, manifest.classes
     train = split_frame(shards, "train", features, manifest)
     if len(train) > MAX_TRAIN_ROWS:
         train = train.sample(MAX_TRAIN_ROWS, random_state=seed)
     x, y = train[features].to_numpy(), train["label"].to_numpy()
-    models = {"majority": DummyClassifier(strategy="most_frequent"), **baseline_models(seed)}
+    trivial = ({"mean": DummyRegressor()} if manifest.regression
+               else {"majority": DummyClassifier(strategy="most_frequent")})
+    models = {**trivial, **baseline_models(seed, manifest.regression)}
     frames = {s: split_frame(shards, s, features, manifest) for s in splits}
     scores: dict[str, dict] = {}
     for name, model in models.items():
@@ -62,6 +76,7 @@ def baseline_scores(shards: str | Path, manifest: Manifest, seed: int = 0, split
         scores[name] = {}
         for split, frame in frames.items():
             if len(frame):
-                proba = predict_baseline(model, frame[features].to_numpy(), n_classes)
-                scores[name][split] = classification_metrics(frame["label"].to_numpy(), proba, prefix="")
+                outputs = predict_baseline(model, frame[features].to_numpy(), len(classes))
+                scores[name][split] = target_metrics(outputs, frame["label"].to_numpy(), frame["fwd_ret"].to_numpy(),
+                                                     frame["date"].to_numpy(), classes, prefix="")
     return scores

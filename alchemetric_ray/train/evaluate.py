@@ -1,4 +1,4 @@
-"""Driver-side evaluation on one split of the shards: arrays in, probabilities out.
+"""Driver-side evaluation on one split of the shards: arrays in, the model's outputs out.
 
 Used for the exported model's test score and the baselines; reads Parquet with pyarrow (no Ray),
 builds the same inputs the loaders give the workers (rows, or per-ticker windows).
@@ -48,14 +48,21 @@ def model_inputs(frame: pd.DataFrame, features: list[str], mode: str, window: in
     return np.concatenate(xs), pd.concat(parts, ignore_index=True)
 
 
+def outputs_of(raw: torch.Tensor, regression: bool) -> torch.Tensor:
+    """What a model's raw output stands for, in float32: class probabilities (the softmax of the
+    logits), or for a regression target the score itself (one column)."""
+    return raw.float() if regression else torch.softmax(raw.float(), dim=1)
+
+
 @torch.no_grad()
 def predict_proba(model: torch.nn.Module, x: np.ndarray, device: torch.device, precision: Precision,
-                  batch_size: int = 8192) -> np.ndarray:
+                  batch_size: int = 8192, *, regression: bool = False) -> np.ndarray:
+    """The model's outputs for ``x``: class probabilities, or (``regression``) its score column."""
     model.eval()
     out = []
     for i in range(0, len(x), batch_size):
         xb = torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size])).to(device)
         with precision.autocast():
-            logits = model(xb)
-        out.append(torch.softmax(logits.float(), dim=1).cpu().numpy())
+            raw = model(xb)
+        out.append(outputs_of(raw, regression).cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)

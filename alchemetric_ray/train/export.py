@@ -36,7 +36,7 @@ from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.storage import Location, locate
 from alchemetric_ray.train.checkpoint import CheckpointError, load_state, read_meta
 from alchemetric_ray.train.evaluate import model_inputs, predict_proba, split_frame
-from alchemetric_ray.train.metrics import classification_metrics
+from alchemetric_ray.train.metrics import selection_metric, target_metrics
 
 WEIGHTS, CONFIG, MANIFEST, METRICS, META, CARD, CERTIFICATE = (
     "weights.pt", "config.json", "manifest.json", "metrics.json", "meta.json", "model_card.md", "certificate.json")
@@ -81,12 +81,13 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
     mode = model_spec(cfg.model.name).inputs
     test = split_frame(shards, "test", features, manifest)
     x, rows = model_inputs(test, features, mode, cfg.features.window)
-    proba = predict_proba(model, x, device, precision)
-    test_metrics = classification_metrics(rows["label"].to_numpy(), proba, prefix="")
+    outputs = predict_proba(model, x, device, precision, regression=manifest.regression)
+    test_metrics = target_metrics(outputs, rows["label"].to_numpy(), rows["fwd_ret"].to_numpy(),
+                                  rows["date"].to_numpy(), manifest.classes, prefix="")
     baselines = baseline_scores(shards, manifest, seed=cfg.train.seed)
     metrics = {
         "best_epoch": meta["epoch"],
-        "selection_metric": cfg.train.metric,
+        "selection_metric": selection_metric(cfg),
         "val": {k.removeprefix("val_"): v for k, v in meta["metrics"].items()},
         "test": test_metrics,
         "baselines": baselines,
@@ -119,7 +120,7 @@ def check_models_dir(folder: str | Path) -> None:
 
 
 def _build(cfg: RunConfig, manifest: Manifest) -> torch.nn.Module:
-    return build_model(cfg.model, len(manifest.features), len(manifest.classes), window=cfg.features.window)
+    return build_model(cfg.model, len(manifest.features), manifest.outputs, window=cfg.features.window)
 
 
 def load_model(path: str | Path | Location) -> LoadedModel:
@@ -196,8 +197,10 @@ def model_card(cfg: RunConfig, manifest: Manifest, metrics: dict, info: dict) ->
         f"dropout {cfg.model.dropout})",
         f"- data: {manifest.source}; {n_tickers} tickers; input hash `{manifest.input_hash[:16]}`",
         f"- features ({len(manifest.features)}): {', '.join(manifest.features)}",
-        f"- label: {label['scheme']}, horizon {label['horizon']} bar(s), classes {', '.join(label['classes'])}; "
-        f"a signal at the close of t trades from the open of t+1",
+        f"- label: {label['scheme']}, horizon {label['horizon']} bar(s), "
+        + (f"classes {', '.join(label['classes'])}; " if label["classes"] else
+           "regression on the forward return's place among the date's stocks; ")
+        + "a signal at the close of t trades from the open of t+1",
         f"- splits: train {splits['train_start']}..{splits['train_end']}, "
         f"val {splits['val_start']}..{splits['val_end']}, "
         f"test {splits['test_start']}..{splits['test_end']} (embargo {splits['embargo']} bars)",
@@ -210,12 +213,23 @@ def model_card(cfg: RunConfig, manifest: Manifest, metrics: dict, info: dict) ->
     ]
     if n_tickers < FEW_TICKERS:
         lines += [f"> Only {n_tickers} tickers: cross-sectional statistics (IC, long-short) are not meaningful.", ""]
-    lines += ["| model | val balanced acc | test balanced acc | test log loss | test macro F1 |",
-              "|---|---|---|---|---|"]
+    cross = manifest.cross_section
+    if cross:
+        lines += [f"> Cross-sectional: {', '.join(sorted({op['kind'] for op in cross['ops']}))} across the stocks of "
+                  f"each date; {cross['dates_dropped']} date(s) with fewer than {cross['min_names']} stocks dropped. "
+                  "Survivorship: the tickers are those in the data, i.e. listed at its end date; stocks that were "
+                  "delisted earlier are missing from every cross-section.", ""]
+    nan = float("nan")
+    if manifest.regression:
+        header = ("| model | val rank IC | test rank IC | test IC | test MSE |",
+                  lambda v, t: (v.get("rank_ic", nan), t.get("rank_ic", nan), t.get("ic", nan), t.get("mse", nan)))
+    else:
+        header = ("| model | val balanced acc | test balanced acc | test log loss | test macro F1 |",
+                  lambda v, t: (v.get("balanced_accuracy", nan), t.get("balanced_accuracy", nan),
+                                t.get("log_loss", nan), t.get("macro_f1", nan)))
+    lines += [header[0], "|---|---|---|---|---|"]
     rows = [("deep model", metrics["val"], metrics["test"])]
     rows += [(name, b.get("val", {}), b.get("test", {})) for name, b in metrics["baselines"].items()]
     for name, val, test in rows:
-        lines.append(f"| {name} | {val.get('balanced_accuracy', float('nan')):.4f} | "
-                     f"{test.get('balanced_accuracy', float('nan')):.4f} | {test.get('log_loss', float('nan')):.4f} | "
-                     f"{test.get('macro_f1', float('nan')):.4f} |")
+        lines.append(f"| {name} | " + " | ".join(f"{value:.4f}" for value in header[1](val, test)) + " |")
     return "\n".join(lines) + "\n"

@@ -5,12 +5,14 @@ report, checkpoints).  ``train_loop_per_worker`` reads top to bottom:
 
 1. this worker's rank, device and precision (from the hardware package) and torch threads;
 2. the model (DDP when world size > 1), moved to our device by us, and this worker's data shard;
-3. AdamW with a cosine or one-cycle schedule, optional class weights;
+3. AdamW with a cosine or one-cycle schedule; cross-entropy (optional class weights) for a class
+   target, mean squared error for a regression target, computed in float32 outside autocast;
 4. a restarted run resumes at the epoch after its latest checkpoint (``train/checkpoint.py``);
 5. each epoch: batches from this worker's Ray Data shard -> the shared optimizer step;
-6. validation under no_grad with scikit-learn metrics: each rank scores its own part of the val
-   split (disjoint parts that together hold every row once, ``train/data_config.py``), predictions
-   gathered to rank 0, the early-stop decision broadcast to every rank;
+6. validation under no_grad: each rank scores its own part of the val split (disjoint parts that
+   together hold every row once, ``train/data_config.py``); the outputs, labels, dates and forward
+   returns are gathered to rank 0, which computes the target's metrics and the signal metrics (IC,
+   rank IC per date); the early-stop decision is broadcast to every rank;
 7. ``ray.train.report`` with the metrics and a checkpoint (rank 0 writes it).
 """
 
@@ -28,7 +30,7 @@ from torch import nn
 
 from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig, TrainConfig
-from alchemetric_ray.data.loaders import collate_for
+from alchemetric_ray.data.loaders import Batch, collate_for
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.hardware import (
     DeviceChoice,
@@ -47,10 +49,12 @@ from alchemetric_ray.train.checkpoint import (
     read_meta,
     save_checkpoint,
 )
+from alchemetric_ray.train.evaluate import outputs_of
 from alchemetric_ray.train.metrics import (
-    classification_metrics,
     is_better,
+    selection_metric,
     selection_mode,
+    target_metrics,
 )
 from alchemetric_ray.train.plan import ResourcePlan
 
@@ -66,7 +70,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     worker = _place_worker(cfg, config["plan"], ray.train.get_context())
 
     torch.manual_seed(train_cfg.seed)  # the same on every rank: DDP starts from identical weights
-    model = build_model(cfg.model, len(manifest.features), len(manifest.classes),
+    model = build_model(cfg.model, len(manifest.features), manifest.outputs,
                         window=cfg.features.window)
     # Our device, not Ray Train's pick: the resolver also knows MPS and a cuda:N asked for by name.
     model = ray.train.torch.prepare_model(model, move_to_device=worker.device,
@@ -77,6 +81,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                       train_cfg.cache_data, train_cfg.seed)
     trainables = _trainables(core, train_cfg, worker, data.steps_per_epoch(manifest.rows["train"] // worker.world))
     loss_fn = _loss_fn(manifest, train_cfg, worker)
+    metric, mode = selection_metric(cfg), selection_mode(cfg)
 
     state = _resume(trainables, worker)
     start_epoch = state.epoch + 1
@@ -87,7 +92,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     stopped_early = False
     for epoch in range(start_epoch, train_cfg.epochs):
         train_loss, samples_per_s = _train_epoch(model, trainables, loss_fn, data, epoch, train_cfg.seed, worker)
-        metrics, improved, stop = _validate_and_decide(core, data, state, train_cfg, worker)
+        metrics, improved, stop = _validate_and_decide(core, data, state, train_cfg, worker, manifest, metric, mode)
         state.epoch = epoch
         row = {"epoch": epoch, "train_loss": train_loss, **_scalars(metrics), "samples_per_s": samples_per_s,
                "skipped_steps": trainables.step.skipped_total, "lr": trainables.scheduler.get_last_lr()[0],
@@ -95,7 +100,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         if worker.rank == 0:
             state.history.append(row)
             # a sweep prints one line per finished trial instead (epoch_lines=False)
-            worker.say(_epoch_line(row, train_cfg, worker.device, worker.precision.mode),
+            worker.say(_epoch_line(row, train_cfg, metric, worker.device, worker.precision.mode),
                        detail=not config.get("epoch_lines", True))
         _report(row, trainables, meta.at(state, metrics), worker.rank)
         # Stop only after the report: the last epoch's checkpoint is what a resumed run continues from.
@@ -106,7 +111,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         if stop:
             stopped_early = epoch + 1 < train_cfg.epochs
             worker.say(f"early stop after epoch {epoch}: "
-                       f"no {train_cfg.metric} improvement for {train_cfg.patience} epoch(s)")
+                       f"no {metric} improvement for {train_cfg.patience} epoch(s)")
             break
 
     return _summary(worker, state, data, stopped_early, epochs_here=state.epoch + 1 - start_epoch)
@@ -171,8 +176,8 @@ class _ShardData:
     def __init__(self, train_shard, val_shard, collate, batch_size: int, cache: bool, seed: int):
         self.train_shard, self.val_shard, self.collate = train_shard, val_shard, collate
         self.batch_size, self.seed = batch_size, seed
-        self._train: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._val: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._train: Batch | None = None  # (x, y, date, fwd) of every row, when cached
+        self._val: Batch | None = None
         self.rows_seen = 0
         self.val_rows = 0  # validation rows this rank scored in the last pass
         self.fingerprint = self.val_fingerprint = 0.0  # sums of the cached features: which rows a rank holds
@@ -183,7 +188,7 @@ class _ShardData:
             self.fingerprint = float(self._train[0].double().sum())
             self.val_fingerprint = float(self._val[0].double().sum())
 
-    def _stream(self, shard, shuffle_seed: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _stream(self, shard, shuffle_seed: int | None) -> Iterator[Batch]:
         if shuffle_seed is None:
             # Host tensors ("auto" would pick Ray's GPU, or cuda:0 in local mode whatever our device):
             # the loop moves each batch to the device it resolved.
@@ -191,7 +196,7 @@ class _ShardData:
                                             device="cpu")
         return self._shuffled_stream(shard, shuffle_seed)
 
-    def _shuffled_stream(self, shard, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _shuffled_stream(self, shard, seed: int) -> Iterator[Batch]:
         """Local shuffle: windows of SHUFFLE_WINDOW batches, each permuted with a seeded generator.
 
         The same mixing as Ray Data's ``local_shuffle_buffer_size`` at a few batches' reach, at a
@@ -199,52 +204,48 @@ class _ShardData:
         for every batch (bench/PROFILE.md, "Streamed loop")."""
         generator = torch.Generator().manual_seed(seed)
         window = SHUFFLE_WINDOW * self.batch_size
-        for x, y in shard.iter_torch_batches(batch_size=window, collate_fn=self.collate, prefetch_batches=1,
-                                             device="cpu"):
-            order = torch.randperm(len(y), generator=generator)
+        for batch in shard.iter_torch_batches(batch_size=window, collate_fn=self.collate, prefetch_batches=1,
+                                              device="cpu"):
+            order = torch.randperm(len(batch[1]), generator=generator)
             for i in range(0, len(order), self.batch_size):
                 idx = order[i:i + self.batch_size]
-                yield x[idx], y[idx]
+                yield tuple(t[idx] for t in batch)
 
-    def _read_all(self, shard) -> tuple[torch.Tensor, torch.Tensor]:
-        xs, ys = [], []
-        for x, y in self._stream(shard, None):
-            xs.append(x.contiguous())
-            ys.append(y)
-        if not ys:
-            return torch.zeros(0), torch.zeros(0, dtype=torch.long)
-        return torch.cat(xs), torch.cat(ys)
+    def _read_all(self, shard) -> Batch:
+        parts = [tuple(t.contiguous() for t in batch) for batch in self._stream(shard, None)]
+        if not parts:
+            return (torch.zeros(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long),
+                    torch.zeros(0))
+        return tuple(torch.cat(column) for column in zip(*parts))
 
     def steps_per_epoch(self, rows_estimate: int) -> int:
         rows = len(self._train[1]) if self._train is not None else rows_estimate
         return max(1, math.ceil(rows / self.batch_size))
 
-    def train_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def train_batches(self, epoch: int) -> Iterator[Batch]:
         seed = self.seed * 7919 + epoch
         if self._train is None:
             count = 0
-            for x, y in self._stream(self.train_shard, seed):
-                count += len(y)
-                yield x, y
+            for batch in self._stream(self.train_shard, seed):
+                count += len(batch[1])
+                yield batch
             self.rows_seen = count
             return
-        x_all, y_all = self._train
-        order = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(seed))
+        order = torch.randperm(len(self._train[1]), generator=torch.Generator().manual_seed(seed))
         for i in range(0, len(order), self.batch_size):
             idx = order[i:i + self.batch_size]
-            yield x_all[idx], y_all[idx]
+            yield tuple(t[idx] for t in self._train)
 
-    def val_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def val_batches(self) -> Iterator[Batch]:
         self.val_rows = 0
         if self._val is None:
             batches = self._stream(self.val_shard, None)
         else:
-            x_all, y_all = self._val
             step = 4 * self.batch_size
-            batches = ((x_all[i:i + step], y_all[i:i + step]) for i in range(0, len(y_all), step))
-        for x, y in batches:
-            self.val_rows += len(y)
-            yield x, y
+            batches = (tuple(t[i:i + step] for t in self._val) for i in range(0, len(self._val[1]), step))
+        for batch in batches:
+            self.val_rows += len(batch[1])
+            yield batch
 
 
 # ---- one epoch ----------------------------------------------------------------------------------
@@ -260,10 +261,15 @@ def _trainables(core: nn.Module, train_cfg: TrainConfig, worker: _Worker, steps_
     return Trainables(core, optimizer, scheduler, step_fn)
 
 
-def _loss_fn(manifest: Manifest, train_cfg: TrainConfig, worker: _Worker) -> nn.Module:
-    """Cross-entropy, with train.class_weights weighted against the train split's class imbalance."""
+def _loss_fn(manifest: Manifest, train_cfg: TrainConfig, worker: _Worker):
+    """(outputs, labels) -> loss, in float32 (the caller leaves autocast first): the mean squared
+    error of a regression target's score, else cross-entropy, with train.class_weights weighted
+    against the train split's class imbalance."""
+    if manifest.regression:
+        return lambda out, y: nn.functional.mse_loss(out.float()[:, 0], y.float())
     weights = _class_weights(manifest.class_counts["train"]).to(worker.device) if train_cfg.class_weights else None
-    return nn.CrossEntropyLoss(weight=weights)
+    cross_entropy = nn.CrossEntropyLoss(weight=weights)
+    return lambda out, y: cross_entropy(out.float(), y)
 
 
 def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: nn.Module, data: _ShardData, epoch: int,
@@ -273,10 +279,11 @@ def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: nn.Module, d
     # Dropout draws from (seed, epoch, rank): a resumed run draws what an uninterrupted one would have.
     torch.manual_seed(seed * 1_000_003 + epoch * 1009 + worker.rank)
     losses, seen, started = [], 0, time.perf_counter()
-    for step, (x, y) in enumerate(data.train_batches(epoch)):
+    for step, (x, y, *_) in enumerate(data.train_batches(epoch)):
         x, y = x.to(worker.device, non_blocking=True), y.to(worker.device, non_blocking=True)
         with worker.precision.autocast():
-            loss = loss_fn(model(x), y)
+            out = model(x)
+        loss = loss_fn(out, y)
         outcome = trainables.step(loss, epoch=epoch, step=step)
         trainables.scheduler.step()
         if not outcome.skipped:  # a skipped step's loss is inf/NaN: not part of the epoch's mean
@@ -289,7 +296,8 @@ def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: nn.Module, d
 
 
 def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, train_cfg: TrainConfig,
-                         worker: _Worker) -> tuple[dict[str, Any], bool, bool]:
+                         worker: _Worker, manifest: Manifest, metric: str,
+                         mode: str) -> tuple[dict[str, Any], bool, bool]:
     """Validate, and decide together: (metrics, improved, stop); the metrics on rank 0 only.
 
     Each rank scores its own part of the validation split (the parts are disjoint and together
@@ -298,14 +306,14 @@ def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, tr
     and updates ``state.best`` and ``state.bad_epochs``; its decision is broadcast, so that every
     rank stops at the same epoch.
     """
-    y_val, p_val = _predict(core, data.val_batches(), worker.device, worker.precision)
-    y_val, p_val = _gather(y_val, p_val, worker.world)
+    outputs, labels, dates, fwd = _gather(_predict(core, data.val_batches(), worker.device, worker.precision,
+                                                   manifest.regression), worker.world)
     metrics: dict[str, Any] = {}
     decision = [False, False, state.best]
     if worker.rank == 0:
-        metrics = classification_metrics(y_val, p_val, prefix="val_")
-        value = metrics[train_cfg.metric]
-        improved = is_better(value, state.best, selection_mode(train_cfg))
+        metrics = target_metrics(outputs, labels, fwd, dates, manifest.classes, prefix="val_")
+        value = metrics[metric]
+        improved = is_better(value, state.best, mode)
         state.best = value if improved else state.best
         state.bad_epochs = 0 if improved else state.bad_epochs + 1
         decision = [bool(train_cfg.patience) and state.bad_epochs >= train_cfg.patience, improved, state.best]
@@ -366,26 +374,29 @@ def _summary(worker: _Worker, state: LoopState, data: _ShardData, stopped_early:
 
 
 @torch.no_grad()
-def _predict(model, batches, device, precision) -> tuple[np.ndarray, np.ndarray]:
+def _predict(model, batches, device, precision, regression: bool) -> tuple[np.ndarray, ...]:
+    """(outputs, labels, dates, forward returns) of this rank's validation rows."""
     model.eval()
-    ys, ps = [], []
-    for x, y in batches:
+    columns: list[list[np.ndarray]] = [[], [], [], []]
+    for x, y, date, fwd in batches:
         with precision.autocast():
-            logits = model(x.to(device, non_blocking=True))
-        ps.append(torch.softmax(logits.float(), dim=1).cpu().numpy())
-        ys.append(y.cpu().numpy())
-    if not ys:
-        return np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=np.float32)
-    return np.concatenate(ys), np.concatenate(ps)
+            raw = model(x.to(device, non_blocking=True))
+        for column, values in zip(columns, (outputs_of(raw, regression).cpu(), y, date, fwd)):
+            column.append(values.numpy())
+    if not columns[1]:
+        return (np.zeros((0, 0), np.float32), np.zeros(0, np.float32 if regression else np.int64),
+                np.zeros(0, np.int64), np.zeros(0, np.float32))
+    return tuple(np.concatenate(column) for column in columns)
 
 
-def _gather(y: np.ndarray, p: np.ndarray, world: int) -> tuple[np.ndarray, np.ndarray]:
+def _gather(arrays: tuple[np.ndarray, ...], world: int) -> tuple[np.ndarray, ...]:
+    """Every rank's arrays, concatenated on rank 0 in rank order (ranks with no rows left out)."""
     if world == 1:
-        return y, p
+        return arrays
     parts: list = [None] * world
-    torch.distributed.all_gather_object(parts, (y, p))
-    parts = [(py, pp) for py, pp in parts if len(py)]
-    return np.concatenate([py for py, _ in parts]), np.concatenate([pp for _, pp in parts])
+    torch.distributed.all_gather_object(parts, arrays)
+    parts = [p for p in parts if len(p[1])]
+    return tuple(np.concatenate(column) for column in zip(*parts))
 
 
 def _gather_list(value, world: int) -> list:
@@ -426,10 +437,11 @@ def _class_weights(counts: list[int]) -> torch.Tensor:
     return c.sum() / (len(c) * c)
 
 
-def _epoch_line(row: dict, train_cfg: TrainConfig, device, precision_mode: str) -> str:
-    shown = {k: row[k] for k in ("val_accuracy", "val_balanced_accuracy", "val_log_loss") if k in row}
-    if train_cfg.metric in row and train_cfg.metric not in shown:
-        shown[train_cfg.metric] = row[train_cfg.metric]
+def _epoch_line(row: dict, train_cfg: TrainConfig, metric: str, device, precision_mode: str) -> str:
+    shown = {k: row[k] for k in ("val_accuracy", "val_balanced_accuracy", "val_log_loss", "val_mse", "val_rank_ic")
+             if k in row}
+    if metric in row and metric not in shown:
+        shown[metric] = row[metric]
     vals = "  ".join(f"{k} {v:.4f}" for k, v in shown.items())
     mark = " *" if row.get("improved") else ""
     return (f"epoch {row['epoch'] + 1}/{train_cfg.epochs}  train_loss {row['train_loss']:.4f}  {vals}  "

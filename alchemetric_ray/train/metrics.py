@@ -15,11 +15,14 @@ from alchemetric_ray.config import (
     LOWER_IS_BETTER,
     SELECTION_METRICS,
     metric_direction,
+    selection_metric,
     selection_mode,
 )
 
-__all__ = ["HIGHER_IS_BETTER", "LOWER_IS_BETTER", "SELECTION_METRICS", "metric_direction", "selection_mode",
-           "classification_metrics", "regression_metrics", "signal_metrics", "is_better"]
+__all__ = ["HIGHER_IS_BETTER", "LOWER_IS_BETTER", "SELECTION_METRICS", "metric_direction", "selection_metric",
+           "selection_mode",
+           "classification_metrics", "regression_metrics", "signal_metrics", "target_metrics", "direction_score",
+           "is_better"]
 
 
 def classification_metrics(y_true: np.ndarray, proba: np.ndarray, prefix: str = "val_") -> dict:
@@ -81,6 +84,27 @@ def _log_loss(y_true: np.ndarray, proba: np.ndarray) -> float:
     clipped = np.clip(proba, 1e-7, 1)
     picked = clipped[np.arange(len(y_true)), y_true].astype(np.float64)
     return float(-np.mean(np.log(picked / clipped.sum(axis=1, dtype=np.float64))))
+
+
+def direction_score(outputs: np.ndarray, classes: list[str]) -> np.ndarray:
+    """The score a signal is taken on: P(up) - P(down) from class probabilities, or the model's
+    own output for a regression target (no classes)."""
+    outputs = np.asarray(outputs)
+    if not classes:
+        return outputs[:, 0]
+    return outputs[:, classes.index("up")] - outputs[:, classes.index("down")]
+
+
+def target_metrics(outputs: np.ndarray, labels: np.ndarray, fwd_ret: np.ndarray, date: np.ndarray,
+                   classes: list[str], prefix: str = "val_") -> dict:
+    """Every metric of one split: the target's own (classification metrics from the class
+    probabilities, or the MSE of a regression target), and the signal metrics of its score."""
+    if classes:
+        out = classification_metrics(labels, outputs, prefix=prefix)
+    else:
+        out = regression_metrics(labels, np.asarray(outputs)[:, 0], prefix=prefix)
+    out.update(signal_metrics(direction_score(outputs, classes), fwd_ret, date, prefix=prefix))
+    return out
 
 
 def regression_metrics(y_true: np.ndarray, pred: np.ndarray, prefix: str = "val_") -> dict:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from alchemetric_ray import console
-from alchemetric_ray.config import RunConfig
+from alchemetric_ray.config import ConfigError, RunConfig
 from alchemetric_ray.data.loaders import build_datasets, check_shard_files
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.shards import build_shards
@@ -27,7 +27,7 @@ from alchemetric_ray.storage import Location, StorageError, local_copy, locate
 from alchemetric_ray.train.autoscale import CONTROLLER_FAILURE_LIMIT, run_bundles, scale_up
 from alchemetric_ray.train.capacity import discover_capacity
 from alchemetric_ray.train.export import check_models_dir, export_model
-from alchemetric_ray.train.metrics import selection_mode
+from alchemetric_ray.train.metrics import selection_metric, selection_mode
 from alchemetric_ray.train.plan import ResourcePlan, plan_resources
 from alchemetric_ray.train.session import (
     check_storage_access,
@@ -57,6 +57,7 @@ class TrainOutcome:
     model_dir: Location | None
     seconds: float
     tensorboard: Location | None = None  # the run's TensorBoard event files
+    config: RunConfig | None = None  # the run's config, with the shards' target (adopt_target)
 
 
 def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Location:
@@ -72,6 +73,19 @@ def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Location:
     else:
         build_shards(cfg, out, progress=progress)
     return out
+
+
+def adopt_target(cfg: RunConfig, manifest: Manifest) -> RunConfig:
+    """The shards decide the target: trained from a shard folder built with another
+    ``features.label``, the config takes the shards' (what the saved model's config then says),
+    and a ``train.metric`` that cannot score that target is refused in one line."""
+    scheme = manifest.label["scheme"]
+    if cfg.features.label == scheme:
+        return cfg
+    try:
+        return cfg.replace(f"features.label={scheme}")
+    except ConfigError as exc:
+        raise TrainError(f"the shards' label is {scheme}: {exc}") from None
 
 
 def check_compatible(cfg: RunConfig, manifest: Manifest) -> None:
@@ -115,8 +129,8 @@ def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: Reso
             name=name,
             **train_storage(cfg),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.storage.num_to_keep,
-                                               checkpoint_score_attribute=cfg.train.metric,
-                                               checkpoint_score_order=selection_mode(cfg.train)),
+                                               checkpoint_score_attribute=selection_metric(cfg),
+                                               checkpoint_score_order=selection_mode(cfg)),
             failure_config=FailureConfig(max_failures=cfg.scaling.max_failures,
                                          controller_failure_limit=CONTROLLER_FAILURE_LIMIT),
             worker_runtime_env={"env_vars": worker_env(cfg)},
@@ -131,6 +145,7 @@ class Prepared:
     """What :func:`prepare_run` hands to ``run_training`` and ``run_sweep``."""
 
     name: str  # the Train run's (or the sweep's) name
+    cfg: RunConfig  # the config given, with the shards' target (adopt_target)
     plan: ResourcePlan
     shards: Location
     manifest: Manifest
@@ -158,15 +173,16 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     shards = prepare_shards(cfg, progress=progress)
     manifest = Manifest.read(shards)
     check_shard_files(shards, manifest)  # once, here: a sweep's trials skip it
+    cfg = adopt_target(cfg, manifest)
     check_compatible(cfg, manifest)
     name = name or run_name(cfg, sweep=sweep)
     print(("resource plan per trial:\n" if sweep else "resource plan:\n") + plan.describe(), flush=True)
     if sweep:
-        return Prepared(name, plan, shards, manifest, None)
+        return Prepared(name, cfg, plan, shards, manifest, None)
     console.quiet_ray_data()
     datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
                                  deterministic=cfg.train.deterministic, check=False)
-    return Prepared(name, plan, shards, manifest, datasets)
+    return Prepared(name, cfg, plan, shards, manifest, datasets)
 
 
 def _check_storage_for_new_nodes(cfg: RunConfig, plan: ResourcePlan) -> None:
@@ -184,6 +200,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
     export.  The autoscaler's resource request is cleared however the fit ends."""
     started = time.monotonic()
     run = prepare_run(cfg, export=export, name=name, progress=progress)
+    cfg = run.cfg
     from alchemetric_ray.train.tensorboard import SUBDIR, TensorBoardScalars
 
     where = storage_location(cfg)
@@ -203,7 +220,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
     best_ckpt, best_metrics = _best(result, cfg)
     run_path = getattr(result, "path", None) if where.is_local else str(where / run.name)
     outcome = TrainOutcome(run.name, run_path, run.shards, run.plan, result.return_value or {},
-                           best_ckpt, best_metrics, result.checkpoint, None, 0.0, tensorboard)
+                           best_ckpt, best_metrics, result.checkpoint, None, 0.0, tensorboard, cfg)
     if export and best_ckpt is not None:
         outcome.model_dir = export_model(best_ckpt, cfg, run.shards)
     outcome.seconds = time.monotonic() - started
@@ -217,8 +234,9 @@ def _worker_user_error(exc: BaseException) -> UserError | None:
 
 
 def _best(result, cfg: RunConfig):
-    ranked = [(c, m) for c, m in (getattr(result, "best_checkpoints", None) or []) if cfg.train.metric in m]
+    metric = selection_metric(cfg)
+    ranked = [(c, m) for c, m in (getattr(result, "best_checkpoints", None) or []) if metric in m]
     if not ranked:
         return result.checkpoint, result.metrics
-    sign = 1 if selection_mode(cfg.train) == "max" else -1
-    return max(ranked, key=lambda cm: sign * cm[1][cfg.train.metric])
+    sign = 1 if selection_mode(cfg) == "max" else -1
+    return max(ranked, key=lambda cm: sign * cm[1][metric])

@@ -27,10 +27,10 @@ from alchemetric_ray.models import load_model_module, model_spec
 from alchemetric_ray.storage import Location
 from alchemetric_ray.train.autoscale import run_bundles, scale_up
 from alchemetric_ray.train.checkpoint import META
-from alchemetric_ray.train.metrics import selection_mode
+from alchemetric_ray.train.metrics import selection_metric, selection_mode
 from alchemetric_ray.train.plan import DATA_CPU_RESERVE, PlanError, ResourcePlan, nodes_needed
 from alchemetric_ray.train.session import storage_location, train_storage
-from alchemetric_ray.train.trainer import build_trainer, check_compatible, prepare_run
+from alchemetric_ray.train.trainer import adopt_target, build_trainer, check_compatible, prepare_run
 
 TRIAL_DRIVER_CPU = 0.1  # the trial function only waits on its TorchTrainer
 SPEC_KINDS = ("loguniform", "uniform", "choice", "grid", "randint", "quniform")
@@ -168,6 +168,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     trial_cfg = cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
     run = prepare_run(trial_cfg, sweep=True, export=export, progress=progress)
     name, plan, shards, manifest = run.name, run.plan, run.shards, run.manifest
+    cfg, trial_cfg = adopt_target(cfg, manifest), run.cfg  # the shards' target
     where = storage_location(cfg) / name
     # an autoscaling plan counts on the CPUs of the nodes it asks for, not on what is up now
     limit = concurrency(cfg, plan, plan.cluster_cpus if plan.autoscale else ray.cluster_resources().get("CPU", 1))
@@ -187,7 +188,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
         checkpoint = Checkpoint(best_ckpt.path, filesystem=best_ckpt.filesystem)
         model_dir = export_model(checkpoint, best_cfg, shards, extra={"sweep": {
             "name": name, "num_trials": summary["num_trials"], "best_trial_id": summary["best_trial_id"],
-            "selection_metric": cfg.train.metric}})
+            "selection_metric": selection_metric(cfg)}})
         summary["test_metrics"] = json.loads((model_dir / "metrics.json").read_text())["test"]
         summary["model_dir"] = str(model_dir)
     from alchemetric_ray.tune.report import write_sweep_report
@@ -236,7 +237,7 @@ def _fit(cfg: RunConfig, trial_cfg: RunConfig, name: str, plan: ResourcePlan, sh
             trainable,
             param_space=space,
             tune_config=tune.TuneConfig(
-                metric=cfg.train.metric, mode=selection_mode(cfg.train), scheduler=scheduler,
+                metric=selection_metric(cfg), mode=selection_mode(cfg), scheduler=scheduler,
                 search_alg=_searcher(cfg),
                 num_samples=1 if cfg.tune.search == "grid" else cfg.tune.num_samples,
                 max_concurrent_trials=limit,
@@ -246,7 +247,7 @@ def _fit(cfg: RunConfig, trial_cfg: RunConfig, name: str, plan: ResourcePlan, sh
             # finished trial instead, and the summary names the best trial by its best epoch.
             run_config=tune.RunConfig(name=name, **storage,
                                       verbose=0 if not console.verbose() else 1,
-                                      callbacks=[_trial_lines(cfg.train.metric, selection_mode(cfg.train))]),
+                                      callbacks=[_trial_lines(selection_metric(cfg), selection_mode(cfg))]),
         )
     return tuner.fit()
 
@@ -275,7 +276,7 @@ def summarize(grid, cfg: RunConfig, manifest: Manifest, name: str,
               where: Location) -> tuple[dict, Location | None, RunConfig | None]:
     """Rank trials on validation only; find the best trial's best checkpoint (the path Tune
     reported, on the file system of the sweep's storage ``where``)."""
-    metric, mode = cfg.train.metric, selection_mode(cfg.train)
+    metric, mode = selection_metric(cfg), selection_mode(cfg)
     sign = 1 if mode == "max" else -1
     trials, best = [], None
     for result in grid:
