@@ -31,6 +31,9 @@ CrossSectionNorm = Literal["none", "zscore", "rank"]
 ThresholdMode = Literal["fixed", "vol"]
 Normalization = Literal["zscore", "robust"]
 Schedule = Literal["cosine", "onecycle", "constant"]
+# train.loss: auto = cross-entropy for a class target, MSE for a regression target; ic = minus the
+# Pearson correlation of score and label within each date (regression targets, whole dates a batch)
+Loss = Literal["auto", "ce", "mse", "ic"]
 SelectionMode = Literal["auto", "max", "min"]  # train.mode; "auto" = the metric's own direction
 PrecisionMode = Literal["auto", "fp32", "fp16", "bf16"]
 MpsFallback = Literal["error", "warn"]  # PYTORCH_ENABLE_MPS_FALLBACK = 0 | 1
@@ -127,6 +130,14 @@ def selection_mode(cfg: RunConfig) -> str:
     return metric_direction(selection_metric(cfg))
 
 
+def loss_of(cfg: RunConfig) -> str:
+    """The training loss: ``train.loss``, or for "auto" the target's own (mse for a regression
+    target, ce for classes)."""
+    if cfg.train.loss != "auto":
+        return cfg.train.loss
+    return "mse" if cfg.features.label in REGRESSION_LABELS else "ce"
+
+
 def metric_target_problem(metric: str, label: str) -> str | None:
     """Why ``metric`` cannot score the target ``label`` (features.label), or None."""
     name = metric.removeprefix("val_")
@@ -207,6 +218,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 1e-4
     schedule: Schedule = "cosine"
+    loss: Loss = "auto"  # auto: cross-entropy for classes, MSE for a regression target; or ce | mse | ic
     class_weights: bool = False
     grad_clip: float = 1.0  # max grad norm; 0 = no clipping
     seed: int = 0
@@ -538,6 +550,17 @@ def validate(cfg: RunConfig) -> None:
     _check(train.weight_decay >= 0, "train.weight_decay", train.weight_decay, ">= 0")
     _check(train.grad_clip >= 0, "train.grad_clip", train.grad_clip, ">= 0")
     _check(train.patience >= 0, "train.patience", train.patience, ">= 0")
+    regression = features.label in REGRESSION_LABELS
+    if train.loss == "ce" and regression:
+        raise ConfigError(f"config 'train.loss': ce (cross-entropy) needs class labels but features.label="
+                          f"{features.label} is a regression target; use mse or ic")
+    if train.loss in ("mse", "ic") and not regression:
+        raise ConfigError(f"config 'train.loss': {train.loss} needs a regression target but features.label="
+                          f"{features.label} is a class target; use features.label=cs_rank or cs_zscore")
+    if train.loss == "ic" and not train.cache_data:
+        raise ConfigError("config 'train.loss': ic needs whole dates in every batch, which only the cached data path "
+                          "gives (the shards are ticker by ticker and streaming scatters a date across batches and "
+                          "ranks); set train.cache_data=true")
     metric = selection_metric(cfg)
     problem = metric_target_problem(metric, features.label)
     if problem:

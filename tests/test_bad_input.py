@@ -218,6 +218,10 @@ def test_unknown_model_name(capsys, tmp_path, stocknet_dir, flags, overrides):
      ["'train.metric'", "val_accuracy is a classification metric", "features.label=cs_rank is a regression target"]),
     ("train.metric=val_mse", ["'train.metric'", "val_mse is a regression metric",
                               "features.label=three_class is a class target"]),
+    # the IC loss: a regression target, and whole dates in a batch (the cached data path only)
+    ("train.loss=ic", ["'train.loss'", "ic needs a regression target", "features.label=three_class"]),
+    ("features.label=cs_rank train.loss=ic train.cache_data=false",
+     ["'train.loss'", "ic needs whole dates in every batch", "set train.cache_data=true"]),
 ])
 def test_bad_training_config(capsys, tmp_path, stocknet_dir, override, names):
     data = csv_folder(tmp_path, stocknet_dir)
@@ -395,6 +399,15 @@ def test_signals_output_inside_the_input_folder(capsys, tmp_path, stocknet_dir, 
     out = data / where
     fails(capsys, ["predict", "--model", model_dir, "--data", data, "--out", out],
           f"signals output {out} is inside the input folder {data}", under=tmp_path)
+
+
+def test_ic_loss_with_a_batch_smaller_than_a_dates_cross_section(ray_session, capsys, tmp_path):
+    shards = tmp_path / "cs-shards"
+    assert main(["features", "--out", str(shards), "data.source=synthetic", "data.synthetic_tickers=12",
+                 "data.synthetic_days=200", "features.label=cs_rank"]) == 0
+    fails(capsys, train(shards, tmp_path, "features.label=cs_rank", "train.loss=ic", "train.batch_size=8"),
+          "'train.batch_size': 8 rows is smaller than a date's cross-section (12 stocks", "IC loss",
+          under=tmp_path)
 
 
 def test_models_dir_not_writable(ray_session, capsys, tmp_path, shards):

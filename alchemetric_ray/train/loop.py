@@ -5,10 +5,12 @@ report, checkpoints).  ``train_loop_per_worker`` reads top to bottom:
 
 1. this worker's rank, device and precision (from the hardware package) and torch threads;
 2. the model (DDP when world size > 1), moved to our device by us, and this worker's data shard;
-3. AdamW with a cosine or one-cycle schedule; cross-entropy (optional class weights) for a class
-   target, mean squared error for a regression target, computed in float32 outside autocast;
+3. AdamW with a cosine or one-cycle schedule; the loss (``train/losses.py``: cross-entropy, MSE or
+   the per-date IC loss), computed in float32 outside autocast;
 4. a restarted run resumes at the epoch after its latest checkpoint (``train/checkpoint.py``);
-5. each epoch: batches from this worker's Ray Data shard -> the shared optimizer step;
+5. each epoch: batches from this worker's Ray Data shard -> the shared optimizer step; with the IC
+   loss, batches of whole dates (as many as ``train.batch_size`` rows hold) from the cached shard,
+   each rank holding its own dates (``train/data_config.py``) and every rank taking as many steps;
 6. validation under no_grad: each rank scores its own part of the val split (disjoint parts that
    together hold every row once, ``train/data_config.py``); the outputs, labels, dates and forward
    returns are gathered to rank 0, which computes the target's metrics and the signal metrics (IC,
@@ -29,7 +31,7 @@ import torch
 from torch import nn
 
 from alchemetric_ray import console
-from alchemetric_ray.config import RunConfig, TrainConfig
+from alchemetric_ray.config import RunConfig, TrainConfig, loss_of
 from alchemetric_ray.data.loaders import Batch, collate_for
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.hardware import (
@@ -50,6 +52,7 @@ from alchemetric_ray.train.checkpoint import (
     save_checkpoint,
 )
 from alchemetric_ray.train.evaluate import outputs_of
+from alchemetric_ray.train.losses import Loss, make_loss
 from alchemetric_ray.train.metrics import (
     is_better,
     selection_metric,
@@ -76,11 +79,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     model = ray.train.torch.prepare_model(model, move_to_device=worker.device,
                                           parallel_strategy="ddp" if worker.world > 1 else None)
     core = model.module if hasattr(model, "module") else model  # checkpoints hold the plain module's keys
+    loss = loss_of(cfg)
     data = _ShardData(ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("val"),
                       collate_for(model_spec(cfg.model).inputs, manifest.features), train_cfg.batch_size,
-                      train_cfg.cache_data, train_cfg.seed)
+                      train_cfg.cache_data, train_cfg.seed, by_date=loss == "ic", world=worker.world)
     trainables = _trainables(core, train_cfg, worker, data.steps_per_epoch(manifest.rows["train"] // worker.world))
-    loss_fn = _loss_fn(manifest, train_cfg, worker)
+    loss_fn = make_loss(loss, manifest.class_counts.get("train") if train_cfg.class_weights else None, worker.device)
     metric, mode = selection_metric(cfg), selection_mode(cfg)
 
     state = _resume(trainables, worker)
@@ -173,9 +177,10 @@ class _ShardData:
     Ray Data's scheduling and a resumed run sees exactly the batches of an uninterrupted one.
     """
 
-    def __init__(self, train_shard, val_shard, collate, batch_size: int, cache: bool, seed: int):
+    def __init__(self, train_shard, val_shard, collate, batch_size: int, cache: bool, seed: int, *,
+                 by_date: bool = False, world: int = 1):
         self.train_shard, self.val_shard, self.collate = train_shard, val_shard, collate
-        self.batch_size, self.seed = batch_size, seed
+        self.batch_size, self.seed, self.by_date, self.world = batch_size, seed, by_date, world
         self._train: Batch | None = None  # (x, y, date, fwd) of every row, when cached
         self._val: Batch | None = None
         self.rows_seen = 0
@@ -219,10 +224,38 @@ class _ShardData:
         return tuple(torch.cat(column) for column in zip(*parts))
 
     def steps_per_epoch(self, rows_estimate: int) -> int:
+        if self.by_date:
+            return max(1, len(self._date_batches(0)))
         rows = len(self._train[1]) if self._train is not None else rows_estimate
         return max(1, math.ceil(rows / self.batch_size))
 
+    def _date_batches(self, epoch: int) -> list[torch.Tensor]:
+        """Row indices of this epoch's batches of whole dates: the dates in a seeded order, packed
+        in turn into batches of at most ``batch_size`` rows; every rank takes the same number (the
+        fewest any rank has: a few dates sit out an epoch, different ones each epoch)."""
+        dates = self._train[2]
+        _, code = torch.unique(dates, return_inverse=True)
+        n_dates = int(code.max()) + 1 if len(code) else 0
+        generator = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+        place = torch.empty(n_dates, dtype=torch.long)
+        place[torch.randperm(n_dates, generator=generator)] = torch.arange(n_dates)
+        rows = torch.argsort(place[code], stable=True)  # rows grouped by date, dates in the seeded order
+        sizes = torch.bincount(code, minlength=n_dates)[torch.argsort(place)].tolist()
+        batches, start, size = [], 0, 0
+        for n in sizes:
+            if size and size + n > self.batch_size:
+                batches.append(rows[start:start + size])
+                start, size = start + size, 0
+            size += n
+        if size:
+            batches.append(rows[start:start + size])
+        return batches[:min(_gather_list(len(batches), self.world))]
+
     def train_batches(self, epoch: int) -> Iterator[Batch]:
+        if self.by_date:  # the IC loss: whole dates (the cached path only: the config refuses streaming)
+            for idx in self._date_batches(epoch):
+                yield tuple(t[idx] for t in self._train)
+            return
         seed = self.seed * 7919 + epoch
         if self._train is None:
             count = 0
@@ -261,29 +294,18 @@ def _trainables(core: nn.Module, train_cfg: TrainConfig, worker: _Worker, steps_
     return Trainables(core, optimizer, scheduler, step_fn)
 
 
-def _loss_fn(manifest: Manifest, train_cfg: TrainConfig, worker: _Worker):
-    """(outputs, labels) -> loss, in float32 (the caller leaves autocast first): the mean squared
-    error of a regression target's score, else cross-entropy, with train.class_weights weighted
-    against the train split's class imbalance."""
-    if manifest.regression:
-        return lambda out, y: nn.functional.mse_loss(out.float()[:, 0], y.float())
-    weights = _class_weights(manifest.class_counts["train"]).to(worker.device) if train_cfg.class_weights else None
-    cross_entropy = nn.CrossEntropyLoss(weight=weights)
-    return lambda out, y: cross_entropy(out.float(), y)
-
-
-def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: nn.Module, data: _ShardData, epoch: int,
+def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: _ShardData, epoch: int,
                  seed: int, worker: _Worker) -> tuple[float, float]:
     """One pass over this rank's training batches: the mean loss over the ranks, and samples per second."""
     model.train()
     # Dropout draws from (seed, epoch, rank): a resumed run draws what an uninterrupted one would have.
     torch.manual_seed(seed * 1_000_003 + epoch * 1009 + worker.rank)
     losses, seen, started = [], 0, time.perf_counter()
-    for step, (x, y, *_) in enumerate(data.train_batches(epoch)):
+    for step, (x, y, date, _) in enumerate(data.train_batches(epoch)):
         x, y = x.to(worker.device, non_blocking=True), y.to(worker.device, non_blocking=True)
         with worker.precision.autocast():
             out = model(x)
-        loss = loss_fn(out, y)
+        loss = loss_fn(out, y, date.to(worker.device, non_blocking=True))  # float32, outside autocast
         outcome = trainables.step(loss, epoch=epoch, step=step)
         trainables.scheduler.step()
         if not outcome.skipped:  # a skipped step's loss is inf/NaN: not part of the epoch's mean
@@ -430,11 +452,6 @@ def _schedule(kind: str, total_steps: int):
         return 0.5 * (1 + math.cos(math.pi * min(step - warm, total - warm) / max(1, total - warm))) + 1e-3
 
     return {"cosine": cosine, "onecycle": onecycle, "constant": lambda step: 1.0}[kind]
-
-
-def _class_weights(counts: list[int]) -> torch.Tensor:
-    c = torch.tensor(counts, dtype=torch.float32).clamp(min=1)
-    return c.sum() / (len(c) * c)
 
 
 def _epoch_line(row: dict, train_cfg: TrainConfig, metric: str, device, precision_mode: str) -> str:

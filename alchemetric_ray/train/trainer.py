@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from alchemetric_ray import console
-from alchemetric_ray.config import ConfigError, RunConfig
+from alchemetric_ray.config import ConfigError, RunConfig, loss_of
 from alchemetric_ray.data.loaders import build_datasets, check_shard_files
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.shards import build_shards
@@ -99,6 +99,11 @@ def check_compatible(cfg: RunConfig, manifest: Manifest) -> None:
     for split in ("train", "val"):
         if manifest.rows[split] == 0:
             raise TrainError(f"the {split} split of the shards is empty")
+    widest = (manifest.cross_section or {}).get("max_names", 0)
+    if loss_of(cfg) == "ic" and cfg.train.batch_size < widest:
+        raise TrainError(f"config 'train.batch_size': {cfg.train.batch_size} rows is smaller than a date's "
+                         f"cross-section ({widest} stocks on a date in the shards), and the IC loss needs whole "
+                         f"dates in a batch; set train.batch_size to {widest} or more")
 
 
 def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: ResourcePlan, *, name: str,
@@ -124,7 +129,8 @@ def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: Reso
                                      placement_strategy=cfg.scaling.placement),
         torch_config=TorchConfig(backend=plan.backend),
         datasets=datasets,
-        dataset_config=CompleteValidationConfig(execution_options=options),  # val: every row, once
+        # val: every row, once; train split by date for the IC loss
+        dataset_config=CompleteValidationConfig(execution_options=options, by_date=loss_of(cfg) == "ic"),
         run_config=TrainRunConfig(
             name=name,
             **train_storage(cfg),
