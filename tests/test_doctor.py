@@ -157,7 +157,8 @@ def test_certificate_flip_share_on_a_known_case(monkeypatch):
     monkeypatch.setattr(certificate, "certificate_rows", lambda loaded: (np.zeros((n, 3), np.float32), rows))
     monkeypatch.setattr(certificate, "_scores",
                         lambda loaded, x, device, precision: ref if precision.mode == "fp32" else perturbed)
-    loaded = type("Loaded", (), {"config": load_config()})()  # thresholds 0.05 / 0.05
+    manifest = type("Manifest", (), {"classes": ["down", "flat", "up"]})()  # a class target: thresholds apply
+    loaded = type("Loaded", (), {"config": load_config(), "manifest": manifest})()  # thresholds 0.05 / 0.05
     cpu = torch.device("cpu")
     fp32, bf16 = resolve_precision("fp32", cpu), resolve_precision("bf16", cpu, model=model_spec("mlp"))
     cert = certificate.certify(loaded, [(cpu, fp32), (cpu, bf16)], (cpu, fp32))
