@@ -147,9 +147,10 @@ def test_verdict_on_a_synthetic_market_with_class_labels(ray_session, tmp_path):
 
     cfg = load_config(None, ["data.source=synthetic", "data.synthetic_tickers=40", "data.synthetic_days=900",
                              f"data.synthetic_effect={effect}", *_THREE_DAYS_AGO, "data.seed=3",
-                             f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}", "storage.name=syn", "train.epochs=5",
-                             "model.name=tcn", "model.hidden=32", "features.window=10", "features.label=binary",
-                             "train.metric=val_log_loss", "train.mode=min", "train.deterministic=true"])
+                             f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
+                             "storage.name=syn", "train.epochs=5", "model.name=tcn", "model.hidden=32",
+                             "features.window=10", "features.label=binary", "train.metric=val_log_loss",
+                             "train.mode=min", "train.deterministic=true"])
     model_dir = run_training(cfg, progress=False).model_dir
     result = evaluate(model_dir, None, tmp_path / "report")
     model, verdict = result["rows"][0], result["verdict"]
