@@ -13,7 +13,6 @@ from alchemetric_ray.signals.metrics import (
     ICStats,
     daily_ic,
     deflated_sharpe,
-    deflated_sharpe_of_returns,
     edge_verdict,
     expected_max_sharpe,
     hit_rate,
@@ -388,23 +387,6 @@ def test_deflated_sharpe_matches_the_worked_example_of_bailey_and_lopez_de_prado
         deflated_sharpe(sr_daily, -3.0, 10.0, 1250, 0, var_daily)
 
 
-def test_deflated_sharpe_of_returns_decreases_with_trials_and_uses_the_series_moments():
-    rng = np.random.default_rng(14)
-    r = rng.normal(0.002, 0.01, 1000)
-    assert deflated_sharpe_of_returns(r, 1) == pytest.approx(probabilistic_sharpe(r, 0.0), abs=1e-15)
-    vals = [deflated_sharpe_of_returns(r, n) for n in (1, 2, 5, 10, 100, 1000)]
-    assert all(a > b for a, b in zip(vals, vals[1:]))
-    # the series' own per-period SR, sample skewness and (Pearson) kurtosis go into deflated_sharpe
-    d = r - r.mean()
-    m2 = np.mean(d**2)
-    sr, skew, kurt = r.mean() / r.std(ddof=1), np.mean(d**3) / m2**1.5, np.mean(d**4) / m2**2
-    n, sd = 50, 0.03
-    assert deflated_sharpe_of_returns(r, n, trial_sr_std=sd) == pytest.approx(
-        deflated_sharpe(sr, skew, kurt, len(r), n, sd**2), rel=1e-12)
-    with pytest.raises(ValueError):
-        deflated_sharpe_of_returns(r, 0)
-
-
 # ------------------------------------------------------------------------------------- verdict
 
 
@@ -528,3 +510,34 @@ def test_quantile_positions_take_the_top_and_bottom_of_each_date():
     assert pos[:10].tolist() == [-1, -1, 0, 0, 0, 0, 0, 0, 1, 1]  # k = 2 of 10
     assert pos[10:15].tolist() == [0, -1, 0, 0, 1]  # k = 1 of 5
     assert pos[15] == 0  # one stock: neither leg
+
+
+def test_validation_long_short_moments_are_the_evaluations_gross_book():
+    """The loop's val_ls_* come from the same top-minus-bottom book as the evaluation's long_short
+    (gross of costs, every date a period), through the same per-period moments as the PSR/DSR."""
+    from alchemetric_ray.train.metrics import signal_metrics, sr_moments
+
+    frame = panel(120, 12, seed=8, noise=2.0)
+    got = signal_metrics(frame["score"].to_numpy(), frame["fwd_ret"].to_numpy(), frame["date"].to_numpy(),
+                         quantile=0.25)
+    gross = long_short(frame, quantile=0.25, cost_bps=0.0).daily["gross"].to_numpy()
+    sr, skew, kurt, n = sr_moments(gross)
+    assert (got["val_ls_sr"], got["val_ls_skew"], got["val_ls_kurt"], got["val_ls_days"]) == pytest.approx(
+        (sr, skew, kurt, n), rel=1e-9)
+    assert n == 120 and sr > 0.2  # a score that carries the return: a positive book
+
+
+def test_the_chosen_trials_validation_sharpe_is_deflated_by_the_trials_variance():
+    from alchemetric_ray.signals.evaluate import deflated_validation_sharpe
+    from alchemetric_ray.tune.sweep import trial_sr_variance
+
+    trials = [{"val_long_short": {"sr": v, "skew": 0.0, "kurt": 3.0, "days": 250}} for v in (0.02, 0.05, 0.11, 0.08)]
+    trials.append({"val_long_short": None})  # a trial that errored
+    variance = trial_sr_variance(trials)
+    assert variance == pytest.approx(np.var([0.02, 0.05, 0.11, 0.08], ddof=1))
+    sweep = {"num_trials": 5, "trial_sr_variance": variance, "chosen_val_long_short": trials[2]["val_long_short"]}
+    dsr = deflated_validation_sharpe(sweep)
+    assert dsr == pytest.approx(deflated_sharpe(0.11, 0.0, 3.0, 250, 5, variance))
+    # more trials tried with the same spread: a higher bar, a lower DSR; no sweep: no DSR
+    assert deflated_validation_sharpe({**sweep, "num_trials": 50}) < dsr
+    assert deflated_validation_sharpe(None) is None and deflated_validation_sharpe({"num_trials": 1}) is None

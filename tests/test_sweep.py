@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from alchemetric_ray.config import ConfigError, load_config
@@ -22,7 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def shards(stocknet_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep") / "shards"
-    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM"])
+    # six stocks: enough for a validation long-short book (5 or more a date), whose moments the
+    # deflated Sharpe ratio of the chosen trial needs
+    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM,JPM,GE,WMT"])
     return build_shards(cfg, out).out
 
 
@@ -113,6 +116,13 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
     assert s["test_metrics"] == metrics["test"]
     assert json.loads((out.model_dir / "config.json").read_text())["train"]["lr"] == best["config"]["train.lr"]
     assert out.report.is_file() and s["best_confusion"] is not None
+    # every trial's validation long-short moments at its best epoch (the ASHA-stopped one's too), and their
+    # variance across the trials: what deflates the chosen trial's validation Sharpe ratio
+    assert all(np.isfinite(t["val_long_short"]["sr"]) and t["val_long_short"]["days"] > 100 for t in s["trials"])
+    srs = [t["val_long_short"]["sr"] for t in s["trials"]]
+    assert s["trial_sr_variance"] == pytest.approx(np.var(srs, ddof=1))
+    assert metrics["sweep"]["trial_sr_variance"] == s["trial_sr_variance"]
+    assert metrics["sweep"]["chosen_val_long_short"] == best["val_long_short"]
     # TensorBoard's own reader finds every trial's scalars and hyperparameters
     event_files = sorted(Path(out.path).glob("*/events.out.tfevents.*"))
     assert len(event_files) == 3

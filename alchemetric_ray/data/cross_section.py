@@ -222,3 +222,14 @@ def plan_ops(names: list[str], spec, normalize: str) -> list[Op]:
     if spec.scheme in CROSS_SECTION_KIND:
         ops.append(Op("label", "fwd_ret", CROSS_SECTION_KIND[spec.scheme]))
     return ops
+
+
+def quantile_legs(score: np.ndarray, group: np.ndarray, n_groups: int,
+                  quantile: float) -> tuple[np.ndarray, np.ndarray]:
+    """(long, short) masks of the top and bottom ``quantile`` of each group's scores (a date, or a
+    rebalance period): with n names, k = max(1, floor(quantile * n)); rank the scores (ties share
+    their average rank r); long r >= n - k + 1, short r <= k."""
+    n_names = np.bincount(group, minlength=n_groups).astype(np.float64)
+    leg_size = np.maximum(1.0, np.floor(quantile * n_names + 1e-9))  # k
+    rank = group_rank(score, group)  # r: 1-based, ties share their average rank
+    return rank >= (n_names - leg_size + 1.0)[group], rank <= leg_size[group]

@@ -54,7 +54,7 @@ def _scored(frame: pd.DataFrame, score: np.ndarray, pos: np.ndarray) -> pd.DataF
                          "position": pos, "fwd_ret": frame["fwd_ret"].to_numpy(dtype=np.float64)})
 
 
-def contender_stats(name: str, signals: pd.DataFrame, cfg: RunConfig, *, n_trials: int = 1, horizon: int = 1,
+def contender_stats(name: str, signals: pd.DataFrame, cfg: RunConfig, *, horizon: int = 1,
                     proba: np.ndarray | None = None, labels: np.ndarray | None = None) -> dict[str, Any]:
     """Every number of the side-by-side table for one contender (model or baseline)."""
     signal_cfg = cfg.signals
@@ -72,7 +72,7 @@ def contender_stats(name: str, signals: pd.DataFrame, cfg: RunConfig, *, n_trial
     row["hit_rate"] = sm.hit_rate(valid)
     net = long_short_stats.daily["net"].to_numpy() if len(long_short_stats.daily) else np.zeros(0)
     row["psr"] = sm.probabilistic_sharpe(net) if len(net) > 2 else float("nan")
-    row["dsr"] = sm.deflated_sharpe_of_returns(net, n_trials) if len(net) > 2 and n_trials > 1 else None
+    row["dsr"] = None  # the deep model's, when a sweep chose it: deflated_validation_sharpe
     if proba is not None and labels is not None:
         ok = labels >= 0
         row["classification"] = {k: v for k, v in classification_metrics(labels[ok], proba[ok], prefix="").items()}
@@ -93,8 +93,21 @@ def _port_dict(portfolio) -> dict:
             "n_days": portfolio.n_days}
 
 
+def deflated_validation_sharpe(sweep: dict | None) -> float | None:
+    """The deflated Sharpe ratio of a sweep's chosen trial (Bailey and Lopez de Prado, 2014): its
+    *validation* long-short per-period Sharpe ratio, skewness, kurtosis and day count, against the
+    expected maximum of ``num_trials`` unskilled trials whose Sharpe ratios vary as the sweep's
+    trials did (``trial_sr_variance``).  None without a sweep of 2 or more trials that recorded them."""
+    sweep = sweep or {}
+    chosen, variance, n_trials = sweep.get("chosen_val_long_short"), sweep.get("trial_sr_variance"), \
+        int(sweep.get("num_trials", 1))
+    if n_trials < 2 or not chosen or variance is None:
+        return None
+    return sm.deflated_sharpe(chosen["sr"], chosen["skew"], chosen["kurt"], int(chosen["days"]), n_trials, variance)
+
+
 def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest: Manifest, cfg: RunConfig,
-                     *, n_trials: int = 1, segment: tuple[str, str] | None = None) -> dict[str, Any]:
+                     *, sweep: dict | None = None, segment: tuple[str, str] | None = None) -> dict[str, Any]:
     """The model and every baseline on the test segment of ``inputs`` (rows with features and labels)."""
     from alchemetric_ray.train.baselines import (
         baseline_models,
@@ -113,7 +126,7 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     model_rows = model_signals.merge(test[["date", "ticker", "label"]], on=["date", "ticker"], how="inner")
     proba_cols = [f"p_{c}" for c in classes]  # none for a regression target: its score is the model's output
     rows = [contender_stats("deep model", model_rows[["date", "ticker", "score", "position", "fwd_ret"]], cfg,
-                            n_trials=n_trials, horizon=horizon,
+                            horizon=horizon,
                             proba=model_rows[proba_cols].to_numpy() if classes else None,
                             labels=model_rows["label"].to_numpy())]
 
@@ -133,6 +146,7 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     rows.append(contender_stats("momentum 20d", _scored(test, mom, np.sign(mom).astype(np.int8)), cfg, horizon=horizon))
     rows.append(contender_stats(BUY_AND_HOLD, _scored(test, np.ones(len(test)), np.ones(len(test), np.int8)), cfg,
                                 horizon=horizon))
+    rows[0]["dsr"] = deflated_validation_sharpe(sweep)  # beside the test-period Sharpe, which is not deflated
     n_tickers = int(test["ticker"].nunique())
     baselines_with_ic = [r for r in rows[1:] if r["name"] != BUY_AND_HOLD and r["_ic"].n_days > 0]
     best = max(baselines_with_ic, key=lambda r: r["_ic"].mean if not math.isnan(r["_ic"].mean) else -1, default=None)
@@ -140,7 +154,8 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
                               few_tickers=FEW_TICKERS, baseline_name=best["name"] if best else "best baseline",
                               n_boot=cfg.signals.n_boot, seed=cfg.train.seed)
     return {"segment": {"start": start, "end": end}, "tickers": n_tickers, "rows": rows,
-            "best_baseline": best["name"] if best else None, "verdict": verdict, "n_trials": n_trials}
+            "best_baseline": best["name"] if best else None, "verdict": verdict,
+            "n_trials": int((sweep or {}).get("num_trials", 1))}
 
 
 def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | Path | Location,
@@ -152,11 +167,10 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
     loaded = load_model(model_dir)
     cfg = cfg or loaded.config
     metrics = json.loads((model_dir / "metrics.json").read_text()) if (model_dir / "metrics.json").is_file() else {}
-    n_trials = int(metrics.get("sweep", {}).get("num_trials", 1))
     with out_dir.staged() as tmp:
         signals = predict(model_dir, data, tmp / "signals.parquet", cfg)
         inputs = inputs_frame(loaded, data)
-        result = evaluate_signals(signals, inputs, loaded.manifest, cfg, n_trials=n_trials)
+        result = evaluate_signals(signals, inputs, loaded.manifest, cfg, sweep=metrics.get("sweep"))
         if cfg.signals.folds:
             result["walk_forward"] = walk_forward(cfg, data, loaded, cfg.signals.folds, tmp)
         result["model"] = {"dir": str(model_dir), "id": signals["model_id"].iloc[0] if len(signals) else None,
@@ -286,8 +300,10 @@ def render_report(result: dict) -> str:
         lines += [f"> With only {result['tickers']} tickers the cross-sectional numbers (IC, rank IC, long-short) are "
                   "not meaningful; read the position returns instead.", ""]
     if result["n_trials"] > 1:
-        lines += [f"The model was chosen among {result['n_trials']} configurations: the deflated Sharpe ratio accounts "
-                  "for that selection.", ""]
+        lines += [f"The model was chosen among {result['n_trials']} configurations. Its DSR is the deflated Sharpe "
+                  "ratio of its *validation* long-short returns, against the best of that many unskilled trials "
+                  "whose Sharpe ratios vary as the sweep's did (Bailey and López de Prado, 2014); the L/S Sharpe "
+                  "beside it is the test period's, not deflated: the out-of-sample check.", ""]
     lines += ["| contender | rank IC [CI] | IC | ICIR | L/S Sharpe | L/S ann. return | max DD | turnover | "
               "positions Sharpe | hit rate | PSR | DSR | bal. acc |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -35,7 +35,8 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtr, ndtri
 
-from alchemetric_ray.data.cross_section import group_rank, grouped_corr
+from alchemetric_ray.data.cross_section import group_rank, grouped_corr, quantile_legs
+from alchemetric_ray.train.metrics import sr_moments
 
 __all__ = [
     "ICStats",
@@ -48,7 +49,6 @@ __all__ = [
     "probabilistic_sharpe",
     "expected_max_sharpe",
     "deflated_sharpe",
-    "deflated_sharpe_of_returns",
     "edge_verdict",
 ]
 
@@ -358,17 +358,6 @@ def _empty_portfolio(periods_per_year: float) -> PortfolioStats:
     return PortfolioStats(nan, nan, nan, nan, nan, nan, 0, daily, float(periods_per_year))
 
 
-def quantile_legs(score: np.ndarray, group: np.ndarray, n_groups: int,
-                  quantile: float) -> tuple[np.ndarray, np.ndarray]:
-    """(long, short) masks of the top and bottom ``quantile`` of each group's scores (a date, or a
-    rebalance period): with n names, k = max(1, floor(quantile * n)); rank the scores (ties share
-    their average rank r); long r >= n - k + 1, short r <= k."""
-    n_names = np.bincount(group, minlength=n_groups).astype(np.float64)
-    leg_size = np.maximum(1.0, np.floor(quantile * n_names + 1e-9))  # k
-    rank = group_rank(score, group)  # r: 1-based, ties share their average rank
-    return rank >= (n_names - leg_size + 1.0)[group], rank <= leg_size[group]
-
-
 def quantile_positions(score: np.ndarray, dates: np.ndarray, quantile: float) -> np.ndarray:
     """Positions from a score on a cross-sectional scale (a regression target's): +1 for each date's
     top ``quantile`` of stocks, -1 for its bottom one, 0 between (:func:`quantile_legs`)."""
@@ -501,24 +490,6 @@ def hit_rate(signals: pd.DataFrame) -> float:
 # Sharpe-ratio inference (Bailey & Lopez de Prado)
 
 
-def _sr_moments(returns) -> tuple[float, float, float, int]:
-    """Per-period SR (mean / std, ddof=1), skewness, (non-excess) kurtosis, n of finite returns."""
-    r = np.asarray(returns, dtype=np.float64).ravel()
-    r = r[np.isfinite(r)]
-    n = int(r.size)
-    if n < 2:
-        return float("nan"), float("nan"), float("nan"), n
-    sd = float(r.std(ddof=1))
-    d = r - r.mean()
-    m2 = float(np.mean(d * d))
-    if sd == 0 or m2 == 0:
-        return float("nan"), float("nan"), float("nan"), n
-    sr = float(r.mean()) / sd
-    skew = float(np.mean(d**3)) / m2**1.5
-    kurt = float(np.mean(d**4)) / m2**2  # Pearson kurtosis: 3 for a normal
-    return sr, skew, kurt, n
-
-
 def _psr_z(sr: float, skew: float, kurtosis: float, n_obs: int, benchmark_sr: float) -> float:
     """(SR - SR*) * sqrt(n - 1) / sqrt(1 - skew * SR + (kurt - 1) / 4 * SR^2), all per period."""
     var = max(1.0 - skew * sr + (kurtosis - 1.0) / 4.0 * sr * sr, 1e-12)
@@ -533,7 +504,7 @@ def probabilistic_sharpe(returns: np.ndarray, benchmark_sr: float = 0.0) -> floa
     the (non-excess) kurtosis and n the number of returns; ``benchmark_sr`` is per-period too.
     NaN for fewer than 2 finite returns or zero variance.
     """
-    sr, skew, kurt, n = _sr_moments(returns)
+    sr, skew, kurt, n = sr_moments(returns)
     if not np.isfinite(sr):
         return float("nan")
     return float(ndtr(_psr_z(sr, skew, kurt, n, benchmark_sr)))
@@ -577,22 +548,6 @@ def deflated_sharpe(sr: float, skew: float, kurtosis: float, n_obs: int, n_trial
     if not all(np.isfinite([sr, skew, kurtosis])) or int(n_obs) < 2:
         return float("nan")
     return float(ndtr(_psr_z(float(sr), float(skew), float(kurtosis), int(n_obs), sr0)))
-
-
-def deflated_sharpe_of_returns(returns: np.ndarray, n_trials: int, trial_sr_std: float | None = None) -> float:
-    """:func:`deflated_sharpe` of a return series: per-period SR, skewness and kurtosis from
-    ``returns``.  ``trial_sr_std`` is the std of the (per-period) SR across the trials; if None it is
-    estimated by the std of the SR estimator of ``returns``,
-    sqrt((1 - skew * SR + (kurt - 1) / 4 * SR^2) / (n - 1)).  N = 1 gives PSR(0).
-    """
-    if int(n_trials) < 1:
-        raise ValueError(f"n_trials must be >= 1, got {n_trials}")
-    sr, skew, kurt, n = _sr_moments(returns)
-    if not np.isfinite(sr):
-        return float("nan")
-    if trial_sr_std is None:
-        trial_sr_std = math.sqrt(max(1.0 - skew * sr + (kurt - 1.0) / 4.0 * sr * sr, 1e-12) / (n - 1))
-    return deflated_sharpe(sr, skew, kurt, n, n_trials, float(trial_sr_std) ** 2)
 
 
 # --------------------------------------------------------------------------------------------

@@ -96,7 +96,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     stopped_early = False
     for epoch in range(start_epoch, train_cfg.epochs):
         train_loss, samples_per_s = _train_epoch(model, trainables, loss_fn, data, epoch, train_cfg.seed, worker)
-        metrics, improved, stop = _validate_and_decide(core, data, state, train_cfg, worker, manifest, metric, mode)
+        metrics, improved, stop = _validate_and_decide(core, data, state, train_cfg, worker, manifest, metric, mode,
+                                                       cfg.signals.quantile)
         state.epoch = epoch
         row = {"epoch": epoch, "train_loss": train_loss, **_scalars(metrics), "samples_per_s": samples_per_s,
                "skipped_steps": trainables.step.skipped_total, "lr": trainables.scheduler.get_last_lr()[0],
@@ -318,8 +319,8 @@ def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: 
 
 
 def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, train_cfg: TrainConfig,
-                         worker: _Worker, manifest: Manifest, metric: str,
-                         mode: str) -> tuple[dict[str, Any], bool, bool]:
+                         worker: _Worker, manifest: Manifest, metric: str, mode: str,
+                         quantile: float) -> tuple[dict[str, Any], bool, bool]:
     """Validate, and decide together: (metrics, improved, stop); the metrics on rank 0 only.
 
     Each rank scores its own part of the validation split (the parts are disjoint and together
@@ -333,7 +334,7 @@ def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, tr
     metrics: dict[str, Any] = {}
     decision = [False, False, state.best]
     if worker.rank == 0:
-        metrics = target_metrics(outputs, labels, fwd, dates, manifest.classes, prefix="val_")
+        metrics = target_metrics(outputs, labels, fwd, dates, manifest.classes, prefix="val_", quantile=quantile)
         value = metrics[metric]
         improved = is_better(value, state.best, mode)
         state.best = value if improved else state.best

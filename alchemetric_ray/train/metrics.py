@@ -96,14 +96,14 @@ def direction_score(outputs: np.ndarray, classes: list[str]) -> np.ndarray:
 
 
 def target_metrics(outputs: np.ndarray, labels: np.ndarray, fwd_ret: np.ndarray, date: np.ndarray,
-                   classes: list[str], prefix: str = "val_") -> dict:
+                   classes: list[str], prefix: str = "val_", quantile: float = 0.2) -> dict:
     """Every metric of one split: the target's own (classification metrics from the class
     probabilities, or the MSE of a regression target), and the signal metrics of its score."""
     if classes:
         out = classification_metrics(labels, outputs, prefix=prefix)
     else:
         out = regression_metrics(labels, np.asarray(outputs)[:, 0], prefix=prefix)
-    out.update(signal_metrics(direction_score(outputs, classes), fwd_ret, date, prefix=prefix))
+    out.update(signal_metrics(direction_score(outputs, classes), fwd_ret, date, prefix=prefix, quantile=quantile))
     return out
 
 
@@ -113,12 +113,17 @@ def regression_metrics(y_true: np.ndarray, pred: np.ndarray, prefix: str = "val_
     return {f"{prefix}mse": float(np.mean(err * err)) if len(err) else float("nan")}
 
 
-def signal_metrics(score: np.ndarray, fwd_ret: np.ndarray, date: np.ndarray, prefix: str = "val_") -> dict:
+def signal_metrics(score: np.ndarray, fwd_ret: np.ndarray, date: np.ndarray, prefix: str = "val_",
+                   quantile: float = 0.2) -> dict:
     """The score against the realised forward return, across the stocks of each date: the mean
     daily Pearson IC and rank IC (Spearman: Pearson of the per-date ranks), each one's IR (mean /
     std of the daily values, not annualised) and the number of dates.  A date with fewer than 2
     stocks, or no spread in the score or the return, has no IC and is left out; with no date left
-    the metrics are NaN.  The daily values are ``signals.metrics.daily_ic``'s with ``min_names=2``."""
+    the metrics are NaN.  The daily values are ``signals.metrics.daily_ic``'s with ``min_names=2``.
+
+    And the top-minus-bottom ``quantile`` book's daily gross returns (``ls_``): their per-period
+    Sharpe ratio, skewness, kurtosis and count, the moments a sweep's deflated Sharpe ratio needs
+    (``signals.metrics.long_short``'s gross returns at horizon 1: every date is a period)."""
     from alchemetric_ray.data.cross_section import group_rank, grouped_corr
 
     score = np.asarray(score, dtype=np.float64)
@@ -136,7 +141,48 @@ def signal_metrics(score: np.ndarray, fwd_ret: np.ndarray, date: np.ndarray, pre
         out[f"{prefix}{name}"] = mean
         out[f"{prefix}{name}ir"] = mean / std if std > 0 else float("nan")
         out[f"{prefix}ic_days"] = float(len(daily))
+    sr, skew, kurt, n = sr_moments(long_short_returns(x, y, code, n_dates, quantile))
+    out.update({f"{prefix}ls_sr": sr, f"{prefix}ls_skew": skew, f"{prefix}ls_kurt": kurt, f"{prefix}ls_days": float(n)})
     return out
+
+
+LONG_SHORT_MIN_NAMES = 5  # signals.metrics.long_short's default: fewer stocks on a date, no book that day
+
+
+def long_short_returns(score: np.ndarray, fwd_ret: np.ndarray, code: np.ndarray, n_dates: int,
+                       quantile: float) -> np.ndarray:
+    """Per date (``code``), the gross return of the equal-weight top-minus-bottom ``quantile`` book:
+    +0.5 on the longs' mean simple return, -0.5 on the shorts'; dates with fewer than
+    LONG_SHORT_MIN_NAMES stocks or an empty leg have no book."""
+    from alchemetric_ray.data.cross_section import quantile_legs
+
+    count = np.bincount(code, minlength=n_dates)
+    is_long, is_short = quantile_legs(score, code, n_dates, quantile)
+    simple = np.expm1(fwd_ret)
+    n_long = np.bincount(code, is_long, n_dates)
+    n_short = np.bincount(code, is_short, n_dates)
+    ok = (count >= LONG_SHORT_MIN_NAMES) & (n_long > 0) & (n_short > 0)
+    long_mean = np.bincount(code, simple * is_long, n_dates)[ok] / n_long[ok]
+    short_mean = np.bincount(code, simple * is_short, n_dates)[ok] / n_short[ok]
+    return 0.5 * long_mean - 0.5 * short_mean
+
+
+def sr_moments(returns) -> tuple[float, float, float, int]:
+    """Per-period SR (mean / std, ddof=1), skewness, (non-excess) kurtosis, n of finite returns."""
+    r = np.asarray(returns, dtype=np.float64).ravel()
+    r = r[np.isfinite(r)]
+    n = int(r.size)
+    if n < 2:
+        return float("nan"), float("nan"), float("nan"), n
+    sd = float(r.std(ddof=1))
+    d = r - r.mean()
+    m2 = float(np.mean(d * d))
+    if sd == 0 or m2 == 0:
+        return float("nan"), float("nan"), float("nan"), n
+    sr = float(r.mean()) / sd
+    skew = float(np.mean(d**3)) / m2**1.5
+    kurt = float(np.mean(d**4)) / m2**2  # Pearson kurtosis: 3 for a normal
+    return sr, skew, kurt, n
 
 
 def is_better(value: float, best: float | None, mode: str) -> bool:

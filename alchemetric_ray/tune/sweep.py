@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,7 +189,9 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
         checkpoint = Checkpoint(best_ckpt.path, filesystem=best_ckpt.filesystem)
         model_dir = export_model(checkpoint, best_cfg, shards, extra={"sweep": {
             "name": name, "num_trials": summary["num_trials"], "best_trial_id": summary["best_trial_id"],
-            "selection_metric": selection_metric(cfg)}})
+            "selection_metric": selection_metric(cfg), "trial_sr_variance": summary["trial_sr_variance"],
+            "chosen_val_long_short": next((t["val_long_short"] for t in summary["trials"]
+                                           if t["trial_id"] == summary["best_trial_id"]), None)}})
         summary["test_metrics"] = json.loads((model_dir / "metrics.json").read_text())["test"]
         summary["model_dir"] = str(model_dir)
     from alchemetric_ray.tune.report import write_sweep_report
@@ -292,6 +295,7 @@ def summarize(grid, cfg: RunConfig, manifest: Manifest, name: str,
         epochs = len(history)
         trial = {"trial_id": trial_id, "config": config, "status": "ERROR" if result.error else "TERMINATED",
                  "best_value": best_value, "epochs_run": epochs,
+                 "val_long_short": _long_short_at(df, metric, best_value),
                  "stopped_early": (not result.error) and epochs < cfg.train.epochs
                                   and not _early_stopped_by_patience(df, cfg),
                  "history": history, "error": str(result.error).splitlines()[0][:300] if result.error else None}
@@ -319,8 +323,26 @@ def summarize(grid, cfg: RunConfig, manifest: Manifest, name: str,
         "best_value": best[0], "best_config": best_config, "best_checkpoint": best_ckpt and str(best_ckpt),
         "classes": manifest.classes, "best_confusion": confusion, "test_metrics": None,
         "model_dir": None, "max_epochs": cfg.train.epochs,
+        "trial_sr_variance": trial_sr_variance(trials),
     }
     return summary, best_ckpt, best_cfg
+
+
+def _long_short_at(df, metric: str, best_value) -> dict | None:
+    """A trial's validation long-short moments (per-period SR, skewness, kurtosis, days) at its best
+    epoch: where an ASHA-stopped trial stood when it was stopped, by the same rule as the others."""
+    if df is None or best_value is None or "val_ls_sr" not in df:
+        return None
+    row = df[df[metric] == best_value].iloc[0]
+    return {k: _plain(row[f"val_ls_{k}"]) for k in ("sr", "skew", "kurt", "days")}
+
+
+def trial_sr_variance(trials: list[dict]) -> float | None:
+    """The variance (ddof 1) of the trials' per-period validation long-short Sharpe ratios: the
+    V[SR_n] of Bailey and Lopez de Prado's deflated Sharpe ratio; None for fewer than 2 trials."""
+    srs = [t["val_long_short"]["sr"] for t in trials if t.get("val_long_short")]
+    srs = [v for v in srs if v is not None and math.isfinite(v)]
+    return statistics.variance(srs) if len(srs) >= 2 else None
 
 
 def _early_stopped_by_patience(df, cfg: RunConfig) -> bool:
