@@ -170,3 +170,29 @@ def test_sweep_resumes_after_the_driver_is_killed(ray_session, shards, tmp_path)
     assert summary["num_trials"] == 3
     assert all(t["epochs_run"] == 2 for t in summary["trials"])  # no trial trained its epochs twice
     assert sorted(p.name for p in done_run.glob("epoch-*")) == before  # the finished trial was not re-run
+
+
+@pytest.mark.slow
+def test_a_sweep_over_label_kinds_builds_shards_per_label_and_ranks_trials_by_rank_ic(ray_session, tmp_path):
+    """Issue 18's space: the label kind varies across trials (a class target and a cross-sectional
+    one), so each label gets its own shards from the same bars, each trial reads its own, and the
+    trials are ranked by val_rank_ic, which every target reports (train.metric=auto)."""
+    from alchemetric_ray.data.manifest import Manifest
+    from alchemetric_ray.tune.sweep import run_sweep
+
+    cfg = load_config(None, ["data.source=synthetic", "data.synthetic_tickers=12", "data.synthetic_days=260",
+                             f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
+                             "storage.name=kinds", "model.hidden=16", "train.epochs=2", "tune.search=grid",
+                             "tune.scheduler=none", "tune.max_concurrent_trials=2",
+                             "tune.space={features.label: [three_class, cs_rank]}"])
+    out = run_sweep(cfg)
+    s = out.summary
+    assert s["metric"] == "val_rank_ic" and s["mode"] == "max" and s["num_trials"] == 2
+    labels = {t["config"]["features.label"]: t for t in s["trials"]}
+    assert set(labels) == {"three_class", "cs_rank"} and all(t["status"] == "TERMINATED" for t in s["trials"])
+    assert all(np.isfinite(t["best_value"]) and t["val_rank_ic"] == t["best_value"] for t in s["trials"])
+    features = tmp_path / "results" / "features"
+    assert Manifest.read(features / "kinds").label["scheme"] == "three_class"
+    assert Manifest.read(features / "kinds-cs_rank").label["scheme"] == "cs_rank"
+    best = max(s["trials"], key=lambda t: t["best_value"])
+    assert Manifest.read(out.model_dir).label["scheme"] == best["config"]["features.label"]

@@ -386,7 +386,9 @@ def _figure(src: str, alt: str, caption: str) -> str:
 
 
 def _trial_table(trials: list[dict], names: list[str], best_id: Any, metric: str) -> str:
-    head = ["trial"] + names + ["status", f"best {metric}", "epochs run", "stopped early"]
+    rank_ic = metric != "val_rank_ic"  # every target reports it: the trials' signal on one scale
+    head = ["trial"] + names + ["status", f"best {metric}"] + (["val rank IC"] if rank_ic else []) + \
+        ["epochs run", "stopped early"]
     out = ['<table id="trials">', "<thead><tr>"]
     out += [f'<th scope="col">{_esc(h)}</th>' for h in head]
     out.append("</tr></thead>")
@@ -407,6 +409,8 @@ def _trial_table(trials: list[dict], names: list[str], best_id: Any, metric: str
             cells.append(f"<td>{_esc(_fmt_value(_hp_value(cfg, name)))}</td>")
         cells.append(f"<td>{_esc(status)}</td>")
         cells.append(f'<td class="num">{_esc(_fmt_metric(t.get("best_value")))}</td>')
+        if rank_ic:
+            cells.append(f'<td class="num">{_esc(_fmt_metric(t.get("val_rank_ic")))}</td>')
         cells.append(f'<td class="num">{_esc(_fmt_metric(t.get("epochs_run")))}</td>')
         cells.append(f"<td>{'yes' if t.get('stopped_early') else 'no'}</td>")
         out.append(f'<tr class="{" ".join(classes)}" data-trial-id="{_esc(tid)}">' + "".join(cells) + "</tr>")

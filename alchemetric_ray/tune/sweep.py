@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from alchemetric_ray import console
-from alchemetric_ray.config import ConfigError, RunConfig
+from alchemetric_ray.config import REGRESSION_LABELS, ConfigError, RunConfig, metric_target_problem
 from alchemetric_ray.data.loaders import build_datasets
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
@@ -31,7 +31,7 @@ from alchemetric_ray.train.checkpoint import META
 from alchemetric_ray.train.metrics import selection_metric, selection_mode
 from alchemetric_ray.train.plan import DATA_CPU_RESERVE, PlanError, ResourcePlan, nodes_needed
 from alchemetric_ray.train.session import storage_location, train_storage
-from alchemetric_ray.train.trainer import adopt_target, build_trainer, check_compatible, prepare_run
+from alchemetric_ray.train.trainer import adopt_target, build_trainer, check_compatible, prepare_run, prepare_shards
 
 TRIAL_DRIVER_CPU = 0.1  # the trial function only waits on its TorchTrainer
 SPEC_KINDS = ("loguniform", "uniform", "choice", "grid", "randint", "quniform")
@@ -114,7 +114,7 @@ def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
 # ---- one trial -----------------------------------------------------------------------------
 
 
-def _trial(config: dict[str, Any], *, base: dict, shards: Location, manifest: Manifest, plan: ResourcePlan,
+def _trial(config: dict[str, Any], *, base: dict, targets: dict[str, tuple[Location, Manifest]], plan: ResourcePlan,
            sweep: str, start_timeout: str | None = None) -> None:
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -123,6 +123,7 @@ def _trial(config: dict[str, Any], *, base: dict, shards: Location, manifest: Ma
 
     console.quiet_ray_data()  # this trial driver builds its own datasets
     cfg = RunConfig.from_dict(base).with_values(config)
+    shards, manifest = targets[cfg.features.label]  # the shards built for this trial's label
     check_compatible(cfg, manifest)
     trial_id = ray.tune.get_context().get_trial_id()
     datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
@@ -168,8 +169,14 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
         model_spec(name)
     trial_cfg = cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
     run = prepare_run(trial_cfg, sweep=True, export=export, progress=progress)
-    name, plan, shards, manifest = run.name, run.plan, run.shards, run.manifest
-    cfg, trial_cfg = adopt_target(cfg, manifest), run.cfg  # the shards' target
+    name, plan = run.name, run.plan
+    cfg, trial_cfg = adopt_target(cfg, run.manifest), run.cfg  # the shards' target
+    targets = {trial_cfg.features.label: (run.shards, run.manifest)}
+    labels = _values_of(cfg.tune.space.get("features.label"), trial_cfg.features.label)
+    for label in labels:  # a label kind in the space: shards per label, each trial reads its own
+        if label not in targets:
+            targets[label] = _shards_for_label(trial_cfg, label, progress)
+    cfg, trial_cfg = _metric_for_labels(cfg, labels), _metric_for_labels(trial_cfg, labels)
     where = storage_location(cfg) / name
     # an autoscaling plan counts on the CPUs of the nodes it asks for, not on what is up now
     limit = concurrency(cfg, plan, plan.cluster_cpus if plan.autoscale else ray.cluster_resources().get("CPU", 1))
@@ -177,8 +184,8 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     bundles = run_bundles(plan, limit, {"CPU": TRIAL_DRIVER_CPU})  # the concurrent trials' workers and drivers
     _check_trials_fit(plan, bundles, limit)
     with scale_up(cfg, plan, bundles) as window:  # the autoscaler's request is cleared however the sweep ends
-        grid = _fit(cfg, trial_cfg, name, plan, shards, manifest, where, space, limit, window.attempt_timeout_s())
-    summary, best_ckpt, best_cfg = summarize(grid, trial_cfg, manifest, name, where)
+        grid = _fit(cfg, trial_cfg, name, plan, targets, where, space, limit, window.attempt_timeout_s())
+    summary, best_ckpt, best_cfg = summarize(grid, trial_cfg, targets, name, where)
     model_dir = None
     if export and best_ckpt:
         from ray.train import Checkpoint
@@ -187,7 +194,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
 
         # Tune reports a trial's checkpoint as a path on the storage file system, without its scheme
         checkpoint = Checkpoint(best_ckpt.path, filesystem=best_ckpt.filesystem)
-        model_dir = export_model(checkpoint, best_cfg, shards, extra={"sweep": {
+        model_dir = export_model(checkpoint, best_cfg, targets[best_cfg.features.label][0], extra={"sweep": {
             "name": name, "num_trials": summary["num_trials"], "best_trial_id": summary["best_trial_id"],
             "selection_metric": selection_metric(cfg), "trial_sr_variance": summary["trial_sr_variance"],
             "chosen_val_long_short": next((t["val_long_short"] for t in summary["trials"]
@@ -212,15 +219,16 @@ def _check_trials_fit(plan: ResourcePlan, bundles: list[dict], limit: int) -> No
                         "tune.max_concurrent_trials or scaling.workers")
 
 
-def _fit(cfg: RunConfig, trial_cfg: RunConfig, name: str, plan: ResourcePlan, shards: Location, manifest: Manifest,
-         where: Location, space: dict, limit: int, start_timeout_s: float):
+def _fit(cfg: RunConfig, trial_cfg: RunConfig, name: str, plan: ResourcePlan,
+         targets: dict[str, tuple[Location, Manifest]], where: Location, space: dict, limit: int,
+         start_timeout_s: float):
     """Build (or restore) the Tuner and run it; each trial's ``fit()`` gets ``start_timeout_s`` per
     worker-group start attempt (what the sweep's own wait left of scaling.start_timeout_s)."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
     trainable = tune.with_resources(
-        tune.with_parameters(_trial, base=trial_cfg.to_dict(), shards=shards, manifest=manifest,
+        tune.with_parameters(_trial, base=trial_cfg.to_dict(), targets=targets,
                              plan=plan, sweep=name, start_timeout=f"{start_timeout_s:g}"),
         {"CPU": TRIAL_DRIVER_CPU})
     storage = train_storage(cfg)
@@ -255,6 +263,35 @@ def _fit(cfg: RunConfig, trial_cfg: RunConfig, name: str, plan: ResourcePlan, sh
     return tuner.fit()
 
 
+def _shards_for_label(cfg: RunConfig, label: str, progress: bool) -> tuple[Location, Manifest]:
+    """The shards of one label kind of the space, built from the same bars beside the sweep's own
+    (``features/<storage.name>-<label>``)."""
+    from alchemetric_ray.data.manifest import MANIFEST
+    from alchemetric_ray.storage import locate
+
+    if cfg.data.path and (locate(cfg.data.path) / MANIFEST).is_file():
+        raise SweepError(f"tune.space varies features.label, but data.path {cfg.data.path} holds shards built for "
+                         "one label; pass the raw bars (a CSV/Parquet folder, or data.source) so that each label's "
+                         "shards can be built")
+    shards = prepare_shards(cfg.replace(f"features.label={label}", f"storage.name={cfg.storage.name}-{label}"),
+                            progress=progress)
+    return shards, Manifest.read(shards)
+
+
+def _metric_for_labels(cfg: RunConfig, labels: list[str]) -> RunConfig:
+    """One selection metric for every label of the space: ``train.metric=auto`` across class and
+    regression targets is val_rank_ic (valid for both); a metric one of them cannot report is refused."""
+    if len(set(labels)) < 2:
+        return cfg
+    if cfg.train.metric == "auto" and len({label in REGRESSION_LABELS for label in labels}) > 1:
+        return cfg.replace("train.metric=val_rank_ic")
+    for label in labels:
+        problem = metric_target_problem(selection_metric(cfg), label)
+        if problem:
+            raise SweepError(f"config 'train.metric': {problem} (features.label={label} is in tune.space)")
+    return cfg
+
+
 def _values_of(spec: Any, default: str) -> list[str]:
     if spec is None:
         return [default]
@@ -275,7 +312,7 @@ def _searcher(cfg: RunConfig):
     return OptunaSearch(seed=cfg.train.seed)
 
 
-def summarize(grid, cfg: RunConfig, manifest: Manifest, name: str,
+def summarize(grid, cfg: RunConfig, targets: dict[str, tuple[Location, Manifest]], name: str,
               where: Location) -> tuple[dict, Location | None, RunConfig | None]:
     """Rank trials on validation only; find the best trial's best checkpoint (the path Tune
     reported, on the file system of the sweep's storage ``where``)."""
@@ -296,6 +333,7 @@ def summarize(grid, cfg: RunConfig, manifest: Manifest, name: str,
         trial = {"trial_id": trial_id, "config": config, "status": "ERROR" if result.error else "TERMINATED",
                  "best_value": best_value, "epochs_run": epochs,
                  "val_long_short": _long_short_at(df, metric, best_value),
+                 "val_rank_ic": _value_at(df, metric, best_value, "val_rank_ic"),
                  "stopped_early": (not result.error) and epochs < cfg.train.epochs
                                   and not _early_stopped_by_patience(df, cfg),
                  "history": history, "error": str(result.error).splitlines()[0][:300] if result.error else None}
@@ -311,6 +349,7 @@ def summarize(grid, cfg: RunConfig, manifest: Manifest, name: str,
         raise SweepError(f"sweep {name}: no trial reported {metric}" + (f" ({errors})" if errors else ""))
     _, best_id, best_path, best_config = best
     best_cfg = cfg.with_values(best_config)
+    manifest = targets[best_cfg.features.label][1]
     best_ckpt = confusion = None
     if best_path:
         best_ckpt = Location(best_path if where.is_local else f"{where.uri.split('://')[0]}://{best_path}",
@@ -328,13 +367,19 @@ def summarize(grid, cfg: RunConfig, manifest: Manifest, name: str,
     return summary, best_ckpt, best_cfg
 
 
+def _value_at(df, metric: str, best_value, key: str):
+    """``key`` at a trial's best epoch (the first epoch with its best ``metric``), or None."""
+    if df is None or best_value is None or key not in df:
+        return None
+    return _plain(df[df[metric] == best_value].iloc[0][key])
+
+
 def _long_short_at(df, metric: str, best_value) -> dict | None:
     """A trial's validation long-short moments (per-period SR, skewness, kurtosis, days) at its best
     epoch: where an ASHA-stopped trial stood when it was stopped, by the same rule as the others."""
     if df is None or best_value is None or "val_ls_sr" not in df:
         return None
-    row = df[df[metric] == best_value].iloc[0]
-    return {k: _plain(row[f"val_ls_{k}"]) for k in ("sr", "skew", "kurt", "days")}
+    return {k: _value_at(df, metric, best_value, f"val_ls_{k}") for k in ("sr", "skew", "kurt", "days")}
 
 
 def trial_sr_variance(trials: list[dict]) -> float | None:
