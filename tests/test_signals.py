@@ -131,7 +131,7 @@ def test_known_answer_the_null_market_gives_no_signal(ray_session, tmp_path, see
                              "data.synthetic_effect=0.0", *_THREE_DAYS_AGO, f"data.seed={seed}",
                              "features.label=cs_rank", "model.hidden=16", "train.epochs=2",
                              f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
-                             "storage.name=null", "signals.n_boot=500"])
+                             "storage.name=null-market", "signals.n_boot=500"])
     verdict = evaluate(run_training(cfg, progress=False).model_dir, None, tmp_path / "report")["verdict"]
     assert not verdict["signal"] and not verdict["edge"], verdict["line"]
 

@@ -16,7 +16,7 @@ takes no part in its date's statistics.  Dates with fewer than ``min_names`` sto
 Memory: one column of every row at a time.  The pass holds the date code of every row (4 bytes),
 one source column and its result (8 bytes each) and a sort order (8 bytes): about 28 bytes a row,
 about 280 MB at 10M rows, independent of the number of features; each result is kept in a
-memory-mapped ``.npy`` file until the per-file rewrite at the end, which holds one ticker.
+memory-mapped file of raw float64 until the per-file rewrite at the end, which holds one ticker.
 """
 
 from __future__ import annotations
@@ -174,17 +174,17 @@ def apply_cross_section(files: list[Path], ops: list[Op], *, min_names: int, wha
             if op.kind not in _TRANSFORMS:
                 raise ValueError(f"unknown cross-section kind {op.kind!r} (known: {', '.join(KINDS)})")
             if op.source in results:  # a column an earlier op has already rewritten
-                column = np.load(results[op.source])
+                column = np.fromfile(results[op.source], dtype=np.float64)
             else:
                 column = _read_column(files, op.source)[keep_row]
             column = column.astype(np.float64)
             finite = np.isfinite(column)  # a value not known yet (the last bars' forward return) stays NaN
             out = np.full(len(column), np.nan)
             out[finite] = _TRANSFORMS[op.kind](column[finite], kept_code[finite], n_kept)
-            results[op.target] = Path(tmp) / f"{k}.npy"
-            np.save(results[op.target], out)
+            results[op.target] = Path(tmp) / f"{k}.f64"  # raw float64: read back as plain numbers
+            out.tofile(results[op.target])
             del column, out
-        arrays = {name: np.load(path, mmap_mode="r") for name, path in results.items()}
+        arrays = {name: np.memmap(path, dtype=np.float64, mode="r") for name, path in results.items()}
         kept_before = np.concatenate(([0], np.cumsum(keep_row)))  # kept rows before each global row
         for i, f in enumerate(files):
             lo, hi = offsets[i], offsets[i + 1]
