@@ -18,7 +18,7 @@ features, ``features.cs_normalize``) then takes a per-date pass over the staging
 pass 2 fits the normalization on train rows; pass 3 normalizes and writes the final shards.
 Everything is written under a temporary folder beside ``OUT`` that replaces ``OUT`` only once
 complete.  Memory: one ticker's rows, and during the per-date pass one column of every row
-(about 28 bytes a row, see ``data/cross_section.py``).
+(about 80 bytes a row at its peak, measured; see ``data/cross_section.py``).
 
 A regression target's ``label`` is float32 (the cross-sectional value); a class target's is int64.
 """
