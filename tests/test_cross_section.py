@@ -217,6 +217,13 @@ def test_a_cs_rank_model_trains_with_mse_reports_ic_and_predicts_scores(ray_sess
     card = (outcome.model_dir / "model_card.md").read_text()
     assert "| model | val rank IC | test rank IC | test IC | test MSE |" in card and "Survivorship" in card
 
+    from alchemetric_ray.signals.evaluate import evaluate
+
+    result = evaluate(outcome.model_dir, None, tmp_path / "report")
+    names = [r["name"] for r in result["rows"]]
+    assert names == ["deep model", "ridge regression", "hist gradient boosting", "momentum 20d", "buy and hold"]
+    assert "Survivorship" in (tmp_path / "report" / "report.md").read_text()
+
     signals = predict(outcome.model_dir, None, tmp_path / "signals.parquet")
     assert not [c for c in signals.columns if c.startswith("p_")] and "pred_class" not in signals
     assert signals["score"].notna().all() and signals["score"].std() > 0

@@ -127,9 +127,9 @@ def test_known_answer_the_null_market_gives_no_signal(ray_session, tmp_path, see
     finds no signal and no edge (one seed could pass by luck)."""
     from alchemetric_ray.signals.evaluate import evaluate
 
-    cfg = load_config(None, ["data.source=synthetic", "data.synthetic_tickers=30", "data.synthetic_days=450",
+    cfg = load_config(None, ["data.source=synthetic", "data.synthetic_tickers=20", "data.synthetic_days=400",
                              "data.synthetic_effect=0.0", *_THREE_DAYS_AGO, f"data.seed={seed}",
-                             "features.label=cs_rank", "model.hidden=16", "train.epochs=2",
+                             "features.label=cs_rank", "model.hidden=16", "train.epochs=1",
                              f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
                              "storage.name=null-market", "signals.n_boot=500"])
     verdict = evaluate(run_training(cfg, progress=False).model_dir, None, tmp_path / "report")["verdict"]

@@ -186,18 +186,6 @@ def test_ddp_two_workers_equal_one_process_on_the_same_global_batches(ray_sessio
 
 
 @pytest.mark.slow
-def test_ddp_early_stop_is_the_same_epoch_on_every_rank(ray_session, shards, tmp_path):
-    # lr 1e-9 moves the weights by ~1e-9: accuracy stays put, so epoch 2 is not better and the run stops.
-    # (Not val_log_loss: such steps still lower it by ~1e-9, enough to count as an improvement.)
-    cfg = _cfg(shards, tmp_path, "scaling.workers=2", "train.epochs=6", "train.patience=1", "train.lr=1e-9",
-               "train.metric=val_accuracy", "train.mode=max", "storage.name=es")
-    out = run_training(cfg, export=False)
-    s = out.summary
-    assert s["stopped_early"] and s["epochs_run"] < 6
-    assert s["epochs_per_rank"] == [s["epochs_run"]] * 2
-
-
-@pytest.mark.slow
 def test_resume_continues_at_next_epoch_bitwise_and_same_seed_is_reproducible(ray_session, s3, shards, tmp_path,
                                                                               capfd):
     """The interrupted run lives on object storage (the session's S3 server): `--resume` finds its
@@ -288,16 +276,23 @@ def test_num_to_keep_leaves_the_k_best_checkpoints_by_a_min_metric_plus_the_late
 
 
 @pytest.mark.slow
-def test_ddp_validation_scores_every_row_exactly_once(ray_session, odd_val_shards, tmp_path):
+def test_ddp_ranks_stop_at_the_same_epoch_and_score_every_val_row_exactly_once(ray_session, odd_val_shards,
+                                                                              tmp_path):
     """Two workers, a 99-row val split: the ranks score disjoint parts that together are the whole
-    split (Ray's default equal split dropped a row), and rank 0's metrics cover all 99 rows."""
+    split (Ray's default equal split dropped a row), and rank 0's metrics cover all 99 rows; and
+    the early-stop decision, made on rank 0, stops every rank at the same epoch."""
     import pandas as pd
 
     from alchemetric_ray.data.shards import split_dir
 
-    cfg = _cfg(odd_val_shards, tmp_path, "scaling.workers=2", "train.epochs=1", "storage.name=ddpval")
+    # lr 1e-9 moves the weights by ~1e-9: accuracy stays put, so epoch 2 is not better and the run stops.
+    # (Not val_log_loss: such steps still lower it by ~1e-9, enough to count as an improvement.)
+    cfg = _cfg(odd_val_shards, tmp_path, "scaling.workers=2", "train.epochs=6", "train.patience=1", "train.lr=1e-9",
+               "train.metric=val_accuracy", "train.mode=max", "storage.name=ddpval")
     out = run_training(cfg, export=False)
     s = out.summary
+    assert s["stopped_early"] and s["epochs_run"] < 6
+    assert s["epochs_per_rank"] == [s["epochs_run"]] * 2
     features = Manifest.read(odd_val_shards).features
     val = pd.read_parquet(split_dir(odd_val_shards, "val"), columns=features).to_numpy(np.float64)
     assert s["world_size"] == 2 and len(val) == 99

@@ -175,7 +175,8 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
             result["walk_forward"] = walk_forward(cfg, data, loaded, cfg.signals.folds, tmp)
         result["model"] = {"dir": str(model_dir), "id": signals["model_id"].iloc[0] if len(signals) else None,
                            "name": loaded.config.model.name, "device": loaded.meta.get("device"),
-                           "precision": loaded.meta.get("precision")}
+                           "precision": loaded.meta.get("precision"), "label": loaded.manifest.label["scheme"],
+                           "cross_sectional": bool(loaded.manifest.cross_section)}
         _plot_equity(result, tmp / "equity.png")
         atomic_write_text(tmp / "report.md", render_report(result))
         atomic_write_json(tmp / "evaluation.json", _public(result))
@@ -299,6 +300,10 @@ def render_report(result: dict) -> str:
     if not v.get("cross_section_meaningful", True):
         lines += [f"> With only {result['tickers']} tickers the cross-sectional numbers (IC, rank IC, long-short) are "
                   "not meaningful; read the position returns instead.", ""]
+    if result.get("model", {}).get("cross_sectional"):
+        lines += [f"> Cross-sectional model ({result['model']['label']}): its labels or features compare the stocks "
+                  "of each date. Survivorship: those stocks are the tickers in the data, i.e. listed at its end date; "
+                  "stocks delisted earlier are missing from every date, which flatters long-short results.", ""]
     if result["n_trials"] > 1:
         lines += [f"The model was chosen among {result['n_trials']} configurations. Its DSR is the deflated Sharpe "
                   "ratio of its *validation* long-short returns, against the best of that many unskilled trials "
