@@ -196,3 +196,17 @@ def test_a_sweep_over_label_kinds_builds_shards_per_label_and_ranks_trials_by_ra
     assert Manifest.read(features / "kinds-cs_rank").label["scheme"] == "cs_rank"
     best = max(s["trials"], key=lambda t: t["best_value"])
     assert Manifest.read(out.model_dir).label["scheme"] == best["config"]["features.label"]
+
+
+def test_one_selection_metric_for_every_label_the_trials_train_on():
+    from alchemetric_ray.tune.sweep import SweepError, metric_for_labels
+
+    base = load_config(None, [])  # three_class, train.metric=auto
+    assert metric_for_labels(base, ["three_class"]).train.metric == "auto"  # balanced accuracy, as for train
+    assert metric_for_labels(base, ["three_class", "binary"]).train.metric == "auto"
+    # a cross-sectional label among them, even one the base config does not use: val_rank_ic for all
+    assert metric_for_labels(base, ["cs_rank", "cs_zscore"]).train.metric == "val_rank_ic"
+    assert metric_for_labels(base, ["three_class", "cs_rank"]).train.metric == "val_rank_ic"
+    explicit = load_config(None, ["train.metric=val_balanced_accuracy"])
+    with pytest.raises(SweepError, match=r"val_balanced_accuracy is a classification metric .*features.label=cs_rank"):
+        metric_for_labels(explicit, ["three_class", "cs_rank"])

@@ -176,7 +176,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     for label in labels:  # a label kind in the space: shards per label, each trial reads its own
         if label not in targets:
             targets[label] = _shards_for_label(trial_cfg, label, progress)
-    cfg, trial_cfg = _metric_for_labels(cfg, labels), _metric_for_labels(trial_cfg, labels)
+    cfg, trial_cfg = metric_for_labels(cfg, labels), metric_for_labels(trial_cfg, labels)
     where = storage_location(cfg) / name
     # an autoscaling plan counts on the CPUs of the nodes it asks for, not on what is up now
     limit = concurrency(cfg, plan, plan.cluster_cpus if plan.autoscale else ray.cluster_resources().get("CPU", 1))
@@ -278,13 +278,14 @@ def _shards_for_label(cfg: RunConfig, label: str, progress: bool) -> tuple[Locat
     return shards, Manifest.read(shards)
 
 
-def _metric_for_labels(cfg: RunConfig, labels: list[str]) -> RunConfig:
-    """One selection metric for every label of the space: ``train.metric=auto`` across class and
-    regression targets is val_rank_ic (valid for both); a metric one of them cannot report is refused."""
-    if len(set(labels)) < 2:
+def metric_for_labels(cfg: RunConfig, labels: list[str]) -> RunConfig:
+    """One selection metric for every label the trials train on: ``train.metric=auto`` is
+    val_rank_ic as soon as one of them is a cross-sectional target (it is valid for class targets
+    too), else the config's own; a metric one of them cannot report is refused."""
+    if cfg.train.metric == "auto":
+        if any(label in REGRESSION_LABELS for label in labels):
+            return cfg.replace("train.metric=val_rank_ic")
         return cfg
-    if cfg.train.metric == "auto" and len({label in REGRESSION_LABELS for label in labels}) > 1:
-        return cfg.replace("train.metric=val_rank_ic")
     for label in labels:
         problem = metric_target_problem(selection_metric(cfg), label)
         if problem:
