@@ -1,6 +1,7 @@
 """The stocknet test-segment table: rank IC [95% CI] per target, loss and model, next to the baselines.
 
-    .venv/bin/python scripts/stocknet_targets.py        # about 6 minutes on a 2-core machine
+    .venv/bin/python scripts/stocknet_targets.py                 # all six rows, about 6 minutes on 2 cores
+    .venv/bin/python scripts/stocknet_targets.py cs_rank:ic:lstm  # chosen rows: label:loss:model
 
 Each row trains on the packaged stocknet prices with the default config (a local Ray, the CPU) and
 evaluates on the held-back test segment; one JSON line per run, then a markdown table.
@@ -9,6 +10,7 @@ evaluates on the held-back test segment; one JSON line per run, then a markdown 
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,10 +41,11 @@ def _ci(r: dict) -> str:
     return f"{r['mean']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
+    runs = [tuple(arg.split(":")) for arg in argv] or RUNS
     out = []
     with tempfile.TemporaryDirectory(prefix="alchemetric-targets-") as work:
-        for label, loss, model in RUNS:
+        for label, loss, model in runs:
             out.append(run(label, loss, model, Path(work)))
             print(json.dumps(out[-1]), flush=True)
     print(f"\ntest segment {out[0]['segment']['start']}..{out[0]['segment']['end']}")
@@ -57,4 +60,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
