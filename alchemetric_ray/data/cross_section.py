@@ -56,9 +56,10 @@ class CrossSectionReport:
     rows_dropped: int
     max_names: int  # the most stocks on any one date
     min_names: int  # the threshold applied
+    kept_dates: np.ndarray | None = None  # the dates kept, sorted (not part of the manifest's record)
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "kept_dates"}
 
 
 # ---- the transforms on one column (code: the row's date as 0..n_dates-1) ----------------------
@@ -203,7 +204,8 @@ def apply_cross_section(files: list[Path], ops: list[Op], *, min_names: int, wha
             pq.write_table(table, part)
             part.replace(f)
     return CrossSectionReport(dates_kept=n_kept, dates_dropped=int((~keep_date).sum()),
-                              rows_dropped=int((~keep_row).sum()), max_names=int(per_date.max()), min_names=min_names)
+                              rows_dropped=int((~keep_row).sum()), max_names=int(per_date.max()), min_names=min_names,
+                              kept_dates=dates[keep_date])
 
 
 def _read_column(files: list[Path], name: str) -> np.ndarray:

@@ -224,11 +224,9 @@ def _pass_cross_section(staging: Path, names: list[str], spec: LabelSpec, cfg: R
     ops = plan_ops(names, spec, cfg.features.cs_normalize)
     if not ops:
         return {}
-    files = _staged(staging)
-    report = apply_cross_section(files, ops, min_names=cfg.features.min_cross_section,
+    report = apply_cross_section(_staged(staging), ops, min_names=cfg.features.min_cross_section,
                                  what=source or cfg.data.path or cfg.data.source)
-    stats["calendar"] = np.unique(np.concatenate(
-        [pq.read_table(f, columns=["date"]).column("date").to_numpy().astype("datetime64[D]") for f in files]))
+    stats["calendar"] = np.unique(report.kept_dates.astype("datetime64[D]"))
     return {"normalize": cfg.features.cs_normalize, "min_names": cfg.features.min_cross_section,
             "ops": [op.__dict__ for op in ops], **report.as_dict(),
             "universe": "the tickers in the data as given: stocks listed at the data's end date only, so the "
