@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # the same pin takes that platform's wheel.  Override with `make TORCH_SPEC=... install`.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo lint test test-fast test-deps clean bench bench-full
+.PHONY: install demo lint test test-fast test-deps clean bench bench-full bench-gpu
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ bench-full: install bench
 	RAY_ADDRESS=local $(BIN)/python bench/ingest.py --rows 10000000
 	$(BIN)/python bench/scaling.py --rows 1000000,10000000
 	$(BIN)/python bench/sweep_efficiency.py --trials 8 --epochs 4 --warmup
+
+# On a CUDA machine: precision branches, mixed precision, data path (bench/gpu.py needs only torch; with no
+# .venv there, run `python3 bench/gpu.py` directly).
+bench-gpu:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) bench/gpu.py
 
 clean:
 	rm -rf $(VENV) results models .pytest_cache

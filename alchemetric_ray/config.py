@@ -228,6 +228,9 @@ class TrainConfig:
     max_skipped_steps: int = 100  # consecutive skipped (non-finite) steps before failing
     deterministic: bool = False  # ordered data and seeded shuffles for bitwise reproducibility
     cache_data: bool = True  # read a worker's shard into memory once and reuse it every epoch
+    # CUDA + cache_data: keep the cached shard on the GPU when it needs at most this share of the GPU's
+    # free memory (divided by the workers sharing the GPU); else pinned staging.  0 = always staging.
+    device_cache_fraction: float = 0.5
     stop_after: int = 0  # stop after this many epochs in this session (resumable); 0 = run all epochs
 
 
@@ -550,6 +553,8 @@ def validate(cfg: RunConfig) -> None:
     _check(train.weight_decay >= 0, "train.weight_decay", train.weight_decay, ">= 0")
     _check(train.grad_clip >= 0, "train.grad_clip", train.grad_clip, ">= 0")
     _check(train.patience >= 0, "train.patience", train.patience, ">= 0")
+    _check(0 <= train.device_cache_fraction <= 1, "train.device_cache_fraction", train.device_cache_fraction,
+           "in [0, 1]")
     regression = features.label in REGRESSION_LABELS
     if train.loss == "ce" and regression:
         raise ConfigError(f"config 'train.loss': ce (cross-entropy) needs class labels but features.label="

@@ -180,6 +180,8 @@ def test_ddp_two_workers_equal_one_process_on_the_same_global_batches(ray_sessio
     # the ranks read disjoint halves that together are the whole split
     assert rows[0] == rows[1] and sum(rows) == total == one.summary["rows"][0]
     assert sum(prints) == pytest.approx(one.summary["fingerprint"][0], rel=1e-9)
+    # cached on the CPU: each rank indexes its batches in host memory (hardware/staging.py)
+    assert two.summary["data_path"] == ["host (cpu trains from host memory)"] * 2
     a, b = _final_state(two), _final_state(one)
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)

@@ -42,6 +42,7 @@ from alchemetric_ray.hardware import (
     resolve_precision,
 )
 from alchemetric_ray.hardware.inventory import cpu_count
+from alchemetric_ray.hardware.staging import HOST, BatchSource, choose_data_path, gpu_sharers, nbytes
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.train.checkpoint import (
     CheckpointMeta,
@@ -82,7 +83,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     loss = loss_of(cfg)
     data = _ShardData(ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("val"),
                       collate_for(model_spec(cfg.model).inputs, manifest.features), train_cfg.batch_size,
-                      train_cfg.cache_data, train_cfg.seed, by_date=loss == "ic", world=worker.world)
+                      train_cfg.cache_data, train_cfg.seed, by_date=loss == "ic", world=worker.world,
+                      device=worker.device, device_cache_fraction=train_cfg.device_cache_fraction,
+                      sharers=gpu_sharers(config["plan"].gpus_per_worker))
+    worker.say(f"worker {worker.rank}: data path {data.path}", detail=data.path.kind == HOST)
     trainables = _trainables(core, train_cfg, worker, data.steps_per_epoch(manifest.rows["train"] // worker.world))
     loss_fn = make_loss(loss, manifest.class_counts.get("train") if train_cfg.class_weights else None, worker.device)
     metric, mode = selection_metric(cfg), selection_mode(cfg)
@@ -168,6 +172,7 @@ def _place_worker(cfg: RunConfig, plan: ResourcePlan, ctx) -> _Worker:
 
 
 SHUFFLE_WINDOW = 16  # batches mixed together when the training split is streamed
+VAL_BATCHES = 4  # a cached validation batch is this many training batches
 
 
 class _ShardData:
@@ -179,20 +184,29 @@ class _ShardData:
     """
 
     def __init__(self, train_shard, val_shard, collate, batch_size: int, cache: bool, seed: int, *,
-                 by_date: bool = False, world: int = 1):
+                 by_date: bool = False, world: int = 1, device: torch.device | None = None,
+                 device_cache_fraction: float = 0.0, sharers: int = 1):
         self.train_shard, self.val_shard, self.collate = train_shard, val_shard, collate
         self.batch_size, self.seed, self.by_date, self.world = batch_size, seed, by_date, world
-        self._train: Batch | None = None  # (x, y, date, fwd) of every row, when cached
-        self._val: Batch | None = None
+        self._train: BatchSource | None = None  # (x, y, date, fwd) of every row, when cached
+        self._val: BatchSource | None = None
+        self._dates: torch.Tensor | None = None  # the cached training rows' dates, in host memory
         self.rows_seen = 0
         self.val_rows = 0  # validation rows this rank scored in the last pass
         self.fingerprint = self.val_fingerprint = 0.0  # sums of the cached features: which rows a rank holds
-        if cache:
-            self._train = self._read_all(self.train_shard)
-            self._val = self._read_all(self.val_shard)
-            self.rows_seen = len(self._train[1])
-            self.fingerprint = float(self._train[0].double().sum())
-            self.val_fingerprint = float(self._val[0].double().sum())
+        device = device if device is not None else torch.device("cpu")
+        if not cache:
+            self.path = choose_data_path(device, cached=False, shard_bytes=0, fraction=0.0, sharers=sharers)
+            return
+        train, val = self._read_all(self.train_shard), self._read_all(self.val_shard)
+        self.rows_seen = len(train[1])
+        self.fingerprint = float(train[0].double().sum())
+        self.val_fingerprint = float(val[0].double().sum())
+        self._dates = train[2]
+        self.path = choose_data_path(device, cached=True, shard_bytes=nbytes(train) + nbytes(val),
+                                     fraction=device_cache_fraction, sharers=sharers)
+        self._train = BatchSource(train, device, self.path, max_rows=batch_size)
+        self._val = BatchSource(val, device, self.path, max_rows=VAL_BATCHES * batch_size)
 
     def _stream(self, shard, shuffle_seed: int | None) -> Iterator[Batch]:
         if shuffle_seed is None:
@@ -227,15 +241,14 @@ class _ShardData:
     def steps_per_epoch(self, rows_estimate: int) -> int:
         if self.by_date:
             return max(1, len(self._date_batches(0)))
-        rows = len(self._train[1]) if self._train is not None else rows_estimate
+        rows = self._train.rows if self._train is not None else rows_estimate
         return max(1, math.ceil(rows / self.batch_size))
 
     def _date_batches(self, epoch: int) -> list[torch.Tensor]:
         """Row indices of this epoch's batches of whole dates: the dates in a seeded order, packed
         in turn into batches of at most ``batch_size`` rows; every rank takes the same number (the
         fewest any rank has: a few dates sit out an epoch, different ones each epoch)."""
-        dates = self._train[2]
-        _, code = torch.unique(dates, return_inverse=True)
+        _, code = torch.unique(self._dates, return_inverse=True)
         n_dates = int(code.max()) + 1 if len(code) else 0
         generator = torch.Generator().manual_seed(self.seed * 7919 + epoch)
         place = torch.empty(n_dates, dtype=torch.long)
@@ -255,7 +268,7 @@ class _ShardData:
     def train_batches(self, epoch: int) -> Iterator[Batch]:
         if self.by_date:  # the IC loss: whole dates (the cached path only: the config refuses streaming)
             for idx in self._date_batches(epoch):
-                yield tuple(t[idx] for t in self._train)
+                yield self._train.take(idx)
             return
         seed = self.seed * 7919 + epoch
         if self._train is None:
@@ -265,18 +278,17 @@ class _ShardData:
                 yield batch
             self.rows_seen = count
             return
-        order = torch.randperm(len(self._train[1]), generator=torch.Generator().manual_seed(seed))
+        order = torch.randperm(self._train.rows, generator=torch.Generator().manual_seed(seed))
         for i in range(0, len(order), self.batch_size):
-            idx = order[i:i + self.batch_size]
-            yield tuple(t[idx] for t in self._train)
+            yield self._train.take(order[i:i + self.batch_size])
 
     def val_batches(self) -> Iterator[Batch]:
         self.val_rows = 0
         if self._val is None:
             batches = self._stream(self.val_shard, None)
         else:
-            step = 4 * self.batch_size
-            batches = (tuple(t[i:i + step] for t in self._val) for i in range(0, len(self._val[1]), step))
+            step = VAL_BATCHES * self.batch_size
+            batches = (self._val.span(i, i + step) for i in range(0, self._val.rows, step))
         for batch in batches:
             self.val_rows += len(batch[1])
             yield batch
@@ -390,6 +402,7 @@ def _summary(worker: _Worker, state: LoopState, data: _ShardData, stopped_early:
         "fingerprint": _gather_list(data.fingerprint, worker.world),
         "val_rows": _gather_list(data.val_rows, worker.world),  # validation rows each rank scored (last epoch)
         "val_fingerprint": _gather_list(data.val_fingerprint, worker.world),
+        "data_path": _gather_list(str(data.path), worker.world),  # where each rank's batches came from
     }
 
 
@@ -405,7 +418,7 @@ def _predict(model, batches, device, precision, regression: bool) -> tuple[np.nd
         with precision.autocast():
             raw = model(x.to(device, non_blocking=True))
         for column, values in zip(columns, (outputs_of(raw, regression).cpu(), y, date, fwd)):
-            column.append(values.numpy())
+            column.append(values.cpu().numpy())  # the device path's batches live on the GPU
     if not columns[1]:
         return (np.zeros((0, 0), np.float32), np.zeros(0, np.float32 if regression else np.int64),
                 np.zeros(0, np.int64), np.zeros(0, np.float32))

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware.device import train_accelerator
+from alchemetric_ray.hardware.staging import gpu_sharers, planned_data_path
 from alchemetric_ray.train.capacity import UP_NOW, Capacity
 from alchemetric_ray.train.capacity import shape as _shape
 
@@ -73,6 +74,8 @@ class ResourcePlan:
             f"use_gpu          {self.use_gpu}  ({self.reasons['accelerator']})",
             f"backend          {self.backend}",
         ]
+        if "data_path" in self.reasons:
+            lines.append(f"data path        {self.reasons['data_path']}")
         if self.node_type:
             lines.append(f"node type        {self.node_type} {_shape(self.node_resources)} x {self.nodes} "
                          f"(of at most {self.max_nodes}; {self.reasons['node_type']})")
@@ -85,6 +88,14 @@ class ResourcePlan:
 def plan_resources(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity | None = None) -> ResourcePlan:
     """Plan a Train run for a Ray cluster with ``cluster`` total resources (``ray.cluster_resources()``)
     and, where it autoscales, the node types in ``capacity`` (None: what is up is all there is)."""
+    plan = _plan_workers(cfg, cluster, capacity)
+    plan.reasons["data_path"] = planned_data_path(plan.worker_device, cached=cfg.train.cache_data,
+                                                  fraction=cfg.train.device_cache_fraction,
+                                                  sharers=gpu_sharers(plan.gpus_per_worker))
+    return plan
+
+
+def _plan_workers(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity | None) -> ResourcePlan:
     if capacity is not None and capacity.kind == "node_types":
         return _plan_on_node_types(cfg, cluster, capacity)
     if capacity is not None and capacity.kind == "unknown":
