@@ -145,9 +145,12 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
     print(f"sweep {out.name}: {summary['num_trials']} configurations tried, {early} stopped early; "
           f"best trial {summary['best_trial_id']} (by its best epoch's {summary['metric']}, {summary['mode']}) "
           f"{summary['metric']} {summary['best_value']:.4f} with {summary['best_config']}")
-    if summary.get("test_metrics"):
-        print("best trial on the test split (scored once): balanced accuracy "
-              f"{summary['test_metrics']['balanced_accuracy']:.4f}")
+    test = summary.get("test_metrics") or {}
+    # the chosen trial's target decides what its test split reports (classes, or a cross-sectional score)
+    scored = [(name, test[name]) for name in ("balanced_accuracy", "rank_ic", "ic") if name in test]
+    if scored:
+        print("best trial on the test split (scored once): "
+              + ", ".join(f"{name.replace('_', ' ')} {value:.4f}" for name, value in scored))
     if out.model_dir:
         print(f"saved model: {out.model_dir}")
     if out.report:

@@ -98,6 +98,25 @@ def stocknet_dir(tmp_path_factory) -> Path:
     return write_csvs(tmp_path_factory.mktemp("stocknet"))
 
 
+STOCK_MODEL_TICKERS = ("AAPL", "MSFT", "XOM")
+
+
+@pytest.fixture(scope="session")
+def stock_model(ray_session, stocknet_dir, tmp_path_factory) -> Path:
+    """A small MLP trained once per session on three stocknet tickers (STOCK_MODEL_TICKERS), for
+    every test that needs *a* saved model (predict, evaluate, the doctor's certificate, bad input,
+    an interrupted replace): such a test reads it, or works on a copy of it, and never changes it."""
+    from alchemetric_ray.config import load_config
+    from alchemetric_ray.train.trainer import run_training
+
+    root = tmp_path_factory.mktemp("stock-model")
+    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files",
+                             f"data.tickers={','.join(STOCK_MODEL_TICKERS)}", f"storage.path={root / 'results'}",
+                             f"storage.models_dir={root / 'models'}", "storage.name=stock", "train.epochs=2",
+                             "model.hidden=16", "device.name=cpu"])
+    return run_training(cfg, progress=False).model_dir
+
+
 
 class S3Server:
     """The tests' S3 server: its endpoint, and buckets made on it with boto3 (the test's own client)."""

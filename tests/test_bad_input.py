@@ -295,13 +295,10 @@ def shards(ohlcv, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def model_dir(ray_session, shards, tmp_path_factory) -> Path:
-    """The smallest model, trained once through `alchemetric-ray train` on the module's shards."""
-    root = tmp_path_factory.mktemp("bad-input-model")
-    rc = main([str(a) for a in train(shards, root, "storage.name=small", flags=("--device", "cpu"))])
-    assert rc == 0
-    return root / "models" / "small"
+@pytest.fixture
+def model_dir(stock_model) -> Path:
+    """A saved model (the session's: conftest.py), which these tests only read or copy."""
+    return stock_model
 
 
 def copy_shards(shards: Path, tmp_path: Path) -> Path:

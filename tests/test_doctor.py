@@ -170,14 +170,14 @@ def test_certificate_flip_share_on_a_known_case(monkeypatch):
 
 
 @pytest.mark.slow
-def test_certificate_for_a_saved_model(ray_session, stocknet_dir, tmp_path, capsys):
-    from alchemetric_ray.signals.predict import warn_if_uncertified
-    from alchemetric_ray.train.trainer import run_training
+def test_certificate_for_a_saved_model(stock_model, tmp_path, capsys):
+    import shutil
 
-    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM,GE",
-                             f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
-                             "storage.name=cert", "train.epochs=1", "model.hidden=16", "device.name=cpu"])
-    model_dir = run_training(cfg, progress=False).model_dir
+    from alchemetric_ray.signals.predict import warn_if_uncertified
+
+    model_dir = tmp_path / "model"  # a copy of the session's model: the certificate is written into it
+    shutil.copytree(stock_model, model_dir)
+    cfg = load_config(None, [f"storage.path={tmp_path / 'results'}", "device.name=cpu"])
     assert warn_if_uncertified(model_dir, "cpu", "bf16") is not None  # not certified yet
     assert "never certified" in capsys.readouterr().err
     report = run_doctor(cfg, device="cpu", model_dir=str(model_dir), quick=True)

@@ -156,13 +156,6 @@ def test_checkpoint_state_killed_before_rename_keeps_the_previous_one(tmp_path):
     assert torch.equal(load_state(ckpt)["model"]["w"], torch.zeros(7)) and read_meta(ckpt) == {"epoch": 3}
 
 
-@pytest.fixture(scope="module")
-def saved_model(ray_session, shards, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("saved")
-    cfg = _cfg(shards, tmp, "model.name=mlp", "model.hidden=8", "train.epochs=1", "storage.name=m")
-    return run_training(cfg, progress=False).model_dir
-
-
 _REEXPORT = """
     import shutil, torch
     from alchemetric_ray.train.export import load_model
@@ -180,11 +173,11 @@ _REEXPORT = """
 
 
 @pytest.mark.parametrize("mode, kill_at", [("exchange", 1), ("no-exchange", 1), ("no-exchange", 2)])
-def test_exported_model_killed_mid_replace_is_the_old_model_whole(saved_model, tmp_path, mode, kill_at):
+def test_exported_model_killed_mid_replace_is_the_old_model_whole(stock_model, tmp_path, mode, kill_at):
     import shutil
 
     target = tmp_path / "model"
-    shutil.copytree(saved_model, target)
+    shutil.copytree(stock_model, target)
     before = {k: v.clone() for k, v in load_model(target).model.state_dict().items()}
     _run_killed(_REEXPORT, kill_at=kill_at, target=target, mode=mode)
     # "no-exchange", 2: killed between moving the old folder aside and moving the new one in; the

@@ -112,36 +112,38 @@ def _count_loop(config):
     from alchemetric_ray.data.loaders import collate_for
 
     seen = {}
-    for split in ("train", "val"):
-        n, shape = 0, None
-        shard = ray.train.get_dataset_shard(split)
-        collate = collate_for(config["mode"], config["features"])
-        for x, y, _, _ in shard.iter_torch_batches(batch_size=128, collate_fn=collate):
-            n += len(y)
-            shape = list(x.shape[1:])
-        seen[split] = (n, shape)
+    for mode in ("tabular", "sequence"):
+        collate = collate_for(mode, config["features"])
+        for split in ("train", "val"):
+            n, shape = 0, None
+            shard = ray.train.get_dataset_shard(f"{split}_{mode}")
+            for x, y, _, _ in shard.iter_torch_batches(batch_size=128, collate_fn=collate):
+                n += len(y)
+                shape = list(x.shape[1:])
+            seen[mode, split] = (n, shape)
     return seen
 
 
-@pytest.mark.parametrize("mode", ["tabular", "sequence"])
-def test_loaders_feed_a_ray_train_worker(ray_session, shards, mode, tmp_path):
+def test_loaders_feed_a_ray_train_worker(ray_session, shards, tmp_path):
+    """Both kinds of input through one real TorchTrainer worker: rows, and sequence windows."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    datasets, m = build_datasets(shards, mode, WINDOW)
+    datasets = {}
+    for mode in ("tabular", "sequence"):
+        built, m = build_datasets(shards, mode, WINDOW)
+        datasets.update({f"{split}_{mode}": ds for split, ds in built.items()})
     trainer = TorchTrainer(
         _count_loop,
-        train_loop_config={"mode": mode, "features": m.features},
+        train_loop_config={"features": m.features},
         scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
         datasets=datasets,
-        run_config=RunConfig(name=f"loader-{mode}", storage_path=str(tmp_path)),
+        run_config=RunConfig(name="loaders", storage_path=str(tmp_path)),
     )
     seen = trainer.fit().return_value
-    if mode == "tabular":
-        assert seen["train"] == (m.rows["train"], [16])
-    else:
-        assert seen["train"][1] == [WINDOW, 16] and 0 < seen["train"][0] < m.rows["train"]
-    assert seen["val"][0] > 0
+    assert seen["tabular", "train"] == (m.rows["train"], [16])
+    assert seen["sequence", "train"][1] == [WINDOW, 16] and 0 < seen["sequence", "train"][0] < m.rows["train"]
+    assert seen["tabular", "val"][0] > 0 and seen["sequence", "val"][0] > 0
 
 
 def test_streamed_epochs_shuffle_in_windows_and_see_every_row_once(ray_session, shards):

@@ -158,24 +158,9 @@ def test_fp32_nonfinite_gradient_stops_before_the_weights_move():
     assert _same(before, _params(model))
 
 
-@pytest.mark.slow
-def test_fp32_run_that_diverges_stops_with_one_line_naming_epoch_and_step(ray_session, shards, tmp_path, capsys):
-    # An honest NaN: lr=1e30 without clipping sends the weights to ~1e30 after the first step; the
-    # second forward pass overflows float32 and the loss is NaN (epoch 0, step 1), on a real
-    # Ray Train worker process.
-    from alchemetric_ray.cli import main
-
-    rc = main(["train", "--data", str(shards), "--model", "mlp", f"storage.path={tmp_path / 'results'}",
-               f"storage.models_dir={tmp_path / 'models'}", "storage.name=diverge", "model.hidden=16",
-               "train.batch_size=256", "train.epochs=2", "train.lr=1e30", "train.grad_clip=0"])
-    # stderr also carries Ray's forwarded worker logs; the CLI's own error is one line of its own
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("alchemetric-ray train: error:")]
-    assert rc == 2, err[-3000:]
-    assert len(errors) == 1, err[-3000:]
-    assert "non-finite loss (nan) at epoch 0 step 1 under fp32" in errors[0] and "lower train.lr" in errors[0]
-    assert "Traceback" not in errors[0] and "WorkerGroupError" not in errors[0]
-    assert not (tmp_path / "models" / "diverge").exists()  # nothing exported from a failed run
+# A run that diverges under fp32 on a real Train worker (lr=1e30, no clipping: NaN at epoch 0, step 1)
+# stops with one line naming the epoch, the step and what to change: tests/test_console.py, through
+# the CLI into a pipe.
 
 
 # ---- (c) a run that keeps skipping stops instead of spinning --------------------------------------

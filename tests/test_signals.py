@@ -15,18 +15,6 @@ from alchemetric_ray.train.evaluate import predict_proba
 from alchemetric_ray.train.export import load_model
 from alchemetric_ray.train.trainer import run_training
 
-TICKERS = "AAPL,MSFT,XOM"
-
-
-@pytest.fixture(scope="module")
-def stock_model(ray_session, stocknet_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("signals")
-    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", f"data.tickers={TICKERS}",
-                             f"storage.path={root / 'results'}", f"storage.models_dir={root / 'models'}",
-                             "storage.name=sig", "train.epochs=2", "model.hidden=16", "device.name=cpu"])
-    out = run_training(cfg, progress=False)
-    return out.model_dir
-
 
 def _slice(stocknet_dir, tmp_path, tickers=("AAPL", "MSFT", "XOM")):
     folder = tmp_path / "ohlcv"
@@ -70,7 +58,7 @@ def test_predict_on_a_stocknet_slice(ray_session, stock_model, stocknet_dir, tmp
     expect = predict_proba(loaded.model, x, torch.device("cpu"), resolve_precision("fp32", torch.device("cpu")))
     np.testing.assert_allclose(p, expect, rtol=1e-5, atol=1e-6)
     assert set(frame["device"]) == {"cpu"} and set(frame["precision"]) == {"fp32"}
-    assert frame["model_id"].iloc[0].startswith("sig@")
+    assert frame["model_id"].iloc[0].startswith("stock@")
 
 
 def test_model_refuses_shards_of_another_feature_set(ray_session, stock_model, stocknet_dir, tmp_path):

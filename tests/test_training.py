@@ -2,9 +2,6 @@
 
 import json
 import math
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -118,33 +115,19 @@ def test_plan_cuda_cluster_one_worker_per_gpu(monkeypatch):
         plan_resources(load_config(None, ["scaling.workers=8"]), {"CPU": 32.0, "GPU": 4.0})
 
 
-def test_plan_mac_path_on_a_real_ray_with_an_apple_gpu(tmp_path):
-    # Ray 2.60 advertises an Apple GPU as GPU: 1; with the MPS probe patched (no Mac here) the plan
-    # must not ask Ray for GPUs: one worker, gloo, and that worker picks MPS itself.
-    script = textwrap.dedent("""
-        import json, ray
-        from alchemetric_ray.config import load_config
-        from alchemetric_ray.hardware import device as dev
-        from alchemetric_ray.train.plan import plan_resources
-        dev.cuda_available = lambda: False
-        dev.mps_available = lambda: True
-        ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
-        try:
-            plan = plan_resources(load_config(), ray.cluster_resources())
-            two = plan_resources(load_config(None, ["scaling.workers=2"]), ray.cluster_resources())
-            print(json.dumps({"gpus": ray.cluster_resources().get("GPU"), "plan": plan.as_dict(),
-                              "two": two.as_dict()}))
-        finally:
-            ray.shutdown()
-    """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["gpus"] == 1.0
-    plan = got["plan"]
+def test_plan_mac_path_with_an_apple_gpu_that_ray_counts_as_a_gpu(monkeypatch):
+    # Ray 2.60 advertises an Apple GPU as GPU: 1 (what ray.cluster_resources() holds on a Mac); with
+    # the MPS probe patched (no Mac here) the plan must not ask Ray for GPUs: one worker, gloo, and
+    # that worker picks MPS itself.
+    from alchemetric_ray.hardware import device as dev
+
+    monkeypatch.setattr(dev, "cuda_available", lambda: False)
+    monkeypatch.setattr(dev, "mps_available", lambda: True)
+    mac = {"CPU": 4.0, "GPU": 1.0, "memory": 8e9}
+    plan = plan_resources(load_config(), mac).as_dict()
     assert (plan["num_workers"], plan["use_gpu"], plan["backend"], plan["worker_device"]) == (1, False, "gloo", "mps")
     assert "mps" in plan["reasons"]["accelerator"] and "not CUDA" in plan["reasons"]["accelerator"]
-    two = got["two"]
+    two = plan_resources(load_config(None, ["scaling.workers=2"]), mac).as_dict()
     assert (two["num_workers"], two["worker_device"], two["backend"]) == (2, "cpu", "gloo")
 
 
@@ -202,12 +185,15 @@ def test_resume_continues_at_next_epoch_bitwise_and_same_seed_is_reproducible(ra
     assert "continuing at epoch 2" in captured.out + captured.err
     assert resumed.run_path == cut.run_path  # the same run, found in the bucket
     assert resumed.summary["epochs_run"] == 4 and resumed.summary["epochs_per_rank"] == [2]  # epochs 3 and 4 only
-    again = run_training(_cfg(shards, tmp_path, *common, "storage.name=again"), export=False)
-    a, b, c = _final_state(full), _final_state(resumed), _final_state(again)
+    a, b = _final_state(full), _final_state(resumed)
     for key in a:
         assert torch.equal(a[key], b[key]), key  # resumed == uninterrupted, bit for bit
-        assert torch.equal(a[key], c[key]), key  # same seed twice
-    assert [h["train_loss"] for h in full.summary["history"]] == [h["train_loss"] for h in resumed.summary["history"]]
+    losses = [h["train_loss"] for h in full.summary["history"]]
+    assert losses == [h["train_loss"] for h in resumed.summary["history"]]
+    # same seed twice: the cut run, a second run from scratch, matched the full run epoch for epoch
+    val = [h["val_log_loss"] for h in full.summary["history"]]
+    assert [h["train_loss"] for h in cut.summary["history"]] == losses[:2]
+    assert [h["val_log_loss"] for h in cut.summary["history"]] == val[:2]
 
 
 @pytest.mark.slow
