@@ -78,13 +78,43 @@ def ours(cfg, shards: Path, manifest: dict, cache: bool, name: str):
     run_cfg = cfg.replace(f"train.cache_data={'true' if cache else 'false'}")
     plan = plan_resources(run_cfg, ray.cluster_resources())
     datasets, _ = build_datasets(shards, model_spec(run_cfg.model.name).inputs, run_cfg.features.window)
-    start = time.perf_counter()
+    start, start_wall = time.perf_counter(), time.time()
     result = build_trainer(run_cfg, datasets, manifest, plan, name=name).fit()
-    wall = time.perf_counter() - start
+    wall, end_wall = time.perf_counter() - start, time.time()
     history = result.return_value["history"]
     rates = [h["samples_per_s"] for h in history]
     train_time = sum(manifest["rows"]["train"] / r for r in rates)
-    return rates, wall, wall - train_time, result.return_value["threads"]
+    return rates, wall, wall - train_time, result.return_value["threads"], breakdown(result.return_value["phases"],
+                                                                                   start_wall, end_wall)
+
+
+PHASES = ("read", "train", "validate", "checkpoint")
+
+
+def breakdown(phases: list[dict], fit_start: float, fit_end: float) -> dict:
+    """A run's wall time by phase (the worker's own records, train/phases.py) and what lies around them:
+    fit() to the loop's start (Ray's controller and worker group) and the loop's end to fit()'s return."""
+    seconds = {"to_loop_start": phases[0]["at"] - fit_start}
+    for phase in PHASES:
+        seconds[phase] = sum(r["seconds"] for r in phases if r["phase"] == phase)
+    seconds["loop_end_to_return"] = fit_end - phases[-1]["at"]
+    memory = {phase: {"private_mib": max((r["private_mib"] or 0) for r in phases if r["phase"] == phase),
+                      "peak_mib": max((r["peak_mib"] or 0) for r in phases if r["phase"] == phase)}
+              for phase in PHASES if any(r["phase"] == phase for r in phases)}
+    return {"seconds": seconds, "memory": memory}
+
+
+def print_breakdown(label: str, runs: list[dict]) -> dict:
+    """Medians over the runs of one mode, printed on two lines; returned for the results file."""
+    seconds = {k: statistics.median(r["seconds"][k] for r in runs) for k in runs[0]["seconds"]}
+    memory = {p: {k: statistics.median(r["memory"][p][k] for r in runs) for k in ("private_mib", "peak_mib")}
+              for p in runs[0]["memory"]}
+    print(f"{label}: where a run's time goes (median s): fit() -> loop start {seconds['to_loop_start']:.1f} "
+          f"(Ray: controller, worker group) | " + " | ".join(f"{p} {seconds[p]:.1f}" for p in PHASES)
+          + f" | loop end -> fit() return {seconds['loop_end_to_return']:.1f}")
+    print(f"{label}: worker memory per phase (MiB, private at its end / peak during it): "
+          + ", ".join(f"{p} {m['private_mib']:.0f}/{m['peak_mib']:.0f}" for p, m in memory.items()))
+    return {"seconds": seconds, "memory": memory}
 
 
 def main(argv=None) -> int:
@@ -125,13 +155,15 @@ def main(argv=None) -> int:
         threads = args.threads or None
         per_epoch = {k: [] for k in ("ours_streamed", "plain_parquet_each_epoch", "ours_cached", "plain_in_memory")}
         walls, startups = {"streamed": [], "cached": []}, {"streamed": [], "cached": []}
+        phases: dict[str, list[dict]] = {"streamed": [], "cached": []}
         modes = (("streamed", False, "plain_parquet_each_epoch"), ("cached", True, "plain_in_memory"))
         for mode, cache, plain_key in modes:
             for r in range(args.repeats):
                 for who in (("ours", "plain") if r % 2 == 0 else ("plain", "ours")):
                     if who == "ours":
-                        rates, wall, startup, threads = ours(cfg, shards, manifest, cache=cache,
-                                                             name=f"bench-{mode}-{r}")
+                        rates, wall, startup, threads, parts = ours(cfg, shards, manifest, cache=cache,
+                                                                    name=f"bench-{mode}-{r}")
+                        phases[mode].append(parts)
                         per_epoch[f"ours_{mode}"].append(rates)
                         walls[mode].append(wall)
                         startups[mode].append(startup)
@@ -167,6 +199,7 @@ def main(argv=None) -> int:
         print(f"{k:10s} {o:15,.0f} {p:16,.0f} {o / p:7.2f}")
     print(f"start-up and reporting outside the training steps: streamed {startup_s:.1f}s, cached {startup_c:.1f}s "
           f"(wall {wall_s:.1f}s / {wall_c:.1f}s)")
+    result["breakdown"] = {mode: print_breakdown(mode, runs) for mode, runs in phases.items()}
     write_result(args.out, f"loop-{args.model}", result)
     return 0
 

@@ -195,6 +195,9 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
             "worker_pid": sampler.worker_pid, "worker_found_by": sampler.found_by,
             "worker_memory_series_s_anon_kib_shmem_kib": sampler.worker_series,
             "ray_logical_cpus": ray.cluster_resources().get("CPU"),
+            # the worker's own records at the end of each phase (train/phases.py): seconds, RssAnon, RssShmem,
+            # and the peak resident set during the phase
+            "worker_phases": outcome.summary.get("phases"),
         }
     ray.shutdown()
     result_path.write_text(json.dumps(result, indent=2))
@@ -271,6 +274,12 @@ def main(argv=None) -> int:
         print(f"{r['rows']:12,d} {r['features_s']:11.1f} {r['train_s']:8.1f} {r['wall_s']:8.1f} "
               f"{r['train_samples_per_s'] or 0:10,.0f} {mib(p['driver']):>11s} {mib(p['worker']):>11s} "
               f"{mib(p.get('worker_private')):>8s} {mib(p.get('worker_shared')):>7s} {mib(p['tree_sampled']):>10s}")
+
+    for r in runs:  # where the worker's memory goes, phase by phase (recorded in the worker, no sampler)
+        parts = [f"{p['phase']} {p['private_mib'] or 0:,.0f}/{p['peak_mib'] or 0:,.0f}"
+                 for p in r.get("worker_phases") or [] if p["phase"] != "start"]
+        print(f"{r['rows']:12,d} rows, worker memory per phase (MiB, private at its end / peak during it): "
+              + ", ".join(parts))
 
     def fmt(v):
         return f"{v:.2f}" if v is not None else "n/a"

@@ -47,7 +47,7 @@ def _final_state(outcome):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
-    cfg = _cfg(shards, tmp_path, f"model.name={name}", "model.hidden=128", "model.dropout=0.0", "train.epochs=120",
+    cfg = _cfg(shards, tmp_path, f"model.name={name}", "model.hidden=128", "model.dropout=0.0", "train.epochs=80",
                "train.lr=0.003", "train.schedule=constant", "train.batch_size=64", "train.weight_decay=0",
                "train.patience=0", "train.metric=val_accuracy")
     manifest = Manifest.read(shards)
@@ -165,6 +165,12 @@ def test_ddp_two_workers_equal_one_process_on_the_same_global_batches(ray_sessio
     assert sum(prints) == pytest.approx(one.summary["fingerprint"][0], rel=1e-9)
     # cached on the CPU: each rank indexes its batches in host memory (hardware/staging.py)
     assert two.summary["data_path"] == ["host (cpu trains from host memory)"] * 2
+    # rank 0's time and memory per phase, recorded in the worker (train/phases.py)
+    phases = two.summary["phases"]
+    assert [(p["phase"], p["epoch"]) for p in phases] == [("start", None), ("read", None)] + [
+        (kind, epoch) for epoch in range(3) for kind in ("train", "validate", "checkpoint")]
+    assert all(p["seconds"] >= 0 for p in phases) and phases[-1]["at"] > phases[0]["at"]
+    assert all(p["peak_mib"] is None or p["peak_mib"] >= p["private_mib"] > 0 for p in phases)
     a, b = _final_state(two), _final_state(one)
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)

@@ -60,10 +60,12 @@ from alchemetric_ray.train.metrics import (
     selection_mode,
     target_metrics,
 )
+from alchemetric_ray.train.phases import PhaseLog
 from alchemetric_ray.train.plan import ResourcePlan
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
+    phases = PhaseLog()  # from here on, time and memory per phase (before this: Ray's start-up)
     import ray.train
     import ray.train.torch
 
@@ -86,6 +88,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                       train_cfg.cache_data, train_cfg.seed, by_date=loss == "ic", world=worker.world,
                       device=worker.device, device_cache_fraction=train_cfg.device_cache_fraction,
                       sharers=gpu_sharers(config["plan"].gpus_per_worker))
+    phases.mark("read")
     worker.say(f"worker {worker.rank}: data path {data.path}", detail=data.path.kind == HOST)
     trainables = _trainables(core, train_cfg, worker, data.steps_per_epoch(manifest.rows["train"] // worker.world))
     loss_fn = make_loss(loss, manifest.class_counts.get("train") if train_cfg.class_weights else None, worker.device)
@@ -100,8 +103,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     stopped_early = False
     for epoch in range(start_epoch, train_cfg.epochs):
         train_loss, samples_per_s = _train_epoch(model, trainables, loss_fn, data, epoch, train_cfg.seed, worker)
+        phases.mark("train", epoch)
         metrics, improved, stop = _validate_and_decide(core, data, state, train_cfg, worker, manifest, metric, mode,
                                                        cfg.signals.quantile)
+        phases.mark("validate", epoch)
         state.epoch = epoch
         row = {"epoch": epoch, "train_loss": train_loss, **_scalars(metrics), "samples_per_s": samples_per_s,
                "skipped_steps": trainables.step.skipped_total, "lr": trainables.scheduler.get_last_lr()[0],
@@ -112,6 +117,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             worker.say(_epoch_line(row, train_cfg, metric, worker.device, worker.precision.mode),
                        detail=not config.get("epoch_lines", True))
         _report(row, trainables, meta.at(state, metrics), worker.rank)
+        phases.mark("checkpoint", epoch)
         # Stop only after the report: the last epoch's checkpoint is what a resumed run continues from.
         if train_cfg.stop_after and epoch + 1 - start_epoch >= train_cfg.stop_after and epoch + 1 < train_cfg.epochs:
             worker.say(f"stopping after {train_cfg.stop_after} epoch(s) this session (train.stop_after); "
@@ -123,7 +129,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                        f"no {metric} improvement for {train_cfg.patience} epoch(s)")
             break
 
-    return _summary(worker, state, data, stopped_early, epochs_here=state.epoch + 1 - start_epoch)
+    return _summary(worker, state, data, stopped_early, epochs_here=state.epoch + 1 - start_epoch, phases=phases)
 
 
 # ---- this worker --------------------------------------------------------------------------------
@@ -384,7 +390,7 @@ def _report(row: dict[str, Any], trainables: Trainables, meta: CheckpointMeta, r
 
 
 def _summary(worker: _Worker, state: LoopState, data: _ShardData, stopped_early: bool, *,
-             epochs_here: int) -> dict[str, Any]:
+             epochs_here: int, phases: PhaseLog) -> dict[str, Any]:
     """What ``fit()`` returns (rank 0's): the run's history and, per rank, what it ran and read."""
     return {
         "history": state.history,
@@ -403,6 +409,7 @@ def _summary(worker: _Worker, state: LoopState, data: _ShardData, stopped_early:
         "val_rows": _gather_list(data.val_rows, worker.world),  # validation rows each rank scored (last epoch)
         "val_fingerprint": _gather_list(data.val_fingerprint, worker.world),
         "data_path": _gather_list(str(data.path), worker.world),  # where each rank's batches came from
+        "phases": phases.records,  # rank 0's time and memory per phase (train/phases.py)
     }
 
 
