@@ -195,15 +195,20 @@ def test_the_per_date_pass_looks_at_no_later_date(tmp_path):
 def test_a_cs_rank_model_trains_with_mse_reports_ic_and_predicts_scores(ray_session, tmp_path):
     """features.label=cs_rank end to end on a real local Ray: a one-output model trained on the MSE,
     picked by val_rank_ic (train.metric auto), IC / rank IC / their IRs every epoch, the export's test
-    metrics and regression baselines, and `predict` writing the score with per-date quantile positions."""
+    metrics and regression baselines, and `predict` (inside `evaluate`) writing the score with per-date
+    quantile positions.  The market is the null one of seed 3 (no effect planted; test_signals.py
+    checks seeds 4 and 5 the same way): the verdict is no signal and no edge."""
     import json
 
-    from alchemetric_ray.signals.predict import predict
+    import pandas as pd
+
+    from alchemetric_ray.signals.evaluate import evaluate
     from alchemetric_ray.train.trainer import run_training
 
-    cfg = _cs_cfg("features.label=cs_rank", f"storage.path={tmp_path / 'results'}",
+    cfg = _cs_cfg("data.synthetic_tickers=20", "data.synthetic_days=400", "data.synthetic_effect=0.0", "data.seed=3",
+                  "features.label=cs_rank", f"storage.path={tmp_path / 'results'}",
                   f"storage.models_dir={tmp_path / 'models'}", "storage.name=cs", "train.epochs=2",
-                  "model.hidden=16", "device.name=cpu", "signals.quantile=0.25")
+                  "model.hidden=16", "device.name=cpu", "signals.quantile=0.25", "signals.n_boot=500")
     outcome = run_training(cfg, progress=False)
     history = outcome.summary["history"]
     assert len(history) == 2 and all(np.isfinite(h["train_loss"]) for h in history)
@@ -217,18 +222,18 @@ def test_a_cs_rank_model_trains_with_mse_reports_ic_and_predicts_scores(ray_sess
     card = (outcome.model_dir / "model_card.md").read_text()
     assert "| model | val rank IC | test rank IC | test IC | test MSE |" in card and "Survivorship" in card
 
-    from alchemetric_ray.signals.evaluate import evaluate
-
     result = evaluate(outcome.model_dir, None, tmp_path / "report")
     names = [r["name"] for r in result["rows"]]
     assert names == ["deep model", "ridge regression", "hist gradient boosting", "momentum 20d", "buy and hold"]
     assert "Survivorship" in (tmp_path / "report" / "report.md").read_text()
+    verdict = result["verdict"]
+    assert not verdict["signal"] and not verdict["edge"], verdict["line"]  # the null market
 
-    signals = predict(outcome.model_dir, None, tmp_path / "signals.parquet")
+    signals = pd.read_parquet(tmp_path / "report" / "signals.parquet")  # what evaluate's predict() wrote
     assert not [c for c in signals.columns if c.startswith("p_")] and "pred_class" not in signals
     assert signals["score"].notna().all() and signals["score"].std() > 0
     legs = signals.groupby("date")["position"].agg(long=lambda p: (p == 1).sum(), short=lambda p: (p == -1).sum())
-    assert (legs["long"] == 3).all() and (legs["short"] == 3).all()  # 12 stocks a date, quantile 0.25
+    assert (legs["long"] == 5).all() and (legs["short"] == 5).all()  # 20 stocks a date, quantile 0.25
 
 
 # ---- the IC loss ---------------------------------------------------------------------------------

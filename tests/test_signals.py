@@ -109,10 +109,11 @@ def test_known_answer_a_sequence_model_ranks_what_the_row_features_cannot_see(ra
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [3, 4, 5])
+@pytest.mark.parametrize("seed", [4, 5])
 def test_known_answer_the_null_market_gives_no_signal(ray_session, tmp_path, seed):
     """No effect planted: for each of several markets, the deep model on the cross-sectional target
-    finds no signal and no edge (one seed could pass by luck)."""
+    finds no signal and no edge (one seed could pass by luck).  Seed 3's market is the one of
+    test_cross_section.py's cs_rank service test, which asserts the same verdict."""
     from alchemetric_ray.signals.evaluate import evaluate
 
     cfg = load_config(None, ["data.source=synthetic", "data.synthetic_tickers=20", "data.synthetic_days=400",
@@ -161,15 +162,11 @@ def test_verdict_on_a_synthetic_market_with_class_labels(ray_session, tmp_path):
 
 
 @pytest.mark.slow
-def test_evaluate_cli_with_walk_forward_folds(ray_session, tmp_path, capsys):
+def test_evaluate_cli_with_walk_forward_folds(ray_session, stock_model, tmp_path, capsys):
+    """`evaluate` of the session's model (conftest.py) with two walk-forward folds, each retrained."""
     from alchemetric_ray.cli import main
 
-    cfg = load_config(None, ["data.source=synthetic", "data.synthetic_tickers=12", "data.synthetic_days=700",
-                             "data.synthetic_effect=1.0", f"storage.path={tmp_path / 'results'}",
-                             f"storage.models_dir={tmp_path / 'models'}", "storage.name=wf", "train.epochs=2",
-                             "model.hidden=16"])
-    model_dir = run_training(cfg, progress=False).model_dir
-    rc = main(["evaluate", "--model", str(model_dir), "--out", str(tmp_path / "eval"), "signals.folds=2",
+    rc = main(["evaluate", "--model", str(stock_model), "--out", str(tmp_path / "eval"), "signals.folds=2",
                "signals.n_boot=200"])
     assert rc == 0
     out = capsys.readouterr().out
