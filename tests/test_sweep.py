@@ -98,11 +98,11 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
 
     from alchemetric_ray.tune.sweep import run_sweep
 
-    # good learning rates first: with one trial at a time ASHA has seen them when the bad one reaches rung 1
-    cfg = load_config(None, _sweep_args(shards, tmp_path, "tune.space={train.lr: [0.01, 0.003, 1.0e-9]}"))
+    # the good learning rate first: with one trial at a time ASHA has seen it when the bad one reaches rung 1
+    cfg = load_config(None, _sweep_args(shards, tmp_path, "tune.space={train.lr: [0.01, 1.0e-9]}"))
     out = run_sweep(cfg)
     s = out.summary
-    assert s["num_trials"] == 3 and {t["status"] for t in s["trials"]} == {"TERMINATED"}
+    assert s["num_trials"] == 2 and {t["status"] for t in s["trials"]} == {"TERMINATED"}
     by_lr = {t["config"]["train.lr"]: t for t in s["trials"]}
     assert by_lr[1e-9]["stopped_early"] and by_lr[1e-9]["epochs_run"] < 3
     assert by_lr[0.01]["epochs_run"] == 3 and not by_lr[0.01]["stopped_early"]
@@ -111,7 +111,7 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
     assert best["config"]["train.lr"] != 1e-9
     # the best trial exported as the same artifact `train` makes, scored on test once
     metrics = json.loads((out.model_dir / "metrics.json").read_text())
-    assert metrics["sweep"]["num_trials"] == 3 and metrics["sweep"]["best_trial_id"] == s["best_trial_id"]
+    assert metrics["sweep"]["num_trials"] == 2 and metrics["sweep"]["best_trial_id"] == s["best_trial_id"]
     assert metrics["val"]["log_loss"] == pytest.approx(s["best_value"])
     assert s["test_metrics"] == metrics["test"]
     assert json.loads((out.model_dir / "config.json").read_text())["train"]["lr"] == best["config"]["train.lr"]
@@ -125,7 +125,7 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
     assert metrics["sweep"]["chosen_val_long_short"] == best["val_long_short"]
     # TensorBoard's own reader finds every trial's scalars and hyperparameters
     event_files = sorted(Path(out.path).glob("*/events.out.tfevents.*"))
-    assert len(event_files) == 3
+    assert len(event_files) == 2
     seen_lrs = set()
     for f in event_files:
         acc = EventAccumulator(str(f.parent))
@@ -135,7 +135,7 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
         hp = acc.PluginTagToContent("hparams")
         start = plugin_data_pb2.HParamsPluginData.FromString(hp["_hparams_/session_start_info"]).session_start_info
         seen_lrs.add(start.hparams["train.lr"].number_value)
-    assert seen_lrs == {0.01, 0.003, 1e-9}
+    assert seen_lrs == {0.01, 1e-9}
 
 
 @pytest.mark.slow
