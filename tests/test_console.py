@@ -60,8 +60,8 @@ def test_a_run_into_a_pipe_prints_the_plan_one_line_per_epoch_and_the_verdict(ra
 
 @pytest.mark.slow
 def test_a_failing_worker_reaches_the_pipe_as_one_line(ray_session, tmp_path):
-    done = run_cli(["train", "train.epochs=2", "train.lr=1e30", "train.grad_clip=0", "storage.name=diverge"],
-                   ray_session, tmp_path)
+    done = run_cli(["train", "train.epochs=2", "train.lr=1e30", "train.grad_clip=0", "storage.name=diverge",
+                    "data.tickers=AAPL,MSFT"], ray_session, tmp_path)  # two tickers: it fails at its second step
     out = done.stdout + done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("alchemetric-ray train: error:")]
     assert done.returncode == 2, out[-4000:]
