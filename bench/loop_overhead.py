@@ -31,7 +31,7 @@ from _common import machine, write_result
 from torch import nn
 
 
-def plain_loop(cfg, shards: Path, manifest: dict, epochs: int, threads: int, in_memory: bool) -> list[float]:
+def plain_loop(cfg, shards: Path, manifest, epochs: int, threads: int, in_memory: bool) -> list[float]:
     """samples/s per epoch of a hand-written loop over the same data."""
     from alchemetric_ray.hardware import OptimizerStep, resolve_precision
     from alchemetric_ray.models import build_model, model_spec
@@ -39,9 +39,9 @@ def plain_loop(cfg, shards: Path, manifest: dict, epochs: int, threads: int, in_
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    features = manifest["features"]
+    features = manifest.features
     mode = model_spec(cfg.model.name).inputs
-    model = build_model(cfg.model, len(features), len(manifest["label"]["classes"]), window=cfg.features.window)
+    model = build_model(cfg.model, len(features), manifest.outputs, window=cfg.features.window)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     precision = resolve_precision("fp32", torch.device("cpu"))
     step_fn = OptimizerStep(opt, precision, grad_clip=cfg.train.grad_clip)
@@ -67,7 +67,7 @@ def plain_loop(cfg, shards: Path, manifest: dict, epochs: int, threads: int, in_
     return rates
 
 
-def ours(cfg, shards: Path, manifest: dict, cache: bool, name: str):
+def ours(cfg, shards: Path, manifest, cache: bool, name: str):
     import ray
 
     from alchemetric_ray.data.loaders import build_datasets
@@ -83,7 +83,7 @@ def ours(cfg, shards: Path, manifest: dict, cache: bool, name: str):
     wall, end_wall = time.perf_counter() - start, time.time()
     history = result.return_value["history"]
     rates = [h["samples_per_s"] for h in history]
-    train_time = sum(manifest["rows"]["train"] / r for r in rates)
+    train_time = sum(manifest.rows["train"] / r for r in rates)
     return rates, wall, wall - train_time, result.return_value["threads"], breakdown(result.return_value["phases"],
                                                                                    start_wall, end_wall)
 
@@ -185,14 +185,14 @@ def main(argv=None) -> int:
     }
     result = {
         "benchmark": "loop_overhead", "machine": machine(), "model": args.model, "batch": batch, "threads": threads,
-        "train_rows": manifest["rows"]["train"], "epochs": args.epochs, "repeats": args.repeats,
+        "train_rows": manifest.rows["train"], "epochs": args.epochs, "repeats": args.repeats,
         "per_epoch_samples_per_s": {"ours_streamed": ours_stream, "plain_parquet_each_epoch": plain_stream,
                                     "ours_cached": ours_cache, "plain_in_memory": plain_cache},
         "median_epochs_2plus": {k: {"ours": o, "plain": p, "ratio": o / p} for k, (o, p) in rows.items()},
         "startup_s": {"streamed": startup_s, "cached": startup_c}, "wall_s": {"streamed": wall_s, "cached": wall_c},
         "versions": {"torch": torch.__version__, "ray": ray.__version__}, "date": time.strftime("%Y-%m-%d"),
     }
-    print(f"loop overhead: {args.model}, batch {batch}, {manifest['rows']['train']:,} train rows, "
+    print(f"loop overhead: {args.model}, batch {batch}, {manifest.rows['train']:,} train rows, "
           f"{threads} torch threads, median of epochs 2..{args.epochs} of {args.repeats} runs each, ABBA order")
     print(f"{'mode':10s} {'ours samples/s':>15s} {'plain samples/s':>16s} {'ratio':>7s}")
     for k, (o, p) in rows.items():

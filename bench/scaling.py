@@ -181,9 +181,9 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
         sampler.join()
         driver_end = maxrss_kib()
         history = outcome.summary.get("history") or [{}]
-        total_rows = sum(built.manifest["rows"].values())
+        total_rows = sum(built.manifest.rows.values())
         result = {
-            "rows_requested": rows, "rows": total_rows, "train_rows": built.manifest["rows"]["train"],
+            "rows_requested": rows, "rows": total_rows, "train_rows": built.manifest.rows["train"],
             "tickers": tickers, "days": DAYS, "model": model, "batch": batch,
             "features_s": features_s, "train_s": train_s, "wall_s": features_s + train_s,
             "train_samples_per_s": history[-1].get("samples_per_s"),

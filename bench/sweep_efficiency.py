@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         "machine": machine(ray_logical_cpus=cpus),
         "versions": {"torch": torch.__version__, "ray": ray.__version__},
         "trials": args.trials, "epochs_per_trial": args.epochs, "model": args.model, "lrs": lrs,
-        "train_rows": built.manifest["rows"]["train"], "max_concurrent_trials": args.concurrency or "product default",
+        "train_rows": built.manifest.rows["train"], "max_concurrent_trials": args.concurrency or "product default",
         "order": order, "warmup_sweep_s": warm,
         "wall_s": wall, "wall_ratio_asha_vs_full": wall["asha"] / wall["full"],
         "trial_epochs": {"planned": planned, **epochs_run},
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         "date": time.strftime("%Y-%m-%d"),
     }
     print(f"sweep efficiency: {args.trials} trials x {args.epochs} epochs, {args.model}, "
-          f"{built.manifest['rows']['train']:,} train rows, max_concurrent_trials={args.concurrency or 'default'}, "
+          f"{built.manifest.rows['train']:,} train rows, max_concurrent_trials={args.concurrency or 'default'}, "
           f"one sweep each (order {' then '.join(order)})")
     print(f"{'contender':10s} {'wall s':>8s} {'trial-epochs':>13s} {'best val_log_loss':>18s}")
     for k in ("full", "asha"):
