@@ -42,6 +42,9 @@ def write_shards(folder: Path, rows: int, n_features: int) -> list[str]:
         n = min(ROWS_PER_FILE, rows - done)
         cols = {name: rng.standard_normal(n, dtype=np.float32) for name in names}
         cols["label"] = rng.integers(0, 3, n)
+        # what every batch carries beside x and y since the cross-sectional metrics: the date, the forward return
+        cols["date"] = np.datetime64("2020-01-01", "ns") + ((done + np.arange(n)) // 500).astype("timedelta64[D]")
+        cols["fwd_ret"] = rng.standard_normal(n, dtype=np.float32) * 0.01
         pq.write_table(pa.table(cols), folder / f"part-{part:05d}.parquet")
         done += n
         part += 1
@@ -64,7 +67,7 @@ def run_ray(ds, names: list[str], batch: int, ours: bool) -> int:
 
     seen = 0
     if ours:
-        for xb, yb in ds.iter_torch_batches(batch_size=batch, collate_fn=TabularCollate(names)):
+        for _x, yb, _date, _fwd in ds.iter_torch_batches(batch_size=batch, collate_fn=TabularCollate(names)):
             seen += len(yb)
     else:
         for b in ds.iter_torch_batches(batch_size=batch):
@@ -90,13 +93,17 @@ def main(argv=None) -> int:
     ray.data.DataContext.get_current().enable_progress_bars = False
     with tempfile.TemporaryDirectory() as tmp:
         from alchemetric_ray.data.loaders import read_split
+        from alchemetric_ray.data.manifest import Manifest
         from alchemetric_ray.data.shards import split_dir
 
         folder = split_dir(tmp, "train")  # the layout of `alchemetric-ray features`
         folder.mkdir()
         names = write_shards(folder, args.rows, args.features)
-        ours = read_split(tmp, "train")
-        default = ray.data.read_parquet(str(folder), partitioning=None)  # no "split" column from the folder name
+        # the manifest of these synthetic files: no files list, so the split's folder is read
+        manifest = Manifest(features=names, label={}, splits={}, normalization={}, rows={"train": args.rows})
+        ours = read_split(tmp, "train", manifest=manifest)
+        # no "split" column from the folder name; the columns the plain contender stacks (no dates: torch has none)
+        default = ray.data.read_parquet(str(folder), partitioning=None, columns=[*names, "label"])
         contenders = {
             "pyarrow": lambda: run_pyarrow(folder, names, args.batch),
             "ray_ours": lambda: run_ray(ours, names, args.batch, ours=True),

@@ -104,6 +104,12 @@ def main(argv=None) -> int:
     epochs_run = {k: sum(t["epochs_run"] for t in runs[k][1]) for k in ("asha", "full")}
     best = {k: runs[k][2] for k in ("asha", "full")}
     planned = args.trials * args.epochs
+    # Both sweeps ran the same trials one at a time: wall = trials x fixed + trial-epochs x per-epoch, twice,
+    # with different trial-epochs; solved for a trial's fixed cost (start to first batch, last report to
+    # trial end, the trial driver's own set-up) and an epoch's cost.
+    extra = epochs_run["full"] - epochs_run["asha"]
+    per_epoch = (wall["full"] - wall["asha"]) / extra if extra else None
+    fixed = (wall["full"] - epochs_run["full"] * per_epoch) / args.trials if per_epoch is not None else None
     result = {
         "benchmark": "sweep_efficiency",
         "machine": machine(ray_logical_cpus=cpus),
@@ -116,6 +122,7 @@ def main(argv=None) -> int:
         "trial_epochs_saved": planned - epochs_run["asha"],
         "trial_epochs_saved_frac": (planned - epochs_run["asha"]) / planned,
         "seconds_per_trial_epoch_full": wall["full"] / max(1, epochs_run["full"]),
+        "fixed_s_per_trial": fixed, "s_per_trial_epoch": per_epoch,
         "best_val_log_loss": best,
         "trials_detail": {k: runs[k][1] for k in ("asha", "full")},
         "date": time.strftime("%Y-%m-%d"),
@@ -129,6 +136,9 @@ def main(argv=None) -> int:
     print(f"asha/full wall-time ratio {result['wall_ratio_asha_vs_full']:.2f}; trial-epochs saved "
           f"{result['trial_epochs_saved']}/{planned} ({100 * result['trial_epochs_saved_frac']:.0f}%); "
           + (f"warm-up sweep {warm:.1f}s" if warm is not None else f"no warm-up: {order[0]} paid the cold start"))
+    if fixed is not None:
+        print(f"a trial's fixed cost {fixed:.1f}s, an epoch {per_epoch:.2f}s (from the two sweeps' wall times and "
+              "trial-epochs)")
     print("stopped by ASHA: " + (", ".join(f"lr {t['lr']} after {t['epochs_run']}" for t in runs["asha"][1]
                                            if t["stopped_early"]) or "none"))
     write_result(args.out, f"sweep-{args.trials}", result)
