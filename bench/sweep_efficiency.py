@@ -109,6 +109,8 @@ def main(argv=None) -> int:
     # trial end, the trial driver's own set-up) and an epoch's cost.
     extra = epochs_run["full"] - epochs_run["asha"]
     per_epoch = (wall["full"] - wall["asha"]) / extra if extra else None
+    if per_epoch is not None and per_epoch <= 0:  # the first sweep paid Ray's cold start (no --warmup)
+        per_epoch = None
     fixed = (wall["full"] - epochs_run["full"] * per_epoch) / args.trials if per_epoch is not None else None
     result = {
         "benchmark": "sweep_efficiency",
@@ -139,6 +141,9 @@ def main(argv=None) -> int:
     if fixed is not None:
         print(f"a trial's fixed cost {fixed:.1f}s, an epoch {per_epoch:.2f}s (from the two sweeps' wall times and "
               "trial-epochs)")
+    else:
+        print("a trial's fixed cost: not solvable from this run (the sweep that ran first paid the cold start; "
+              "use --warmup)")
     print("stopped by ASHA: " + (", ".join(f"lr {t['lr']} after {t['epochs_run']}" for t in runs["asha"][1]
                                            if t["stopped_early"]) or "none"))
     write_result(args.out, f"sweep-{args.trials}", result)
