@@ -61,9 +61,10 @@ class PhaseLog:
         self._last = now
         _reset_peak()
 
-    def totals(self) -> dict[str, float]:
-        """Seconds per kind of phase, summed over the epochs."""
-        out: dict[str, float] = {}
-        for record in self.records[1:]:
-            out[record["phase"]] = round(out.get(record["phase"], 0.0) + record["seconds"], 4)
-        return out
+
+def seconds_by_phase(records: list[dict]) -> dict[str, float]:
+    """Seconds per kind of phase in a run's records (``PhaseLog.records``), summed over the epochs."""
+    out: dict[str, float] = {}
+    for record in records[1:]:
+        out[record["phase"]] = round(out.get(record["phase"], 0.0) + record["seconds"], 4)
+    return out
