@@ -85,14 +85,53 @@ def test_deterministic_order_with_seeded_shuffle(ray_session, shards):
                                    local_shuffle_seed=7)
             runs.append(torch.cat([b[1] for b in batches]))
         assert torch.equal(runs[0], runs[1])
-        # sequence windows: the groupby's output order varies between runs; deterministic sorts
-        windows = []
+        # sequence windows: built as each file is read, in the files' order (ticker, then date), with
+        # no shuffle between tasks to reorder them and no sort
+        windows, keys = [], []
         for _ in range(2):
-            datasets, m = build_datasets(shards, "sequence", WINDOW, splits=("train",), deterministic=True)
+            datasets, m = build_datasets(shards, "sequence", WINDOW, splits=("train",))
             windows.append(torch.cat([b[0] for b in _all_batches(datasets["train"], "sequence", m.features)]))
+            rows = datasets["train"].select_columns(["ticker", "date"]).take_all()
+            keys.append([(r["ticker"], r["date"]) for r in rows])
         assert windows[0].shape[0] > 0 and torch.equal(windows[0], windows[1])
+        assert keys[0] == keys[1] == sorted(keys[0]) and len(set(keys[0])) == len(keys[0])
     finally:
         ctx.execution_options.preserve_order = old
+
+
+def test_a_ticker_cut_between_two_files_is_refused_for_windows(ray_session, shards, tmp_path):
+    """Shards written before 2026-12-01 could cut a ticker between two files of a split; windows built
+    a file at a time would silently lose that ticker's first windows in the second file.  Refused,
+    naming the ticker and both files; rows (tabular models) need no whole tickers."""
+    import json
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from alchemetric_ray.data.manifest import MANIFEST, ShardError
+
+    old = tmp_path / "old"
+    shutil.copytree(shards, old)
+    val = split_dir(old, "val")
+    (only,) = sorted(val.glob("*.parquet"))
+    table = pq.read_table(only)
+    tickers = table.column("ticker").to_pylist()
+    cut = tickers.count(tickers[0]) // 2  # the middle of the first ticker's rows
+    assert cut > 0 and tickers[cut - 1] == tickers[cut]
+    only.unlink()
+    pq.write_table(table.slice(0, cut), val / "part-00000.parquet")
+    pq.write_table(table.slice(cut), val / "part-00001.parquet")
+    manifest = json.loads((old / MANIFEST).read_text())
+    manifest["files"]["val"] = ["split=val/part-00000.parquet", "split=val/part-00001.parquet"]
+    (old / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ShardError) as refused:
+        build_datasets(old, "sequence", WINDOW, splits=("val",))
+    assert str(refused.value) == (
+        f"{val}: ticker '{tickers[cut]}' spans part-00000.parquet and part-00001.parquet, so its sequence windows "
+        "would be cut; rebuild the shards with `alchemetric-ray features` (shards built since 2026-12-01 keep a "
+        "ticker in one file)")
+    datasets, _ = build_datasets(old, "tabular", WINDOW, splits=("val",))
+    assert datasets["val"].count() == len(tickers)
 
 
 def test_collate_matches_pyarrow_stack(shards):

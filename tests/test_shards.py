@@ -106,24 +106,45 @@ def test_same_input_same_hash_and_rows(tmp_path, syn_shards):
     assert again.manifest.rows == syn_shards.manifest.rows
 
 
-def test_parts_and_row_groups_hold_many_tickers_in_order(tmp_path, syn_shards, monkeypatch):
-    """Tickers arrive ~250 train rows at a time; files and row groups are cut at fixed sizes, not per ticker."""
+def _ticker_runs(files) -> list[list[str]]:
+    """Per file, its tickers in row order, each once (asserting a ticker's rows are contiguous)."""
+    runs = []
+    for f in files:
+        tickers = pq.read_table(f, columns=["ticker"]).column(0).to_pylist()
+        runs.append([t for i, t in enumerate(tickers) if i == 0 or t != tickers[i - 1]])
+        assert len(set(runs[-1])) == len(runs[-1]), f
+    return runs
+
+
+def test_parts_and_row_groups_hold_many_tickers_in_order_and_never_cut_one(tmp_path, syn_shards, monkeypatch):
+    """Tickers arrive ~250 train rows at a time; row groups are cut at a fixed size, files at up to
+    a fixed size but never inside a ticker (a sequence model windows one file at a time): a part
+    ends early when the next ticker does not fit, and a ticker longer than a part has one alone."""
     import alchemetric_ray.data.shards as shards_mod
 
-    monkeypatch.setattr(shards_mod, "ROWS_PER_FILE", 700)
     monkeypatch.setattr(shards_mod, "ROWS_PER_ROW_GROUP", 300)
-    small = build_shards(load_config(None, SYN), tmp_path / "small")
-    for split in ("train", "val", "test"):
-        files = sorted(split_dir(small.out, split).glob("*.parquet"))
-        metadata = [pq.ParquetFile(f).metadata for f in files]
-        groups = [[meta.row_group(i).num_rows for i in range(meta.num_row_groups)] for meta in metadata]
-        total = small.manifest.rows[split]
-        assert [sum(g) for g in groups] == [700] * (total // 700) + ([total % 700] if total % 700 else [])
-        assert all(g[:-1] == [300] * (len(g) - 1) and 0 < g[-1] <= 300 for g in groups), groups
-        # the same rows in the same order as the default sizes write them
-        cut = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-        whole = pd.read_parquet(split_dir(syn_shards.out, split))
-        pd.testing.assert_frame_equal(cut, whole)
+    for per_file in (700, 100):
+        monkeypatch.setattr(shards_mod, "ROWS_PER_FILE", per_file)
+        small = build_shards(load_config(None, SYN), tmp_path / f"small-{per_file}")
+        for split in ("train", "val", "test"):
+            files = sorted(split_dir(small.out, split).glob("*.parquet"))
+            metadata = [pq.ParquetFile(f).metadata for f in files]
+            groups = [[meta.row_group(i).num_rows for i in range(meta.num_row_groups)] for meta in metadata]
+            assert all(g[:-1] == [300] * (len(g) - 1) and 0 < g[-1] <= 300 for g in groups), groups
+            runs = _ticker_runs(files)
+            flat = [t for run in runs for t in run]
+            assert len(flat) == len(set(flat)) == len(small.manifest.tickers)  # no ticker in two files
+            rows = [sum(g) for g in groups]
+            assert all(n <= per_file or len(run) == 1 for n, run in zip(rows, runs)), (rows, runs)
+            whole = pd.read_parquet(split_dir(syn_shards.out, split))
+            first_of_next = [int((whole["ticker"] == run[0]).sum()) for run in runs[1:]]
+            # no part ends early: the next file's first ticker did not fit in it
+            assert all(n + k > per_file for n, k in zip(rows, first_of_next)), (rows, first_of_next)
+            # the same rows in the same order as the default sizes write them
+            cut = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+            pd.testing.assert_frame_equal(cut, whole)
+            if per_file == 100 and split == "train":  # below a ticker's rows: each file holds one, whole
+                assert max(rows) > 100 and all(len(run) == 1 for run in runs), (rows, runs)
 
 
 def test_failure_midway_leaves_previous_output_untouched(tmp_path):

@@ -10,7 +10,7 @@ import torch
 from device_probes import cpu_only_machine
 
 from alchemetric_ray.config import load_config
-from alchemetric_ray.data.loaders import read_split, sequence_dataset
+from alchemetric_ray.data.loaders import read_split, read_split_windows
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.hardware import device as dev
@@ -51,9 +51,11 @@ def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
                "train.lr=0.003", "train.schedule=constant", "train.batch_size=64", "train.weight_decay=0",
                "train.patience=0", "train.metric=val_accuracy")
     manifest = Manifest.read(shards)
-    ds = read_split(shards, "train", columns=["date", "ticker", *manifest.features, "label", "fwd_ret"])
+    columns = ["date", "ticker", *manifest.features, "label", "fwd_ret"]
     if model_spec(name).inputs == "sequence":
-        ds = sequence_dataset(ds, manifest.features, WINDOW)
+        ds = read_split_windows(shards, "train", WINDOW, columns=columns, manifest=manifest)
+    else:
+        ds = read_split(shards, "train", columns=columns, manifest=manifest)
     rows = ds.limit(256).materialize()  # the same 256 rows to train on and to score
     plan = plan_resources(cfg, ray_session.cluster_resources())
     trainer = build_trainer(cfg, {"train": rows, "val": rows}, manifest, plan, name=f"overfit-{name}", local_mode=True)

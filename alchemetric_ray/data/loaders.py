@@ -4,8 +4,10 @@
   columns are stacked in one step per Arrow batch (:class:`TabularCollate`), not per column
   through a dict of tensors.
 * sequence: windows of the last ``window`` bars of one ticker, (batch, window, n_features),
-  built with Ray Data's ``groupby("ticker").map_groups``, so a window never crosses tickers; each
-  split is its own dataset, so a window never crosses a split boundary either.
+  built by the task that reads a file (:func:`read_windows`): no ticker spans two files of a split
+  (data/shards.py writes them so), so windows need no shuffle across files and a streamed epoch
+  costs a read and a window build per file.  A window never crosses tickers, and each split is
+  its own dataset, so a window never crosses a split boundary either.
 
 Every batch is ``(x, y, date, fwd)``: features, label (int64 class ids, or float32 for a
 regression target), the row's date (int64 days since 1970) and its forward return (float32).  The
@@ -13,8 +15,8 @@ date and the forward return are what the signal metrics (IC, rank IC per date) a
 need; the step itself reads ``x`` and ``y``.
 
 Reproducible order when asked (``train.deterministic``): the trainer turns on Ray Data's
-``preserve_order``, sequence windows are sorted by (ticker, date) after the groupby (whose
-output order otherwise varies from run to run), and the worker shuffles with a seeded generator.
+``preserve_order`` (rows, and windows, then come in the files' order: ticker, then date), and the
+worker shuffles with a seeded generator.
 """
 
 from __future__ import annotations
@@ -35,15 +37,35 @@ from alchemetric_ray.storage import Location, locate
 def read_split(shards: str | Path | Location, split: str, *, columns: list[str] | None = None,
                manifest: Manifest | None = None):
     """One split of the shards (local or on object storage) as a Ray Dataset: the files its manifest lists."""
-    files = split_files(shards, split, manifest or Manifest.read(shards))
+    return read_parquet_files(_listed_files(shards, split, manifest or Manifest.read(shards)), columns=columns)
+
+
+def read_split_windows(shards: str | Path | Location, split: str, window: int, *, columns: list[str] | None = None,
+                       manifest: Manifest | None = None):
+    """One split's sequence windows (:func:`read_windows`), once no ticker is found cut between two
+    of its files (:func:`check_whole_tickers`: each file's first and last row group, every time,
+    since a trial driver skips the full check)."""
+    manifest = manifest or Manifest.read(shards)
+    check_whole_tickers(shards, split, manifest)
+    return read_windows(_listed_files(shards, split, manifest), manifest.features, window, columns=columns)
+
+
+def _listed_files(shards: str | Path | Location, split: str, manifest: Manifest) -> list[Location]:
+    files = split_files(shards, split, manifest)
     if not files:
         raise ShardError(f"{shards}: split '{split}' has no Parquet files")
+    return files
+
+
+def read_parquet_folder(folder: str | Path, *, columns: list[str] | None = None,
+                        windows: tuple[list[str], int] | None = None):
+    """Every Parquet file of a local folder as a Ray Dataset (:func:`read_parquet_files`); with
+    ``windows=(features, window)``, their sequence windows (:func:`read_windows`: the folder holds
+    a ticker per file, or at least never one ticker in two files)."""
+    files = [locate(p) for p in sorted(Path(folder).resolve().glob("*.parquet"))]
+    if windows:
+        return read_windows(files, *windows, columns=columns)
     return read_parquet_files(files, columns=columns)
-
-
-def read_parquet_folder(folder: str | Path, *, columns: list[str] | None = None):
-    """Every Parquet file of a local folder as a Ray Dataset (:func:`read_parquet_files`)."""
-    return read_parquet_files([locate(p) for p in sorted(Path(folder).resolve().glob("*.parquet"))], columns=columns)
 
 
 def read_parquet_files(files: list[Location], *, columns: list[str] | None = None):
@@ -141,21 +163,67 @@ def make_windows(group: dict[str, np.ndarray], features: list[str], window: int)
     return {"x": np.ascontiguousarray(windows), **{c: group[c][last] for c in others}}
 
 
-_SEQ_PARTITIONS = 4
+def read_windows(files: list[Location], features: list[str], window: int, *, columns: list[str] | None = None):
+    """Per-ticker sliding windows of Parquet files in which no ticker spans two files, as a Ray Dataset
+    (columns x, label, fwd_ret, date, ticker and the other columns read).
+
+    One task per file reads it and windows each of its tickers (:func:`make_windows`), in (ticker,
+    date) order: nothing is shuffled between tasks, where a ``groupby("ticker")`` would move every row
+    through an all-to-all exchange on every execution, i.e. every streamed epoch.  The caller
+    guarantees the files keep tickers whole (:func:`check_whole_tickers` for shards; one file per
+    ticker for prediction's staging folder)."""
+    import ray.data
+
+    filesystem = None if not files or files[0].is_local else files[0].filesystem  # pickled to the tasks
+    items = ray.data.from_items([{"path": f.path} for f in files], override_num_blocks=max(1, len(files)))
+    return items.map_batches(_file_windows, fn_args=(filesystem, list(features), window, columns),
+                             batch_size=1, batch_format="numpy")
 
 
-def sequence_dataset(ds, features: list[str], window: int):
-    """Per-ticker sliding windows as a Ray Dataset (columns x, label, fwd_ret, date, ticker).
+def _file_windows(batch: dict[str, np.ndarray], filesystem, features: list[str], window: int,
+                  columns: list[str] | None):
+    """The windows of the files named in ``batch``, one ticker at a time (a generator: Ray Data
+    gathers them into blocks, so a file's windows are never all in memory at once)."""
+    import pyarrow.parquet as pq
 
-    The group-by runs as Ray Data's task-based sort shuffle, not its default hash shuffle: that one
-    starts a pool of aggregator actors (a fresh Python process each, ~350 MB) for every execution
-    of the dataset, which on a laptop costs more than grouping a few hundred thousand rows.  The
-    setting is this dataset's own (its context was copied when it was read)."""
-    from ray.data.context import ShuffleStrategy
+    for path in batch["path"]:
+        table = pq.read_table(str(path), filesystem=filesystem, columns=columns)
+        cols = {name: _column(table, name) for name in table.column_names}
+        tickers = cols["ticker"]
+        order = np.argsort(tickers, kind="stable")
+        starts = np.flatnonzero(tickers[order][1:] != tickers[order][:-1]) + 1
+        produced = False
+        for rows in np.split(order, starts) if len(order) else []:
+            out = make_windows({c: v[rows] for c, v in cols.items()}, features, window)
+            if len(out["x"]):
+                produced = True
+                yield out
+        if not produced:  # every ticker shorter than the window: an empty batch keeps the columns
+            yield make_windows({c: v[:0] for c, v in cols.items()}, features, window)
 
-    ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
-    return ds.groupby("ticker", num_partitions=_SEQ_PARTITIONS).map_groups(
-        make_windows, fn_args=(features, window), batch_format="numpy")
+
+def check_whole_tickers(shards: str | Path | Location, split: str, manifest: Manifest) -> None:
+    """No ticker of ``split`` spans two of its files, which sequence windows need (:func:`read_windows`).
+
+    Shards are ordered by ticker, then date, and written a whole ticker per file since 2026-12-01;
+    older shard folders may cut a ticker between two files.  Reads the ticker column of each file's
+    first and last row group only."""
+    import pyarrow.parquet as pq
+
+    previous = None
+    for file in split_files(shards, split, manifest):
+        with pq.ParquetFile(file.filesystem.open_input_file(file.path)) as f:
+            if not f.metadata.num_row_groups:
+                continue
+            first = f.read_row_group(0, columns=["ticker"]).column(0)
+            last = f.read_row_group(f.metadata.num_row_groups - 1, columns=["ticker"]).column(0)
+        if not len(first):
+            continue
+        if previous and previous[1] == first[0].as_py():
+            raise ShardError(f"{locate(shards) / f'split={split}'}: ticker {previous[1]!r} spans {previous[0]} and "
+                             f"{Path(file.path).name}, so its sequence windows would be cut; rebuild the shards with "
+                             "`alchemetric-ray features` (shards built since 2026-12-01 keep a ticker in one file)")
+        previous = (Path(file.path).name, last[len(last) - 1].as_py())
 
 
 def check_shard_files(shards: str | Path | Location, manifest: Manifest) -> None:
@@ -185,11 +253,8 @@ def check_shard_files(shards: str | Path | Location, manifest: Manifest) -> None
 
 
 def build_datasets(shards: str | Path | Location, mode: str, window: int, splits=("train", "val"),
-                   deterministic: bool = False, check: bool = True) -> tuple[dict[str, Any], dict]:
-    """The Ray Datasets the trainer hands to its workers, and the manifest.
-
-    ``deterministic``: sequence windows come in (ticker, date) order, run after run (one more
-    shuffle stage: Ray Data's sort)."""
+                   check: bool = True) -> tuple[dict[str, Any], dict]:
+    """The Ray Datasets the trainer hands to its workers, and the manifest."""
     manifest = Manifest.read(shards)
     if check:  # a sweep checks once on its driver, not again in every trial
         check_shard_files(shards, manifest)
@@ -197,12 +262,10 @@ def build_datasets(shards: str | Path | Location, mode: str, window: int, splits
     cols = ["date", "ticker", *features, "label", "fwd_ret"]
     datasets = {}
     for split in splits:
-        ds = read_split(shards, split, columns=cols, manifest=manifest)
         if mode == "sequence":
-            ds = sequence_dataset(ds, features, window)
-            if deterministic:
-                ds = ds.sort(["ticker", "date"])
-        datasets[split] = ds
+            datasets[split] = read_split_windows(shards, split, window, columns=cols, manifest=manifest)
+        else:
+            datasets[split] = read_split(shards, split, columns=cols, manifest=manifest)
     return datasets, manifest
 
 

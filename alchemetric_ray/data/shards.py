@@ -266,7 +266,9 @@ def _fit_normalizer(staging: Path, names: list[str], plan: SplitPlan, cfg: RunCo
 
 
 class _RollingWriter:
-    """Parts of up to ROWS_PER_FILE rows, in row groups of ROWS_PER_ROW_GROUP rows.
+    """Parts of up to ROWS_PER_FILE rows, in row groups of ROWS_PER_ROW_GROUP rows; a ticker is never
+    cut between two parts (a part starts early instead, or holds one ticker of more rows alone), so
+    a sequence model's windows are built from one file at a time (loaders.read_windows).
 
     The input comes a ticker at a time (~1,000 rows); written as it comes, every ticker would be a
     row group of its own, and every reader after (pyarrow, Ray Data's batching, our collate) would
@@ -281,17 +283,16 @@ class _RollingWriter:
         self.pending_rows = 0
 
     def write(self, table: pa.Table) -> None:
-        while table.num_rows:
-            take = min(table.num_rows, ROWS_PER_FILE - self.rows_in_part - self.pending_rows)
-            self.pending.append(table.slice(0, take))
-            self.pending_rows += take
-            table = table.slice(take)
-            if self.rows_in_part + self.pending_rows >= ROWS_PER_FILE:
-                self.close()  # the part is full: all of it out, the last row group may be short
-                self.part += 1
-                self.rows_in_part = 0
-            elif self.pending_rows >= ROWS_PER_ROW_GROUP:
-                self._flush(whole_groups_only=True)
+        """All rows of one ticker (for this split)."""
+        held = self.rows_in_part + self.pending_rows
+        if held and held + table.num_rows > ROWS_PER_FILE:
+            self.close()  # the part is full: all of it out, the last row group may be short
+            self.part += 1
+            self.rows_in_part = 0
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        if self.pending_rows >= ROWS_PER_ROW_GROUP:
+            self._flush(whole_groups_only=True)
 
     def _flush(self, whole_groups_only: bool = False) -> None:
         rows = self.pending_rows - self.pending_rows % ROWS_PER_ROW_GROUP if whole_groups_only else self.pending_rows

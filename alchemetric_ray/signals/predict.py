@@ -187,7 +187,7 @@ def predict(model_dir: str | Path | Location, data: str | None, out: str | Path 
     """Score ``data`` (OHLCV folder/file; None = the model's training data) with a saved model into ``out``."""
     import ray
 
-    from alchemetric_ray.data.loaders import read_parquet_folder, sequence_dataset
+    from alchemetric_ray.data.loaders import read_parquet_folder
     from alchemetric_ray.train.autoscale import gpu_preflight
     from alchemetric_ray.train.capacity import discover_capacity
     from alchemetric_ray.train.export import load_model
@@ -201,10 +201,10 @@ def predict(model_dir: str | Path | Location, data: str | None, out: str | Path 
     with tempfile.TemporaryDirectory(prefix="alchemetric-predict-") as tmp:
         staging = Path(tmp)
         stage_inputs(loaded, data, staging)
-        ds = read_parquet_folder(staging)
         names = loaded.manifest.features
-        if loaded.mode == "sequence":
-            ds = sequence_dataset(ds, names, loaded.config.features.window)
+        # a file per ticker: a sequence model's windows are built as each file is read
+        ds = read_parquet_folder(staging, windows=(names, loaded.config.features.window)
+                                 if loaded.mode == "sequence" else None)
         gpus = ray.cluster_resources().get("GPU", 0)
         actors, per_actor_gpu, device_kind = _actor_plan(cfg, gpus, discover_capacity(cfg))
         if per_actor_gpu:  # GPU actors: check torch can use the GPUs there first (and scale a cold cluster up)

@@ -186,8 +186,7 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     if sweep:
         return Prepared(name, cfg, plan, shards, manifest, None)
     console.quiet_ray_data()
-    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
-                                 deterministic=cfg.train.deterministic, check=False)
+    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window, check=False)
     return Prepared(name, cfg, plan, shards, manifest, datasets)
 
 

@@ -126,8 +126,7 @@ def _trial(config: dict[str, Any], *, base: dict, targets: dict[str, tuple[Locat
     shards, manifest = targets[cfg.features.label]  # the shards built for this trial's label
     check_compatible(cfg, manifest)
     trial_id = ray.tune.get_context().get_trial_id()
-    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window,
-                                 deterministic=cfg.train.deterministic, check=False)
+    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window, check=False)
     trainer = build_trainer(cfg, datasets, manifest, plan, name=f"{sweep}-{trial_id}",
                             callbacks=[TuneReportCallback()], epoch_lines=False)
     if start_timeout:  # the sweep's per-attempt worker-group start timeout (train/autoscale.py)
