@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tickers", type=int, default=100)
     parser.add_argument("--days", type=int, default=1500)
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each contender per mode, in ABBA order")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each contender per mode, in ABBA order")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads for both loops (default: the product's choice)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
