@@ -47,12 +47,16 @@ test-fast: install lint
 bench: install
 	$(BIN)/python bench/loop_overhead.py --model mlp --tickers 300 --epochs 6
 	$(BIN)/python bench/loop_overhead.py --model lstm --tickers 30 --days 800 --epochs 3
+	$(BIN)/python bench/loop_overhead.py --model mlp --tickers 700 --epochs 3 --modes streamed
+	$(BIN)/python bench/loop_overhead.py --model mlp --tickers 700 --epochs 3 --modes streamed --workers 2
 	RAY_ADDRESS=local $(BIN)/python bench/ingest.py --rows 1000000
 	$(BIN)/python bench/sweep_efficiency.py --trials 4 --epochs 2
 	$(BIN)/python bench/scaling.py --rows 100000,1000000
 	$(BIN)/python bench/mixed_precision.py
 
 bench-full: install bench
+	$(BIN)/python bench/loop_overhead.py --model mlp --tickers 7000 --epochs 3 --modes streamed
+	$(BIN)/python bench/loop_overhead.py --model mlp --tickers 7000 --epochs 3 --modes streamed --workers 2
 	RAY_ADDRESS=local $(BIN)/python bench/ingest.py --rows 10000000
 	$(BIN)/python bench/scaling.py --rows 1000000,10000000
 	$(BIN)/python bench/sweep_efficiency.py --trials 8 --epochs 4 --warmup

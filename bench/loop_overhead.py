@@ -2,20 +2,28 @@
 
     .venv/bin/python bench/loop_overhead.py                       # MLP, batch 4096
     .venv/bin/python bench/loop_overhead.py --model lstm --batch 1024
+    .venv/bin/python bench/loop_overhead.py --tickers 700 --days 1500 --modes streamed --workers 2
 
 Same shards, model, optimizer step, batch size and torch threads, in one run:
   streamed  ours with train.cache_data=false (Ray Data every epoch)  vs  plain loop that reads
             the Parquet with pyarrow each epoch -> one tensor -> batches
   cached    ours with train.cache_data=true (epochs >= 2)            vs  plain loop over tensors
             already in memory
-samples/s is measured per epoch over the training steps (the loop's own figure for ours), each contender run
---repeats times per mode in ABBA order, medians over all epochs >= 2;
-start-up (Ray, worker group, first read) is reported apart.  Writes bench/results/loop-<model>.json.
+With --workers N (tabular models): ours with scaling.workers=N (DDP, Ray Data's equal split) vs N
+plain processes (torch.multiprocessing, gloo DDP on 127.0.0.1), each reading its share of the
+train split (every N-th Parquet row group), the same number of steps on every rank.
+samples/s is measured per epoch over the training steps (the loop's own figure for ours, summed over
+the ranks), each contender run --repeats times per mode in ABBA order, medians over all epochs >= 2;
+the extra seconds per epoch are the train rows at ours' rate minus the same at the plain rate.
+Start-up (Ray, worker group, first read) is reported apart.  Writes
+bench/results/loop-<model>-<train rows>k[-<N>workers].json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import socket
 import statistics
 import sys
 import tempfile
@@ -31,8 +39,12 @@ from _common import machine, write_result
 from torch import nn
 
 
-def plain_loop(cfg, shards: Path, manifest, epochs: int, threads: int, in_memory: bool) -> list[float]:
-    """samples/s per epoch of a hand-written loop over the same data."""
+def plain_loop(cfg, shards: Path, manifest, epochs: int, threads: int, in_memory: bool, rank: int = 0,
+               world: int = 1) -> list[float]:
+    """samples/s per epoch of a hand-written loop over the same data (with world > 1: one rank of a
+    gloo DDP group, reading its share; the figure is the group's rows over the slowest rank's time)."""
+    import torch.distributed as dist
+
     from alchemetric_ray.hardware import OptimizerStep, resolve_precision
     from alchemetric_ray.models import build_model, model_spec
     from alchemetric_ray.train.evaluate import model_inputs, split_frame
@@ -42,29 +54,91 @@ def plain_loop(cfg, shards: Path, manifest, epochs: int, threads: int, in_memory
     features = manifest.features
     mode = model_spec(cfg.model.name).inputs
     model = build_model(cfg.model, len(features), manifest.outputs, window=cfg.features.window)
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
     precision = resolve_precision("fp32", torch.device("cpu"))
     step_fn = OptimizerStep(opt, precision, grad_clip=cfg.train.grad_clip)
     loss_fn = nn.CrossEntropyLoss()
 
     def load():
+        if world > 1:
+            return rank_share(shards, manifest, rank, world)
         frame = split_frame(shards, "train", features)
         x, rows = model_inputs(frame, features, mode, cfg.features.window)
         return torch.from_numpy(x), torch.from_numpy(rows["label"].to_numpy().astype(np.int64))
 
+    def group(value: float, op: str) -> float:
+        """The value over the ranks ("min", "sum" or "max"); this process's own with one rank."""
+        if world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op.upper()))
+        return float(t)
+
     cached = load() if in_memory else None
     rates = []
+    batch = cfg.train.batch_size
     for epoch in range(epochs):
         start = time.perf_counter()
         x_all, y_all = cached if in_memory else load()
         order = torch.randperm(len(y_all))
+        steps = int(group(-(-len(order) // batch), "min"))  # the same number of steps on every rank
         model.train()
-        for step, i in enumerate(range(0, len(order), cfg.train.batch_size)):
-            idx = order[i:i + cfg.train.batch_size]
+        seen = 0
+        for step in range(steps):
+            idx = order[step * batch:(step + 1) * batch]
             loss = loss_fn(model(x_all[idx]), y_all[idx])
             step_fn(loss, epoch=epoch, step=step)
-        rates.append(len(y_all) / (time.perf_counter() - start))
+            seen += len(idx)
+        elapsed = time.perf_counter() - start
+        rates.append(group(seen, "sum") / group(elapsed, "max"))
     return rates
+
+
+def rank_share(shards: Path, manifest, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A plain process's share of the train split: every world-th Parquet row group (65k rows), read with pyarrow."""
+    import pyarrow.parquet as pq
+
+    from alchemetric_ray.data.shards import split_files
+
+    groups = [(f.path, g) for f in split_files(shards, "train", manifest)
+              for g in range(pq.ParquetFile(f.path).metadata.num_row_groups)]
+    tables = [pq.ParquetFile(path).read_row_group(g, columns=[*manifest.features, "label"])
+              for path, g in groups[rank::world]]
+    x = np.column_stack([np.concatenate([t.column(n).to_numpy() for t in tables]) for n in manifest.features])
+    y = np.concatenate([t.column("label").to_numpy() for t in tables]).astype(np.int64)
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(y)
+
+
+def _plain_rank(rank: int, world: int, port: int, cfg, shards: Path, manifest, epochs: int, threads: int,
+                in_memory: bool, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        rates = plain_loop(cfg, shards, manifest, epochs, threads, in_memory, rank=rank, world=world)
+        if rank == 0:
+            Path(out).write_text(json.dumps(rates))
+    finally:
+        dist.destroy_process_group()
+
+
+def plain_processes(cfg, shards: Path, manifest, epochs: int, threads: int, in_memory: bool,
+                    world: int) -> list[float]:
+    """``world`` plain processes in one gloo DDP group (:func:`plain_loop` on each); rank 0's figures."""
+    if world == 1:
+        return plain_loop(cfg, shards, manifest, epochs, threads, in_memory)
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "rates.json")
+        mp.spawn(_plain_rank, args=(world, port, cfg, shards, manifest, epochs, threads, in_memory, out),
+                 nprocs=world, join=True)
+        return json.loads(Path(out).read_text())
 
 
 def ours(cfg, shards: Path, manifest, cache: bool, name: str):
@@ -118,6 +192,9 @@ def print_breakdown(label: str, runs: list[dict]) -> dict:
     return {"seconds": seconds, "memory": memory}
 
 
+MODES = {"streamed": (False, "plain_parquet_each_epoch"), "cached": (True, "plain_in_memory")}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="mlp")
@@ -128,22 +205,32 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each contender per mode, in ABBA order")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads for both loops (default: the product's choice)")
+    parser.add_argument("--modes", default="streamed,cached", help="streamed, cached or both")
+    parser.add_argument("--workers", type=int, default=1, help="ours: Train workers; plain: gloo processes")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes: {args.modes!r}; expected streamed, cached or both")
+    if args.workers < 1:
+        parser.error(f"--workers: {args.workers}; expected >= 1")
 
     import ray
 
     from alchemetric_ray.config import load_config
     from alchemetric_ray.data.shards import build_shards
+    from alchemetric_ray.models import model_spec
     from alchemetric_ray.train.session import ensure_ray
 
+    if args.workers > 1 and model_spec(args.model).inputs != "tabular":
+        parser.error(f"--workers {args.workers}: the plain processes split row groups, for tabular models only")
     batch = args.batch or (4096 if args.model == "mlp" else 1024)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(None, ["data.source=synthetic", f"data.synthetic_tickers={args.tickers}",
                                  f"data.synthetic_days={args.days}", f"model.name={args.model}",
                                  f"train.batch_size={batch}", f"train.epochs={args.epochs}", "train.patience=0",
                                  "model.dropout=0.0", f"storage.path={tmp}/results", "features.window=20",
-                                 f"scaling.threads_per_worker={args.threads}"])
+                                 f"scaling.threads_per_worker={args.threads}", f"scaling.workers={args.workers}"])
         built = build_shards(cfg, Path(tmp) / "shards")
         shards, manifest = built.out, built.manifest
         ensure_ray(cfg)
@@ -154,11 +241,11 @@ def main(argv=None) -> int:
         # `--repeats` times in ABBA order (ours, plain, plain, ours, ...) and every figure is the
         # median over all their epochs >= 2.
         threads = args.threads or None
-        per_epoch = {k: [] for k in ("ours_streamed", "plain_parquet_each_epoch", "ours_cached", "plain_in_memory")}
-        walls, startups = {"streamed": [], "cached": []}, {"streamed": [], "cached": []}
-        phases: dict[str, list[dict]] = {"streamed": [], "cached": []}
-        modes = (("streamed", False, "plain_parquet_each_epoch"), ("cached", True, "plain_in_memory"))
-        for mode, cache, plain_key in modes:
+        per_epoch = {k: [] for m in modes for k in (f"ours_{m}", MODES[m][1])}
+        walls, startups = {m: [] for m in modes}, {m: [] for m in modes}
+        phases: dict[str, list[dict]] = {m: [] for m in modes}
+        for mode in modes:
+            cache, plain_key = MODES[mode]
             for r in range(args.repeats):
                 for who in (("ours", "plain") if r % 2 == 0 else ("plain", "ours")):
                     if who == "ours":
@@ -169,39 +256,46 @@ def main(argv=None) -> int:
                         walls[mode].append(wall)
                         startups[mode].append(startup)
                     else:
-                        per_epoch[plain_key].append(plain_loop(cfg, shards, manifest, args.epochs, threads or 1,
-                                                               in_memory=cache))
+                        per_epoch[plain_key].append(plain_processes(cfg, shards, manifest, args.epochs, threads or 1,
+                                                                    cache, args.workers))
     ray.shutdown()
-    startup_s, startup_c = statistics.median(startups["streamed"]), statistics.median(startups["cached"])
-    wall_s, wall_c = statistics.median(walls["streamed"]), statistics.median(walls["cached"])
-    ours_stream, ours_cache = per_epoch["ours_streamed"], per_epoch["ours_cached"]
-    plain_stream, plain_cache = per_epoch["plain_parquet_each_epoch"], per_epoch["plain_in_memory"]
+    train_rows = manifest.rows["train"]
 
-    def med(runs, skip_first):
-        return statistics.median([r for rates in runs for r in (rates[1:] if skip_first and len(rates) > 1 else rates)])
+    def med(runs):  # every run's epochs >= 2
+        return statistics.median([r for rates in runs for r in (rates[1:] if len(rates) > 1 else rates)])
 
-    rows = {
-        "streamed": (med(ours_stream, True), med(plain_stream, True)),
-        "cached": (med(ours_cache, True), med(plain_cache, True)),
-    }
+    def spread(runs):  # the range of the runs' own medians
+        per_run = [statistics.median(rates[1:] if len(rates) > 1 else rates) for rates in runs]
+        return [min(per_run), max(per_run)]
+
+    rows = {m: (med(per_epoch[f"ours_{m}"]), med(per_epoch[MODES[m][1]])) for m in modes}
     result = {
         "benchmark": "loop_overhead", "machine": machine(), "model": args.model, "batch": batch, "threads": threads,
-        "train_rows": manifest.rows["train"], "epochs": args.epochs, "repeats": args.repeats,
-        "per_epoch_samples_per_s": {"ours_streamed": ours_stream, "plain_parquet_each_epoch": plain_stream,
-                                    "ours_cached": ours_cache, "plain_in_memory": plain_cache},
-        "median_epochs_2plus": {k: {"ours": o, "plain": p, "ratio": o / p} for k, (o, p) in rows.items()},
-        "startup_s": {"streamed": startup_s, "cached": startup_c}, "wall_s": {"streamed": wall_s, "cached": wall_c},
+        "workers": args.workers, "train_rows": train_rows, "epochs": args.epochs, "repeats": args.repeats,
+        "per_epoch_samples_per_s": per_epoch,
+        "median_epochs_2plus": {m: {"ours": o, "plain": p, "ratio": o / p,
+                                    "ours_spread": spread(per_epoch[f"ours_{m}"]),
+                                    "plain_spread": spread(per_epoch[MODES[m][1]]),
+                                    "extra_s_per_epoch": train_rows / o - train_rows / p}
+                                for m, (o, p) in rows.items()},
+        "startup_s": {m: statistics.median(v) for m, v in startups.items()},
+        "wall_s": {m: statistics.median(v) for m, v in walls.items()},
         "versions": {"torch": torch.__version__, "ray": ray.__version__}, "date": time.strftime("%Y-%m-%d"),
     }
-    print(f"loop overhead: {args.model}, batch {batch}, {manifest.rows['train']:,} train rows, "
-          f"{threads} torch threads, median of epochs 2..{args.epochs} of {args.repeats} runs each, ABBA order")
-    print(f"{'mode':10s} {'ours samples/s':>15s} {'plain samples/s':>16s} {'ratio':>7s}")
-    for k, (o, p) in rows.items():
-        print(f"{k:10s} {o:15,.0f} {p:16,.0f} {o / p:7.2f}")
-    print(f"start-up and reporting outside the training steps: streamed {startup_s:.1f}s, cached {startup_c:.1f}s "
-          f"(wall {wall_s:.1f}s / {wall_c:.1f}s)")
+    plain_name = f"{args.workers} gloo processes" if args.workers > 1 else "plain"
+    print(f"loop overhead: {args.model}, batch {batch}, {train_rows:,} train rows, {args.workers} worker(s) vs "
+          f"{plain_name}, {threads} torch threads each, median of epochs 2..{args.epochs} of {args.repeats} runs "
+          "each, ABBA order (the runs' own medians in brackets)")
+    print(f"{'mode':10s} {'ours samples/s':>26s} {'plain samples/s':>26s} {'ratio':>7s} {'extra s/epoch':>14s}")
+    for m, (o, p) in rows.items():
+        (olo, ohi), (plo, phi) = spread(per_epoch[f"ours_{m}"]), spread(per_epoch[MODES[m][1]])
+        print(f"{m:10s} {o:9,.0f} [{olo:,.0f}-{ohi:,.0f}] {p:9,.0f} [{plo:,.0f}-{phi:,.0f}] {o / p:7.2f} "
+              f"{train_rows / o - train_rows / p:14.2f}")
+    print("start-up and reporting outside the training steps: "
+          + ", ".join(f"{m} {result['startup_s'][m]:.1f}s (wall {result['wall_s'][m]:.1f}s)" for m in modes))
     result["breakdown"] = {mode: print_breakdown(mode, runs) for mode, runs in phases.items()}
-    write_result(args.out, f"loop-{args.model}", result)
+    name = f"loop-{args.model}-{train_rows // 1000}k" + (f"-{args.workers}workers" if args.workers > 1 else "")
+    write_result(args.out, name, result)
     return 0
 
 

@@ -424,8 +424,9 @@ def test_edge_verdict_lines():
 
 
 def test_classification_metrics_equal_the_scikit_learn_functions_they_replace():
-    """Label metrics from one confusion matrix and a lean log loss: the same figures as scikit-learn's
-    own functions, missing classes, one-class splits and float32 probabilities included."""
+    """Label metrics from one confusion matrix, a lean log loss and a ROC-AUC from one sort per class:
+    the same figures as scikit-learn's own functions, missing classes, one-class splits, tied
+    scores and float32 probabilities included."""
     import warnings
 
     from sklearn import metrics as skm
@@ -455,8 +456,13 @@ def test_classification_metrics_equal_the_scikit_learn_functions_they_replace():
                 "log_loss": skm.log_loss(y, np.clip(p.astype(np.float64), 1e-7, 1), labels=labels),
                 "mcc": skm.matthews_corrcoef(y, pred),
             }
+            try:
+                want["roc_auc"] = (skm.roc_auc_score(y, p[:, 1]) if k == 2 else
+                                   skm.roc_auc_score(y, p.astype(np.float64), multi_class="ovr", labels=labels))
+            except ValueError:  # a class with no positive (or no negative) row: reported as NaN
+                want["roc_auc"] = float("nan")
         for key, value in want.items():
-            assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (trial, key)
+            assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-9, nan_ok=True), (trial, key)
         assert got["confusion"] == skm.confusion_matrix(y, pred, labels=labels).tolist()
 
 
@@ -499,6 +505,29 @@ def test_validation_signal_metrics_are_the_daily_ic_of_the_evaluation():
         assert got[f"val_{name}"] == pytest.approx(daily.mean(), abs=1e-12)
         assert got[f"val_{name}ir"] == pytest.approx(daily.mean() / daily.std(ddof=1), abs=1e-9)
     assert got["val_ic_days"] == 59 and got["val_rank_ic"] > 0.1
+
+
+def test_validation_signal_metrics_are_the_same_to_the_bit_whatever_the_block_of_dates(monkeypatch):
+    """signal_metrics takes whole dates a block at a time (its memory is a block's); a date's figures
+    do not depend on the block it falls in: any block size, one date per block included, gives every
+    figure bit for bit, with ties, non-finite rows, a one-stock date and dates out of order."""
+    from alchemetric_ray.train import metrics
+
+    rng = np.random.default_rng(11)
+    n = 5_000
+    date = rng.integers(0, 90, n) + 19_000  # shuffled: rows of a date are not together
+    score = np.round(rng.standard_normal(n), 1).astype(np.float32)  # ties inside dates
+    fwd = (0.01 * rng.standard_normal(n) + 0.002 * score).astype(np.float32)
+    score[rng.random(n) < 0.02] = np.nan
+    fwd[rng.random(n) < 0.01] = np.inf
+    date[0], score[0], fwd[0] = 20_000, 1.0, 0.01  # a date of one stock
+    results = []
+    for block in (metrics.SIGNAL_BLOCK_ROWS, 1, 97, 1_000):
+        monkeypatch.setattr(metrics, "SIGNAL_BLOCK_ROWS", block)
+        results.append(metrics.signal_metrics(score, fwd, date, quantile=0.2))
+    assert results[0]["val_ic_days"] == 90 and results[0]["val_rank_ic"] > 0.1
+    for other in results[1:]:
+        assert other == results[0]
 
 
 def test_quantile_positions_take_the_top_and_bottom_of_each_date():

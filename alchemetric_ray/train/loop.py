@@ -348,7 +348,7 @@ def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, tr
     rank stops at the same epoch.
     """
     outputs, labels, dates, fwd = _gather(_predict(core, data.val_batches(), worker.device, worker.precision,
-                                                   manifest.regression), worker.world)
+                                                   manifest.regression, manifest.rows["val"]), worker.world)
     metrics: dict[str, Any] = {}
     decision = [False, False, state.best]
     if worker.rank == 0:
@@ -417,19 +417,30 @@ def _summary(worker: _Worker, state: LoopState, data: _ShardData, stopped_early:
 
 
 @torch.no_grad()
-def _predict(model, batches, device, precision, regression: bool) -> tuple[np.ndarray, ...]:
-    """(outputs, labels, dates, forward returns) of this rank's validation rows."""
+def _predict(model, batches, device, precision, regression: bool, capacity: int) -> tuple[np.ndarray, ...]:
+    """(outputs, labels, dates, forward returns) of this rank's validation rows, written batch by batch
+    into arrays made once for ``capacity`` rows (the split's: pages never written are never resident),
+    not gathered in lists and concatenated, which held everything twice at the end."""
     model.eval()
-    columns: list[list[np.ndarray]] = [[], [], [], []]
+    held: list[np.ndarray] = []
+    rows = 0
     for x, y, date, fwd in batches:
         with precision.autocast():
             raw = model(x.to(device, non_blocking=True))
-        for column, values in zip(columns, (outputs_of(raw, regression).cpu(), y, date, fwd)):
-            column.append(values.cpu().numpy())  # the device path's batches live on the GPU
-    if not columns[1]:
+        # .cpu(): the device path's batches live on the GPU
+        values = [t.cpu().numpy() for t in (outputs_of(raw, regression), y, date, fwd)]
+        n = len(values[1])
+        if not held:
+            held = [np.empty((max(capacity, n), *v.shape[1:]), v.dtype) for v in values]
+        elif rows + n > len(held[1]):  # more rows than the split was said to hold: grow, twice the rows
+            held = [np.concatenate([h[:rows], np.empty((rows + 2 * n, *h.shape[1:]), h.dtype)]) for h in held]
+        for h, v in zip(held, values):
+            h[rows:rows + n] = v
+        rows += n
+    if not rows:
         return (np.zeros((0, 0), np.float32), np.zeros(0, np.float32 if regression else np.int64),
                 np.zeros(0, np.int64), np.zeros(0, np.float32))
-    return tuple(np.concatenate(column) for column in columns)
+    return tuple(h[:rows] for h in held)
 
 
 def _gather(arrays: tuple[np.ndarray, ...], world: int) -> tuple[np.ndarray, ...]:

@@ -5,8 +5,6 @@ against the realised forward return across the stocks of each date (IC, rank IC 
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 # The metric-direction table lives with the config that validates train.metric / train.mode.
@@ -29,10 +27,11 @@ def classification_metrics(y_true: np.ndarray, proba: np.ndarray, prefix: str = 
     """accuracy, balanced accuracy, macro F1, log loss, ROC-AUC (one-vs-rest), MCC, confusion matrix.
 
     Memory stays near the size of the inputs: the label metrics come from one confusion matrix
-    (scikit-learn's, with scikit-learn's formulas) and the log loss from the picked column, instead
-    of one scikit-learn call each, which together held ~175 bytes per row at their peak (260 MiB for
-    a 1.5M-row validation split; bench/scaling.py).  ``tests/test_signal_metrics.py`` checks every
-    figure against the scikit-learn function it replaces."""
+    (scikit-learn's, with scikit-learn's formulas), the log loss from the picked column and the
+    ROC-AUC from one sort per class (:func:`_roc_auc`), instead of one scikit-learn call each, which
+    together held ~175 bytes per row at their peak (260 MiB for a 1.5M-row validation split;
+    bench/scaling.py).  ``tests/test_signal_metrics.py`` checks every figure against the
+    scikit-learn function it replaces."""
     from sklearn import metrics as skm  # here, not at the top: Train's controller imports this module too
 
     y_true = np.asarray(y_true, dtype=np.int64)
@@ -44,15 +43,7 @@ def classification_metrics(y_true: np.ndarray, proba: np.ndarray, prefix: str = 
     cm = skm.confusion_matrix(y_true, proba.argmax(axis=1), labels=labels)
     out = _from_confusion(cm.astype(np.float64))
     out["log_loss"] = _log_loss(y_true, proba)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a class missing from a small split is reported as nan, not a warning flood
-        try:
-            if n_classes == 2:
-                out["roc_auc"] = skm.roc_auc_score(y_true, proba[:, 1])
-            else:
-                out["roc_auc"] = skm.roc_auc_score(y_true, proba, multi_class="ovr", labels=labels)
-        except ValueError:
-            out["roc_auc"] = float("nan")  # a class absent from y_true
+    out["roc_auc"] = _roc_auc(y_true, proba)
     result = {f"{prefix}{k}": float(v) for k, v in out.items()}
     result[f"{prefix}confusion"] = cm.tolist()
     return result
@@ -86,6 +77,34 @@ def _log_loss(y_true: np.ndarray, proba: np.ndarray) -> float:
     return float(-np.mean(np.log(picked / clipped.sum(axis=1, dtype=np.float64))))
 
 
+def _roc_auc(y_true: np.ndarray, proba: np.ndarray) -> float:
+    """scikit-learn's roc_auc_score: of the second column for two classes, else one-vs-rest, macro.
+
+    One sort per class: a class's area is the share of (positive, negative) pairs its score orders
+    right, a tie counting half (Mann-Whitney's U), which is what the ROC curve's trapezoids add up
+    to.  About 30 bytes a row at the peak, where scikit-learn's one-vs-rest held ~88 (126 MiB for a
+    1.5M-row validation split).  NaN where a class has no positive or no negative row (scikit-learn
+    raises there)."""
+    n_classes = proba.shape[1]
+    areas = []
+    for c in ([1] if n_classes == 2 else range(n_classes)):
+        order = np.argsort(proba[:, c], kind="stable")
+        score = proba[order, c]
+        positive = y_true[order] == c
+        del order
+        n_pos = int(positive.sum())
+        n_neg = len(positive) - n_pos
+        if not n_pos or not n_neg:
+            return float("nan")
+        last = np.flatnonzero(np.append(score[1:] != score[:-1], True))  # each run of equal scores' last row
+        del score
+        pos_in = np.diff(np.cumsum(positive)[last], prepend=0).astype(np.float64)
+        neg_in = np.diff(last, prepend=-1) - pos_in
+        neg_below = np.cumsum(neg_in) - neg_in
+        areas.append(float((pos_in * neg_below).sum() + 0.5 * (pos_in * neg_in).sum()) / (n_pos * n_neg))
+    return float(np.mean(areas))
+
+
 def direction_score(outputs: np.ndarray, classes: list[str]) -> np.ndarray:
     """The score a signal is taken on: P(up) - P(down) from class probabilities, or the model's
     own output for a regression target (no classes)."""
@@ -113,6 +132,9 @@ def regression_metrics(y_true: np.ndarray, pred: np.ndarray, prefix: str = "val_
     return {f"{prefix}mse": float(np.mean(err * err)) if len(err) else float("nan")}
 
 
+SIGNAL_BLOCK_ROWS = 65_536  # signal_metrics takes whole dates a block of about this many rows at a time
+
+
 def signal_metrics(score: np.ndarray, fwd_ret: np.ndarray, date: np.ndarray, prefix: str = "val_",
                    quantile: float = 0.2) -> dict:
     """The score against the realised forward return, across the stocks of each date: the mean
@@ -123,27 +145,51 @@ def signal_metrics(score: np.ndarray, fwd_ret: np.ndarray, date: np.ndarray, pre
 
     And the top-minus-bottom ``quantile`` book's daily gross returns (``ls_``): their per-period
     Sharpe ratio, skewness, kurtosis and count, the moments a sweep's deflated Sharpe ratio needs
-    (``signals.metrics.long_short``'s gross returns at horizon 1: every date is a period)."""
-    from alchemetric_ray.data.cross_section import group_rank, grouped_corr
+    (``signals.metrics.long_short``'s gross returns at horizon 1: every date is a period).
 
-    score = np.asarray(score, dtype=np.float64)
-    fwd_ret = np.asarray(fwd_ret, dtype=np.float64)
-    ok = np.isfinite(score) & np.isfinite(fwd_ret)
-    x, y = score[ok], fwd_ret[ok]
-    _, code = np.unique(np.asarray(date)[ok], return_inverse=True)
-    n_dates = int(code.max()) + 1 if len(code) else 0
+    Every figure is per date, so the rows are taken in date order, whole dates a block of about
+    SIGNAL_BLOCK_ROWS rows at a time: the ranks, sums and book of a block are its size, not the
+    split's (in one piece they peaked at 210 MiB over the inputs for 1.5M rows; bench/scaling.py).
+    A date's rows keep their order, so each date's sums, and every figure, are the same to the bit."""
+    score, fwd_ret, date = np.asarray(score), np.asarray(fwd_ret), np.asarray(date)
+    rows = np.flatnonzero(np.isfinite(score) & np.isfinite(fwd_ret))
+    rows = rows[np.argsort(date[rows], kind="stable")]  # date order; a date's own rows in their order
+    sorted_dates = date[rows]
+    bounds = np.concatenate([[0], np.flatnonzero(sorted_dates[1:] != sorted_dates[:-1]) + 1, [len(rows)]])
+    del sorted_dates
+    daily: dict[str, list[np.ndarray]] = {"ic": [], "rank_ic": []}
+    book: list[np.ndarray] = []
+    first = 0  # the block's first date (an index into bounds)
+    while first < len(bounds) - 1:
+        last = max(first + 1, int(np.searchsorted(bounds, bounds[first] + SIGNAL_BLOCK_ROWS, side="right")) - 1)
+        sizes = np.diff(bounds[first:last + 1])
+        block = rows[bounds[first]:bounds[last]]
+        x, y = score[block].astype(np.float64), fwd_ret[block].astype(np.float64)
+        code = np.repeat(np.arange(len(sizes)), sizes)
+        _block_signal(x, y, code, len(sizes), quantile, daily, book)
+        first = last
     out = {}
-    for name, (a, b) in {"ic": (x, y), "rank_ic": (group_rank(x, code), group_rank(y, code))}.items():
-        corr, count = grouped_corr(a, b, code, n_dates)
-        daily = corr[(count >= 2) & np.isfinite(corr)]
-        mean = float(daily.mean()) if len(daily) else float("nan")
-        std = float(daily.std(ddof=1)) if len(daily) > 1 else float("nan")
+    for name, parts in daily.items():
+        values = np.concatenate(parts) if parts else np.zeros(0)
+        mean = float(values.mean()) if len(values) else float("nan")
+        std = float(values.std(ddof=1)) if len(values) > 1 else float("nan")
         out[f"{prefix}{name}"] = mean
         out[f"{prefix}{name}ir"] = mean / std if std > 0 else float("nan")
-        out[f"{prefix}ic_days"] = float(len(daily))
-    sr, skew, kurt, n = sr_moments(long_short_returns(x, y, code, n_dates, quantile))
+        out[f"{prefix}ic_days"] = float(len(values))
+    sr, skew, kurt, n = sr_moments(np.concatenate(book) if book else np.zeros(0))
     out.update({f"{prefix}ls_sr": sr, f"{prefix}ls_skew": skew, f"{prefix}ls_kurt": kurt, f"{prefix}ls_days": float(n)})
     return out
+
+
+def _block_signal(x: np.ndarray, y: np.ndarray, code: np.ndarray, n_dates: int, quantile: float,
+                  daily: dict[str, list[np.ndarray]], book: list[np.ndarray]) -> None:
+    """One block of whole dates (``code``: 0..n_dates-1): its daily IC and rank IC, and its book's returns."""
+    from alchemetric_ray.data.cross_section import group_rank, grouped_corr
+
+    for name, (a, b) in {"ic": (x, y), "rank_ic": (group_rank(x, code), group_rank(y, code))}.items():
+        corr, count = grouped_corr(a, b, code, n_dates)
+        daily[name].append(corr[(count >= 2) & np.isfinite(corr)])
+    book.append(long_short_returns(x, y, code, n_dates, quantile))
 
 
 LONG_SHORT_MIN_NAMES = 5  # signals.metrics.long_short's default: fewer stocks on a date, no book that day
