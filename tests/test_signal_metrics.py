@@ -464,6 +464,8 @@ def test_classification_metrics_equal_the_scikit_learn_functions_they_replace():
         for key, value in want.items():
             assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-9, nan_ok=True), (trial, key)
         assert got["confusion"] == skm.confusion_matrix(y, pred, labels=labels).tolist()
+    p[0, 0] = np.nan  # a diverged model: no area, as scikit-learn refuses it
+    assert np.isnan(classification_metrics(y, p, prefix="")["roc_auc"])
 
 
 def test_equity_plot_draws_buy_and_hold_as_the_equal_weight_long_only_book():

@@ -83,9 +83,11 @@ def _roc_auc(y_true: np.ndarray, proba: np.ndarray) -> float:
     One sort per class: a class's area is the share of (positive, negative) pairs its score orders
     right, a tie counting half (Mann-Whitney's U), which is what the ROC curve's trapezoids add up
     to.  About 30 bytes a row at the peak, where scikit-learn's one-vs-rest held ~88 (126 MiB for a
-    1.5M-row validation split).  NaN where a class has no positive or no negative row (scikit-learn
-    raises there)."""
+    1.5M-row validation split).  NaN where a class has no positive or no negative row, or where a
+    probability is not finite (scikit-learn raises there)."""
     n_classes = proba.shape[1]
+    if not np.isfinite(proba).all():
+        return float("nan")
     areas = []
     for c in ([1] if n_classes == 2 else range(n_classes)):
         order = np.argsort(proba[:, c], kind="stable")
