@@ -572,3 +572,27 @@ def test_the_chosen_trials_validation_sharpe_is_deflated_by_the_trials_variance(
     # more trials tried with the same spread: a higher bar, a lower DSR; no sweep: no DSR
     assert deflated_validation_sharpe({**sweep, "num_trials": 50}) < dsr
     assert deflated_validation_sharpe(None) is None and deflated_validation_sharpe({"num_trials": 1}) is None
+
+
+def test_a_workers_validation_metrics_do_not_import_scikit_learn():
+    """Every Train worker validates every epoch: importing scikit-learn there cost 0.8 s of every run
+    (and trial).  The loop's metrics, classification and regression targets both, need numpy only."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "import alchemetric_ray.train.loop\n"
+        "from alchemetric_ray.train.metrics import target_metrics\n"
+        "rng = np.random.default_rng(0)\n"
+        "date = np.repeat(np.arange(20), 10).astype('datetime64[D]')\n"
+        "fwd = rng.normal(size=200)\n"
+        "p = rng.random((200, 3)); p /= p.sum(axis=1, keepdims=True)\n"
+        "a = target_metrics(p, rng.integers(0, 3, 200), fwd, date, ['down', 'flat', 'up'])\n"
+        "b = target_metrics(rng.normal(size=(200, 1)), rng.normal(size=200), fwd, date, [])\n"
+        "assert a['val_confusion'] and b['val_mse'] > 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

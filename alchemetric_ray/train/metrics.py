@@ -1,5 +1,5 @@
 """Validation and test metrics, and the direction in which each one improves (``train.metric``,
-``train.mode``): classification metrics (scikit-learn) from probabilities and labels, the mean
+``train.mode``): classification metrics (scikit-learn's definitions) from probabilities and labels, the mean
 squared error of a regression target, and for every target the signal metrics of the score
 against the realised forward return across the stocks of each date (IC, rank IC and their IRs)."""
 
@@ -27,20 +27,19 @@ def classification_metrics(y_true: np.ndarray, proba: np.ndarray, prefix: str = 
     """accuracy, balanced accuracy, macro F1, log loss, ROC-AUC (one-vs-rest), MCC, confusion matrix.
 
     Memory stays near the size of the inputs: the label metrics come from one confusion matrix
-    (scikit-learn's, with scikit-learn's formulas), the log loss from the picked column and the
+    (one ``np.bincount``, with scikit-learn's formulas), the log loss from the picked column and the
     ROC-AUC from one sort per class (:func:`_roc_auc`), instead of one scikit-learn call each, which
     together held ~175 bytes per row at their peak (260 MiB for a 1.5M-row validation split;
-    bench/scaling.py).  ``tests/test_signal_metrics.py`` checks every figure against the
+    bench/scaling.py).  Nor does a Train worker import scikit-learn for them (0.8 s of every run's
+    first validation).  ``tests/test_signal_metrics.py`` checks every figure against the
     scikit-learn function it replaces."""
-    from sklearn import metrics as skm  # here, not at the top: Train's controller imports this module too
-
     y_true = np.asarray(y_true, dtype=np.int64)
     proba = np.asarray(proba)
     if proba.dtype not in (np.float32, np.float64):
         proba = proba.astype(np.float64)
     n_classes = proba.shape[1]
-    labels = list(range(n_classes))
-    cm = skm.confusion_matrix(y_true, proba.argmax(axis=1), labels=labels)
+    cm = np.bincount(y_true * n_classes + proba.argmax(axis=1), minlength=n_classes * n_classes)
+    cm = cm.reshape(n_classes, n_classes)  # rows: true class, columns: predicted
     out = _from_confusion(cm.astype(np.float64))
     out["log_loss"] = _log_loss(y_true, proba)
     out["roc_auc"] = _roc_auc(y_true, proba)
