@@ -40,6 +40,7 @@ MpsFallback = Literal["error", "warn"]  # PYTORCH_ENABLE_MPS_FALLBACK = 0 | 1
 Placement = Literal["PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"]  # Ray placement group strategy
 SearchAlgorithm = Literal["random", "grid", "optuna"]
 TuneScheduler = Literal["asha", "none"]
+TrialLoop = Literal["auto", "trainer"]
 # The device kinds a user may name; hardware/ owns what each one means (its probes and rules).
 DeviceKind = Literal["cpu", "mps", "cuda", "xpu"]
 IndexedDeviceKind = Literal["cuda", "xpu"]  # kinds with several devices on a machine: cuda:N
@@ -272,6 +273,9 @@ class TuneConfig:
     grace_period: int = 1
     max_concurrent_trials: int = 0  # 0 = from the resource plan
     time_budget_s: float = 0.0  # 0 = no time limit
+    # auto: a one-worker trial runs the loop in the trial's own process (several workers: a TorchTrainer);
+    # trainer: every trial builds a TorchTrainer
+    trial_loop: TrialLoop = "auto"
 
 
 @dataclass

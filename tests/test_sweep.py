@@ -88,6 +88,27 @@ def test_concurrency_fits_the_cluster():
     assert concurrency(cfg.replace("tune.max_concurrent_trials=3"), plan, 2.0) == 3
 
 
+def test_a_one_worker_trial_holds_its_worker_and_a_worker_group_keeps_its_driver():
+    """What a trial holds and what a sweep asks the autoscaler for: a one-worker trial runs the loop
+    in its own process and holds the worker's CPU; a trial of several workers (or with
+    tune.trial_loop=trainer) is a driver with a sliver of a CPU beside its TorchTrainer's workers."""
+    from alchemetric_ray.train.autoscale import run_bundles
+    from alchemetric_ray.tune.sweep import TRIAL_DRIVER_CPU, runs_in_trial, trial_resources
+
+    cfg = load_config(None, ["scaling.cpus_per_worker=1"])
+    one = plan_resources(cfg, {"CPU": 4.0})
+    assert one.num_workers == 1 and runs_in_trial(cfg, one)
+    assert trial_resources(cfg, one) == {"CPU": 1}
+    trainer = cfg.replace("tune.trial_loop=trainer")
+    assert not runs_in_trial(trainer, one) and trial_resources(trainer, one) == {"CPU": TRIAL_DRIVER_CPU}
+    two_cfg = cfg.replace("scaling.workers=2")
+    two = plan_resources(two_cfg, {"CPU": 4.0})
+    assert not runs_in_trial(two_cfg, two) and trial_resources(two_cfg, two) == {"CPU": TRIAL_DRIVER_CPU}
+    assert run_bundles(two, 2, {"CPU": TRIAL_DRIVER_CPU})[:3] == [{"CPU": 1}, {"CPU": 1}, {"CPU": TRIAL_DRIVER_CPU}]
+    with pytest.raises(ConfigError, match="tune.trial_loop"):
+        cfg.replace("tune.trial_loop=inline")
+
+
 # ---- real sweeps ---------------------------------------------------------------------------------
 
 
@@ -116,6 +137,11 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
     assert s["test_metrics"] == metrics["test"]
     assert json.loads((out.model_dir / "config.json").read_text())["train"]["lr"] == best["config"]["train.lr"]
     assert out.report.is_file() and s["best_confusion"] is not None
+    # one worker per trial: each trial ran the loop in its own process, so there is no Train run beside
+    # the sweep, and the exported checkpoint is one Tune kept in the best trial's own folder
+    assert [p.name for p in (tmp_path / "results").iterdir() if p.name.startswith("sweep-")] == [out.name]
+    assert Path(s["best_checkpoint"]).parent.parent == Path(out.path)
+    assert (Path(s["best_checkpoint"]) / "meta.json").is_file()
     # every trial's validation long-short moments at its best epoch (the ASHA-stopped one's too), and their
     # variance across the trials: what deflates the chosen trial's validation Sharpe ratio
     assert all(np.isfinite(t["val_long_short"]["sr"]) and t["val_long_short"]["days"] > 100 for t in s["trials"])
@@ -136,6 +162,29 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
         start = plugin_data_pb2.HParamsPluginData.FromString(hp["_hparams_/session_start_info"]).session_start_info
         seen_lrs.add(start.hparams["train.lr"].number_value)
     assert seen_lrs == {0.01, 1e-9}
+
+
+@pytest.mark.slow
+def test_trial_loop_trainer_gives_each_trial_a_torch_trainer_run(ray_session, shards, tmp_path):
+    """tune.trial_loop=trainer (and any trial of several workers): each trial builds a TorchTrainer
+    whose Train run, named after the trial, keeps the checkpoints beside the sweep; the export takes
+    the best epoch's checkpoint from there."""
+    from alchemetric_ray.tune.sweep import run_sweep
+
+    cfg = load_config(None, _sweep_args(shards, tmp_path, "tune.space={train.lr: [0.01, 1.0e-9]}", "train.epochs=2",
+                                        "tune.scheduler=none", "tune.trial_loop=trainer"))
+    out = run_sweep(cfg)
+    s = out.summary
+    assert s["num_trials"] == 2 and all(t["epochs_run"] == 2 for t in s["trials"])
+    runs = sorted(p.name for p in (tmp_path / "results").glob(f"{out.name}-*"))
+    assert runs == sorted(f"{out.name}-{t['trial_id']}" for t in s["trials"])
+    best = min(s["trials"], key=lambda t: t["best_value"])
+    assert best["config"]["train.lr"] == 0.01 and s["best_trial_id"] == best["trial_id"]
+    assert Path(s["best_checkpoint"]).parent.name == f"{out.name}-{best['trial_id']}"
+    meta = json.loads((Path(s["best_checkpoint"]) / "meta.json").read_text())
+    assert meta["metrics"]["val_log_loss"] == pytest.approx(s["best_value"])
+    metrics = json.loads((out.model_dir / "metrics.json").read_text())
+    assert metrics["val"]["log_loss"] == pytest.approx(s["best_value"])
 
 
 @pytest.mark.slow
@@ -161,8 +210,8 @@ def test_a_sweep_over_label_kinds_resumes_after_the_driver_is_killed(ray_session
     finished = []
     try:
         while time.monotonic() < deadline and not finished:
-            finished = [p for p in (tmp_path / "results").glob("sweep-killed-*/epoch-0001")
-                        if (p / "meta.json").is_file()]
+            # the second epoch's checkpoint, which Tune keeps in the trial's own folder
+            finished = [p for p in sweep_dir.glob("*/checkpoint_000001") if (p / "meta.json").is_file()]
             time.sleep(1)
         assert finished, "no trial finished within 10 minutes"
         time.sleep(4)  # let Tune record the finished trial in its experiment state
@@ -170,7 +219,7 @@ def test_a_sweep_over_label_kinds_resumes_after_the_driver_is_killed(ray_session
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
     done_run = finished[0].parent
-    before = sorted(p.name for p in done_run.glob("epoch-*"))
+    before = sorted(p.name for p in done_run.glob("checkpoint_*"))
 
     out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -178,7 +227,7 @@ def test_a_sweep_over_label_kinds_resumes_after_the_driver_is_killed(ray_session
     s = json.loads((sweep_dir / "sweep_summary.json").read_text())
     assert s["num_trials"] == 2
     assert all(t["epochs_run"] == 2 for t in s["trials"])  # no trial trained its epochs twice
-    assert sorted(p.name for p in done_run.glob("epoch-*")) == before  # the finished trial was not re-run
+    assert sorted(p.name for p in done_run.glob("checkpoint_*")) == before  # the finished trial was not re-run
     # the label kinds: shards per label, trials ranked by rank IC, the best exported with its own label
     assert s["metric"] == "val_rank_ic" and s["mode"] == "max"
     labels = {t["config"]["features.label"]: t for t in s["trials"]}

@@ -1,7 +1,9 @@
-"""The per-worker training loop run by Ray Train's TorchTrainer on every worker.
+"""The per-worker training loop run by Ray Train's TorchTrainer on every worker, and by a sweep's
+one-worker trial in its own process.
 
-The only module that calls Ray Train's per-worker API (context, dataset shards, prepare_model,
-report, checkpoints).  ``train_loop_per_worker`` reads top to bottom:
+What Ray gives the loop (rank and group size, dataset shards, prepare_model, report, the checkpoint
+to resume from) comes from ``train/runtime.py``: a Train worker group or a Tune trial's process.
+``run_loop`` reads top to bottom:
 
 1. this worker's rank, device and precision (from the hardware package) and torch threads;
 2. the model (DDP when world size > 1), moved to our device by us, and this worker's data shard;
@@ -15,7 +17,7 @@ report, checkpoints).  ``train_loop_per_worker`` reads top to bottom:
    together hold every row once, ``train/data_config.py``); the outputs, labels, dates and forward
    returns are gathered to rank 0, which computes the target's metrics and the signal metrics (IC,
    rank IC per date); the early-stop decision is broadcast to every rank;
-7. ``ray.train.report`` with the metrics and a checkpoint (rank 0 writes it).
+7. a report with the metrics and a checkpoint (rank 0 writes it).
 """
 
 from __future__ import annotations
@@ -62,28 +64,32 @@ from alchemetric_ray.train.metrics import (
 )
 from alchemetric_ray.train.phases import PhaseLog
 from alchemetric_ray.train.plan import ResourcePlan
+from alchemetric_ray.train.runtime import TrainGroup, TrialProcess
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``TorchTrainer``'s loop: :func:`run_loop` as a Ray Train worker."""
     phases = PhaseLog()  # from here on, time and memory per phase (before this: Ray's start-up)
-    import ray.train
-    import ray.train.torch
+    return run_loop(config, TrainGroup(), phases)
 
+
+def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess, phases: PhaseLog | None = None
+             ) -> dict[str, Any]:
+    """The loop itself, wherever it runs (``runtime``); returns rank 0's summary of the run."""
+    phases = phases or PhaseLog()
     console.quiet_worker()  # this worker's own Ray Data context and loggers: our lines only
     cfg = RunConfig.from_dict(config["run"])
     train_cfg = cfg.train
     manifest = config["manifest"]
-    worker = _place_worker(cfg, config["plan"], ray.train.get_context())
+    worker = _place_worker(cfg, config["plan"], runtime)
 
     torch.manual_seed(train_cfg.seed)  # the same on every rank: DDP starts from identical weights
     model = build_model(cfg.model, len(manifest.features), manifest.outputs,
                         window=cfg.features.window)
-    # Our device, not Ray Train's pick: the resolver also knows MPS and a cuda:N asked for by name.
-    model = ray.train.torch.prepare_model(model, move_to_device=worker.device,
-                                          parallel_strategy="ddp" if worker.world > 1 else None)
+    model = runtime.prepare_model(model, worker.device)
     core = model.module if hasattr(model, "module") else model  # checkpoints hold the plain module's keys
     loss = loss_of(cfg)
-    data = _ShardData(ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("val"),
+    data = _ShardData(runtime.shard("train"), runtime.shard("val"),
                       collate_for(model_spec(cfg.model).inputs, manifest.features), train_cfg.batch_size,
                       train_cfg.cache_data, train_cfg.seed, by_date=loss == "ic", world=worker.world,
                       device=worker.device, device_cache_fraction=train_cfg.device_cache_fraction,
@@ -94,7 +100,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     loss_fn = make_loss(loss, manifest.class_counts.get("train") if train_cfg.class_weights else None, worker.device)
     metric, mode = selection_metric(cfg), selection_mode(cfg)
 
-    state = _resume(trainables, worker)
+    state = _resume(trainables, worker, runtime)
     start_epoch = state.epoch + 1
     # The part of meta.json that stays the same every epoch (config, device, plan: what the tensors came from).
     meta = CheckpointMeta(config=cfg.to_dict(), manifest=manifest, device=worker.device_meta(),
@@ -116,7 +122,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             # a sweep prints one line per finished trial instead (epoch_lines=False)
             worker.say(_epoch_line(row, train_cfg, metric, worker.device, worker.precision.mode),
                        detail=not config.get("epoch_lines", True))
-        _report(row, trainables, meta.at(state, metrics), worker.rank)
+        _report(row, trainables, meta.at(state, metrics), worker.rank, runtime)
         phases.mark("checkpoint", epoch)
         # Stop only after the report: the last epoch's checkpoint is what a resumed run continues from.
         if train_cfg.stop_after and epoch + 1 - start_epoch >= train_cfg.stop_after and epoch + 1 < train_cfg.epochs:
@@ -158,7 +164,7 @@ class _Worker:
             console.say(message)
 
 
-def _place_worker(cfg: RunConfig, plan: ResourcePlan, ctx) -> _Worker:
+def _place_worker(cfg: RunConfig, plan: ResourcePlan, runtime: TrainGroup | TrialProcess) -> _Worker:
     """Rank, device, precision and torch threads of this worker, announced with their reasons."""
     # The driver's plan chose the kind of device for the whole group; each worker takes its own one of that kind.
     device_choice = device_for_worker(plan.worker_device, source=f"the resource plan: {plan.reasons['accelerator']}")
@@ -166,9 +172,9 @@ def _place_worker(cfg: RunConfig, plan: ResourcePlan, ctx) -> _Worker:
                                   tf32=cfg.precision.tf32)
     precision.apply_tf32_settings()
     # Workers on one node share its cores: left alone, each one's torch would start a thread per core.
-    threads = cfg.scaling.threads_per_worker or max(1, cpu_count() // max(1, ctx.get_local_world_size()))
+    threads = cfg.scaling.threads_per_worker or max(1, cpu_count() // max(1, runtime.local_world))
     torch.set_num_threads(threads)
-    worker = _Worker(ctx.get_world_rank(), ctx.get_world_size(), device_choice, precision, threads)
+    worker = _Worker(runtime.rank, runtime.world, device_choice, precision, threads)
     worker.say(f"worker {worker.rank}/{worker.world}: device {device_choice}; precision {precision}; "
                f"torch threads {threads}", detail=True)
     return worker
@@ -362,12 +368,10 @@ def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, tr
     return metrics, bool(improved), stop
 
 
-def _resume(trainables: Trainables, worker: _Worker) -> LoopState:
-    """The latest checkpoint's tensors and loop state, which Ray Train hands back after a failure or
-    when storage.run names an earlier run; a fresh state when there is none."""
-    import ray.train
-
-    checkpoint = ray.train.get_checkpoint()
+def _resume(trainables: Trainables, worker: _Worker, runtime: TrainGroup | TrialProcess) -> LoopState:
+    """The latest checkpoint's tensors and loop state, which Ray Train (or Tune) hands back after a
+    failure or when storage.run names an earlier run; a fresh state when there is none."""
+    checkpoint = runtime.latest_checkpoint()
     if checkpoint is None:
         return LoopState()
     with checkpoint.as_directory() as ckpt_dir:
@@ -377,16 +381,13 @@ def _resume(trainables: Trainables, worker: _Worker) -> LoopState:
     return state
 
 
-def _report(row: dict[str, Any], trainables: Trainables, meta: CheckpointMeta, rank: int) -> None:
+def _report(row: dict[str, Any], trainables: Trainables, meta: CheckpointMeta, rank: int,
+            runtime: TrainGroup | TrialProcess) -> None:
     """Every rank reports the epoch (Ray Train waits for them all); rank 0 alone attaches the checkpoint."""
-    import ray.train
-
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = None
         if rank == 0:
             save_checkpoint(tmp, trainables.state_dict(meta.epoch), meta.to_dict())
-            checkpoint = ray.train.Checkpoint.from_directory(tmp)
-        ray.train.report(row, checkpoint=checkpoint, checkpoint_dir_name=f"epoch-{meta.epoch:04d}")
+        runtime.report(row, tmp if rank == 0 else None, f"epoch-{meta.epoch:04d}")
 
 
 def _summary(worker: _Worker, state: LoopState, data: _ShardData, stopped_early: bool, *,

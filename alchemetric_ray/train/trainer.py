@@ -106,31 +106,40 @@ def check_compatible(cfg: RunConfig, manifest: Manifest) -> None:
                          f"dates in a batch; set train.batch_size to {widest} or more")
 
 
-def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: ResourcePlan, *, name: str,
-                  callbacks: list | None = None, local_mode: bool = False, epoch_lines: bool = True):
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, ScalingConfig
-    from ray.train import RunConfig as TrainRunConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+def loop_config(cfg: RunConfig, manifest: Manifest, plan: ResourcePlan, *, epoch_lines: bool = True) -> dict:
+    """What the per-worker loop is given (``train_loop_config``), in a Train worker or a trial's process."""
+    return {"run": cfg.to_dict(), "manifest": manifest, "plan": plan, "epoch_lines": epoch_lines}
+
+
+def data_config(cfg: RunConfig):
+    """How the datasets reach the loop: val every row, once; train split by date for the IC loss."""
+    from ray.train import DataConfig
 
     from alchemetric_ray.train.data_config import CompleteValidationConfig
-    from alchemetric_ray.train.loop import train_loop_per_worker
 
-    resources = {"CPU": plan.cpus_per_worker}
-    if plan.use_gpu:
-        resources["GPU"] = plan.gpus_per_worker
     options = DataConfig.default_ingest_options()
     if cfg.train.deterministic:
         options.preserve_order = True
+    return CompleteValidationConfig(execution_options=options, by_date=loss_of(cfg) == "ic")
+
+
+def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: ResourcePlan, *, name: str,
+                  callbacks: list | None = None, local_mode: bool = False, epoch_lines: bool = True):
+    from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
+    from ray.train import RunConfig as TrainRunConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from alchemetric_ray.train.loop import train_loop_per_worker
+
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"run": cfg.to_dict(), "manifest": manifest, "plan": plan, "epoch_lines": epoch_lines},
+        train_loop_config=loop_config(cfg, manifest, plan, epoch_lines=epoch_lines),
         scaling_config=ScalingConfig(num_workers=0 if local_mode else plan.num_workers, use_gpu=plan.use_gpu,
-                                     resources_per_worker=None if local_mode else resources,
+                                     resources_per_worker=None if local_mode else plan.worker_bundle(),
                                      placement_strategy=cfg.scaling.placement),
         torch_config=TorchConfig(backend=plan.backend),
         datasets=datasets,
-        # val: every row, once; train split by date for the IC loss
-        dataset_config=CompleteValidationConfig(execution_options=options, by_date=loss_of(cfg) == "ic"),
+        dataset_config=data_config(cfg),
         run_config=TrainRunConfig(
             name=name,
             **train_storage(cfg),

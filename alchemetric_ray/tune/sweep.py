@@ -1,10 +1,15 @@
-"""Hyperparameter sweeps with Ray Tune: every trial runs the same TorchTrainer and loop as `train`.
+"""Hyperparameter sweeps with Ray Tune: every trial runs the same per-worker loop as `train`.
 
-Ray 2.60 (Train V2) pattern: a trial is a small driver function that builds a ``TorchTrainer``
-and calls ``fit()``, with Tune's ``TuneReportCallback`` in the Train run config forwarding each
-epoch's report to Tune.  The Train run is named after the trial id, so a restored trial resumes
-from its own checkpoint instead of starting over.  The Train workers get their own placement
-group outside the trial's, so the trial itself holds only a sliver of a CPU.
+A trial with several workers is a small driver function that builds a ``TorchTrainer`` and calls
+``fit()`` (Ray 2.60, Train V2), with Tune's ``TuneReportCallback`` in the Train run config
+forwarding each epoch's report to Tune; the Train run is named after the trial id, so a restored
+trial resumes from its own checkpoint, and the Train workers get their own placement group outside
+the trial's, so the trial itself holds only a sliver of a CPU.
+
+A one-worker trial (the laptop default; ``tune.trial_loop=auto``) runs the loop in the trial's own
+process, which holds the worker's CPU (and GPU): no worker group to start for one worker, and Tune
+itself keeps, ranks and restores the trial's checkpoints (``train/runtime.py``: ``TrialProcess``).
+``tune.trial_loop=trainer`` gives every trial a ``TorchTrainer``.
 
 Trials see the train and val splits only; the test split is scored once, for the chosen trial,
 when it is exported.
@@ -31,9 +36,17 @@ from alchemetric_ray.train.checkpoint import META
 from alchemetric_ray.train.metrics import selection_metric, selection_mode
 from alchemetric_ray.train.plan import DATA_CPU_RESERVE, PlanError, ResourcePlan, nodes_needed
 from alchemetric_ray.train.session import storage_location, train_storage
-from alchemetric_ray.train.trainer import adopt_target, build_trainer, check_compatible, prepare_run, prepare_shards
+from alchemetric_ray.train.trainer import (
+    adopt_target,
+    build_trainer,
+    check_compatible,
+    data_config,
+    loop_config,
+    prepare_run,
+    prepare_shards,
+)
 
-TRIAL_DRIVER_CPU = 0.1  # the trial function only waits on its TorchTrainer
+TRIAL_DRIVER_CPU = 0.1  # a trial function that only waits on its TorchTrainer
 SPEC_KINDS = ("loguniform", "uniform", "choice", "grid", "randint", "quniform")
 
 
@@ -102,9 +115,20 @@ def _known_key(cfg: RunConfig, key: str) -> None:
     cfg.with_values({key: current})  # raises the did-you-mean error for an unknown key
 
 
+def runs_in_trial(cfg: RunConfig, plan: ResourcePlan) -> bool:
+    """Whether each trial runs the loop in its own process (one worker) instead of a ``TorchTrainer``."""
+    return cfg.tune.trial_loop == "auto" and plan.num_workers == 1
+
+
+def trial_resources(cfg: RunConfig, plan: ResourcePlan) -> dict[str, float]:
+    """What the trial itself holds: the worker's bundle when it runs the loop, else a driver's sliver."""
+    return plan.worker_bundle() if runs_in_trial(cfg, plan) else {"CPU": TRIAL_DRIVER_CPU}
+
+
 def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
-    """Trials at once: each needs its workers' CPUs plus a sliver for the trial driver, and Ray
-    Data keeps ``DATA_CPU_RESERVE`` CPUs, so a 2-CPU laptop neither deadlocks nor idles."""
+    """Trials at once: each needs its workers' CPUs plus a sliver for the trial's own process (a
+    driver waiting on its TorchTrainer, or a one-worker trial's Ray Data iterator and reports), and
+    Ray Data keeps ``DATA_CPU_RESERVE`` CPUs, so a 2-CPU laptop neither deadlocks nor idles."""
     if cfg.tune.max_concurrent_trials:
         return cfg.tune.max_concurrent_trials
     per_trial = plan.num_workers * plan.cpus_per_worker + TRIAL_DRIVER_CPU
@@ -117,16 +141,23 @@ def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
 def _trial(config: dict[str, Any], *, base: dict, targets: dict[str, tuple[Location, Manifest]], plan: ResourcePlan,
            sweep: str, start_timeout: str | None = None) -> None:
     import ray.tune
+
+    console.quiet_ray_data()  # this trial builds its own datasets
+    cfg = RunConfig.from_dict(base).with_values(config)
+    shards, manifest = targets[cfg.features.label]  # the shards built for this trial's label
+    check_compatible(cfg, manifest)
+    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window, check=False)
+    if runs_in_trial(cfg, plan):
+        from alchemetric_ray.train.loop import run_loop
+        from alchemetric_ray.train.runtime import TrialProcess
+
+        run_loop(loop_config(cfg, manifest, plan, epoch_lines=False), TrialProcess(datasets, data_config(cfg)))
+        return
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from alchemetric_ray.train.session import set_worker_group_start_timeout
 
-    console.quiet_ray_data()  # this trial driver builds its own datasets
-    cfg = RunConfig.from_dict(base).with_values(config)
-    shards, manifest = targets[cfg.features.label]  # the shards built for this trial's label
-    check_compatible(cfg, manifest)
     trial_id = ray.tune.get_context().get_trial_id()
-    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window, check=False)
     trainer = build_trainer(cfg, datasets, manifest, plan, name=f"{sweep}-{trial_id}",
                             callbacks=[TuneReportCallback()], epoch_lines=False)
     if start_timeout:  # the sweep's per-attempt worker-group start timeout (train/autoscale.py)
@@ -180,7 +211,8 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     # an autoscaling plan counts on the CPUs of the nodes it asks for, not on what is up now
     limit = concurrency(cfg, plan, plan.cluster_cpus if plan.autoscale else ray.cluster_resources().get("CPU", 1))
     print(f"sweep {name}: up to {limit} trial(s) at once", flush=True)
-    bundles = run_bundles(plan, limit, {"CPU": TRIAL_DRIVER_CPU})  # the concurrent trials' workers and drivers
+    # the concurrent trials' workers and drivers (a trial that runs the loop is its worker)
+    bundles = run_bundles(plan, limit, None if runs_in_trial(trial_cfg, plan) else {"CPU": TRIAL_DRIVER_CPU})
     _check_trials_fit(plan, bundles, limit)
     with scale_up(cfg, plan, bundles) as window:  # the autoscaler's request is cleared however the sweep ends
         grid = _fit(cfg, trial_cfg, name, plan, targets, where, space, limit, window.attempt_timeout_s())
@@ -229,7 +261,7 @@ def _fit(cfg: RunConfig, trial_cfg: RunConfig, name: str, plan: ResourcePlan,
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=trial_cfg.to_dict(), targets=targets,
                              plan=plan, sweep=name, start_timeout=f"{start_timeout_s:g}"),
-        {"CPU": TRIAL_DRIVER_CPU})
+        trial_resources(trial_cfg, plan))
     storage = train_storage(cfg)
     path, filesystem = where.path, storage["storage_filesystem"]  # filesystem None: a local folder
     if cfg.storage.resume or (cfg.storage.run and tune.Tuner.can_restore(path, storage_filesystem=filesystem)):
@@ -257,9 +289,24 @@ def _fit(cfg: RunConfig, trial_cfg: RunConfig, name: str, plan: ResourcePlan,
             # finished trial instead, and the summary names the best trial by its best epoch.
             run_config=tune.RunConfig(name=name, **storage,
                                       verbose=0 if not console.verbose() else 1,
-                                      callbacks=[_trial_lines(selection_metric(cfg), selection_mode(cfg))]),
+                                      callbacks=[_trial_lines(selection_metric(cfg), selection_mode(cfg))],
+                                      **_trial_checkpoints(trial_cfg, plan)),
         )
     return tuner.fit()
+
+
+def _trial_checkpoints(cfg: RunConfig, plan: ResourcePlan) -> dict:
+    """A trial that runs the loop itself gives Tune its checkpoints: Tune keeps them as a Train run
+    would (storage.num_to_keep, ranked by the selection metric) and retries a failed trial from the
+    latest (scaling.max_failures).  A TorchTrainer's trial leaves both to Ray Train."""
+    if not runs_in_trial(cfg, plan):
+        return {}
+    from ray import tune
+
+    return {"checkpoint_config": tune.CheckpointConfig(num_to_keep=cfg.storage.num_to_keep,
+                                                       checkpoint_score_attribute=selection_metric(cfg),
+                                                       checkpoint_score_order=selection_mode(cfg)),
+            "failure_config": tune.FailureConfig(max_failures=cfg.scaling.max_failures)}
 
 
 def _shards_for_label(cfg: RunConfig, label: str, progress: bool) -> tuple[Location, Manifest]:
@@ -339,11 +386,7 @@ def summarize(grid, cfg: RunConfig, targets: dict[str, tuple[Location, Manifest]
                  "history": history, "error": str(result.error).splitlines()[0][:300] if result.error else None}
         trials.append(trial)
         if best_value is not None and (best is None or sign * best_value > sign * best[0]):
-            ckpt = None
-            if df is not None and "checkpoint_path" in df:
-                ranked = df[df[metric] == best_value]
-                ckpt = ranked["checkpoint_path"].dropna().iloc[0] if len(ranked["checkpoint_path"].dropna()) else None
-            best = (best_value, trial_id, ckpt, config)
+            best = (best_value, trial_id, _checkpoint_at(result, df, metric, best_value), config)
     if best is None:
         errors = "; ".join(t["error"] for t in trials if t["error"])[:500]
         raise SweepError(f"sweep {name}: no trial reported {metric}" + (f" ({errors})" if errors else ""))
@@ -365,6 +408,18 @@ def summarize(grid, cfg: RunConfig, targets: dict[str, tuple[Location, Manifest]
         "trial_sr_variance": trial_sr_variance(trials),
     }
     return summary, best_ckpt, best_cfg
+
+
+def _checkpoint_at(result, df, metric: str, best_value) -> str | None:
+    """The path of a trial's checkpoint at its best epoch: the one its Train run wrote (the
+    ``checkpoint_path`` Tune's report callback adds) or, for a trial that ran the loop itself, the one
+    Tune kept."""
+    if df is not None and "checkpoint_path" in df:
+        paths = df[df[metric] == best_value]["checkpoint_path"].dropna()
+        return paths.iloc[0] if len(paths) else None
+    kept = [(m.get("epoch", 0), c.path) for c, m in (getattr(result, "best_checkpoints", None) or [])
+            if m.get(metric) == best_value]
+    return min(kept)[1] if kept else None
 
 
 def _value_at(df, metric: str, best_value, key: str):
