@@ -50,7 +50,7 @@ bench: install
 	$(BIN)/python bench/loop_overhead.py --model mlp --tickers 700 --epochs 3 --modes streamed
 	$(BIN)/python bench/loop_overhead.py --model mlp --tickers 700 --epochs 3 --modes streamed --workers 2
 	RAY_ADDRESS=local $(BIN)/python bench/ingest.py --rows 1000000
-	$(BIN)/python bench/sweep_efficiency.py --trials 4 --epochs 2
+	$(BIN)/python bench/sweep_efficiency.py --trials 4 --epochs 2 --warmup
 	$(BIN)/python bench/scaling.py --rows 100000,1000000
 	$(BIN)/python bench/mixed_precision.py
 

@@ -253,7 +253,7 @@ class ScalingConfig:
     cpus_per_worker: float = 0.0  # 0 = automatic
     gpus_per_worker: float = 1.0
     threads_per_worker: int = 0  # torch threads; 0 = from the CPUs a worker holds
-    max_failures: int = 0  # worker-group restarts before the run fails
+    max_failures: int = 0  # worker-group restarts (a one-worker sweep trial: retries) before the run fails
     placement: Placement = "PACK"
     # The Ray launcher YAML of an autoscaling cluster (`ray up` writes it on the head, where job
     # drivers run): its available_node_types say what the cluster can grow to.  Read when the GCS

@@ -163,6 +163,7 @@ def test_ray_job_submit_train_tune_and_a_failing_job(cold_head, s3, stocknet_dir
     # share); 1.5 CPUs, a bundle Ray Data's own requests never hold
     assert "autoscaler: asked for 2 x {CPU: 1.5} (node type cpu_worker)" in out
     assert any("/checkpoint_" in k and k.endswith("/meta.json") for k in keys), keys
+    assert "Checkpoint successfully created" not in out  # Tune's line per checkpoint: only with --verbose
     _cleared(cold_head, {"CPU": 1.5})
 
     # a failing job: a local storage.path reaches neither the nodes that are up nor those the

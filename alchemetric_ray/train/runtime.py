@@ -17,7 +17,10 @@ epoch (with rank 0's checkpoint), and its model made ready for the group.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from alchemetric_ray import console
 
 
 class TrainGroup:
@@ -61,6 +64,8 @@ class TrialProcess:
     rank, world, local_world = 0, 1, 1
 
     def __init__(self, datasets: dict[str, Any], data_config) -> None:
+        if not console.verbose():  # Tune's storage says "Checkpoint successfully created at ..." every epoch
+            logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
         # the one-worker branch of the DataConfig a TorchTrainer would use: each dataset whole,
         # through its own iterator, with the run's execution options
         self._shards = data_config.configure(datasets, world_size=1, worker_handles=None, worker_node_ids=None)[0]
