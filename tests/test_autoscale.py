@@ -86,6 +86,23 @@ def test_cuda_on_a_cold_cluster_is_planned_on_the_gpu_node_type(tmp_path, driver
     assert (cpu.use_gpu, cpu.node_type, cpu.nodes, cpu.worker_bundle()) == (False, "cpu_worker", 1, {"CPU": 1.5})
 
 
+def test_a_one_gpu_sweep_trial_holds_the_workers_gpu_and_asks_for_it(tmp_path, driver):
+    """A one-worker CUDA sweep on a cold cluster: each trial runs the loop in its own process, so the
+    trial itself holds the worker's GPU (Tune sets its CUDA_VISIBLE_DEVICES), and the autoscaler is
+    asked for one worker bundle per concurrent trial, with no driver's share beside it."""
+    from alchemetric_ray.tune.sweep import runs_in_trial, sweep_bundles, trial_resources
+
+    args = ["device.name=cuda", "scaling.workers=1"]
+    plan = _plan(args, _capacity(tmp_path, WITH_GPUS))
+    cfg = load_config(None, args)
+    assert runs_in_trial(cfg, plan) and trial_resources(cfg, plan) == {"CPU": 4.0, "GPU": 1.0}
+    # two trials fill a node's 8 CPUs, so Ray Data's CPU is asked for too; no driver's {CPU: 0.1} beside them
+    assert sweep_bundles(cfg, plan, 2) == [{"CPU": 4.0, "GPU": 1.0}] * 2 + [{"CPU": 0.5}]
+    # a TorchTrainer per trial: each trial's driver beside its worker (two nodes then, with room for Ray Data)
+    trainer = cfg.replace("tune.trial_loop=trainer")
+    assert sweep_bundles(trainer, plan, 2) == [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 0.1}] * 2
+
+
 def test_ray_data_gets_a_cpu_from_the_nodes_that_will_exist(tmp_path, driver):
     small = {"one_cpu": {"resources": {"CPU": 1}, "max_workers": 2}}
     plan = _plan(["device.name=cpu", "scaling.cpus_per_worker=1"], _capacity(tmp_path, small))

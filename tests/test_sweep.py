@@ -92,8 +92,7 @@ def test_a_one_worker_trial_holds_its_worker_and_a_worker_group_keeps_its_driver
     """What a trial holds and what a sweep asks the autoscaler for: a one-worker trial runs the loop
     in its own process and holds the worker's CPU; a trial of several workers (or with
     tune.trial_loop=trainer) is a driver with a sliver of a CPU beside its TorchTrainer's workers."""
-    from alchemetric_ray.train.autoscale import run_bundles
-    from alchemetric_ray.tune.sweep import TRIAL_DRIVER_CPU, runs_in_trial, trial_resources
+    from alchemetric_ray.tune.sweep import TRIAL_DRIVER_CPU, runs_in_trial, sweep_bundles, trial_resources
 
     cfg = load_config(None, ["scaling.cpus_per_worker=1"])
     one = plan_resources(cfg, {"CPU": 4.0})
@@ -104,7 +103,8 @@ def test_a_one_worker_trial_holds_its_worker_and_a_worker_group_keeps_its_driver
     two_cfg = cfg.replace("scaling.workers=2")
     two = plan_resources(two_cfg, {"CPU": 4.0})
     assert not runs_in_trial(two_cfg, two) and trial_resources(two_cfg, two) == {"CPU": TRIAL_DRIVER_CPU}
-    assert run_bundles(two, 2, {"CPU": TRIAL_DRIVER_CPU})[:3] == [{"CPU": 1}, {"CPU": 1}, {"CPU": TRIAL_DRIVER_CPU}]
+    assert sweep_bundles(two_cfg, two, 2)[:3] == [{"CPU": 1}, {"CPU": 1}, {"CPU": TRIAL_DRIVER_CPU}]
+    assert sweep_bundles(cfg, one, 2)[:2] == [{"CPU": 1}, {"CPU": 1}]
     with pytest.raises(ConfigError, match="tune.trial_loop"):
         cfg.replace("tune.trial_loop=inline")
 

@@ -125,6 +125,12 @@ def trial_resources(cfg: RunConfig, plan: ResourcePlan) -> dict[str, float]:
     return plan.worker_bundle() if runs_in_trial(cfg, plan) else {"CPU": TRIAL_DRIVER_CPU}
 
 
+def sweep_bundles(cfg: RunConfig, plan: ResourcePlan, trials: int) -> list[dict]:
+    """What a sweep asks the autoscaler for: the concurrent trials' workers and their drivers' shares
+    (a trial that runs the loop itself is its worker, with no driver beside it)."""
+    return run_bundles(plan, trials, None if runs_in_trial(cfg, plan) else {"CPU": TRIAL_DRIVER_CPU})
+
+
 def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
     """Trials at once: each needs its workers' CPUs plus a sliver for the trial's own process (a
     driver waiting on its TorchTrainer, or a one-worker trial's Ray Data iterator and reports), and
@@ -211,8 +217,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     # an autoscaling plan counts on the CPUs of the nodes it asks for, not on what is up now
     limit = concurrency(cfg, plan, plan.cluster_cpus if plan.autoscale else ray.cluster_resources().get("CPU", 1))
     print(f"sweep {name}: up to {limit} trial(s) at once", flush=True)
-    # the concurrent trials' workers and drivers (a trial that runs the loop is its worker)
-    bundles = run_bundles(plan, limit, None if runs_in_trial(trial_cfg, plan) else {"CPU": TRIAL_DRIVER_CPU})
+    bundles = sweep_bundles(trial_cfg, plan, limit)
     _check_trials_fit(plan, bundles, limit)
     with scale_up(cfg, plan, bundles) as window:  # the autoscaler's request is cleared however the sweep ends
         grid = _fit(cfg, trial_cfg, name, plan, targets, where, space, limit, window.attempt_timeout_s())
