@@ -43,12 +43,13 @@ def _cfg(shards, tmp_path, *overrides):
                               "train.deterministic=true", "train.patience=0", "device.name=cpu", *overrides])
 
 
-def _train_worker_pids() -> list[int]:
+def _train_worker_pids(class_name: str = "RayTrainWorker") -> list[int]:
+    """The pids of the live actors of a class: Train's workers, or Tune's trials (``ImplicitFunc``)."""
     import ray
     from ray.util.state import list_actors
 
     actors = list_actors(address=ray.get_runtime_context().gcs_address,
-                         filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")],
+                         filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")],
                          raise_on_missing_output=False)
     return [a.pid for a in actors if a.pid]
 
@@ -97,6 +98,42 @@ def test_worker_killed_mid_epoch_restarts_resumes_and_equals_an_uninterrupted_ru
     for key, value in exported.model.state_dict().items():
         assert torch.equal(value, want[key]), key
     assert (resumed.model_dir / "model_card.md").is_file()
+
+
+@pytest.mark.slow
+def test_a_sweep_trial_killed_mid_epoch_is_retried_from_the_checkpoint_tune_kept(ray_session, shards, tmp_path,
+                                                                                 capfd):
+    """A one-worker trial runs the loop in its own process (no worker group to restart): killed in its
+    second epoch, Tune starts it again (scaling.max_failures) from the checkpoint it kept, and the
+    trial ends with every epoch reported once after the restart took over."""
+    from alchemetric_ray.tune.sweep import run_sweep
+
+    cfg = _cfg(shards, tmp_path, "storage.name=swkill", "storage.run=sweep-swkill", "scaling.max_failures=1",
+               "tune.search=grid", "tune.space={train.lr: [0.001]}", "tune.scheduler=none", "train.batch_size=16",
+               "train.metric=val_log_loss", "train.mode=min")
+    sweep_dir = tmp_path / "results" / "sweep-swkill"
+    # Tune's driver writes each result it takes in (and the checkpoint with it) to the trial's result.json
+    # under the session's artifacts at once: killed before that, the trial would restart from nothing
+    session = Path(ray_session._private.worker._global_node.get_session_dir_path())
+    results = f"artifacts/*/{sweep_dir.name}/driver_artifacts/*/result.json"
+    outcome: list = []
+    runner = threading.Thread(target=lambda: outcome.append(run_sweep(cfg, export=False, progress=False)),
+                              daemon=True)
+    runner.start()
+    pid = _wait_for(lambda: _train_worker_pids("ImplicitFunc"), 600, "the trial's process (state API)", poll=0.5)[0]
+    _wait_for(lambda: any(p.stat().st_size for p in session.glob(results)), 600, "Tune's first result of the trial")
+    time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)  # in the second epoch (seconds long: an LSTM on batches of 16)
+    killed_before_second_checkpoint = not list(sweep_dir.glob("*/checkpoint_000001"))
+    runner.join(900)
+    assert not runner.is_alive() and outcome, "the sweep did not finish after its trial was killed"
+    assert killed_before_second_checkpoint, "the kill landed after epoch 2 had finished; not mid-epoch"
+
+    trial = outcome[0].summary["trials"][0]
+    assert trial["status"] == "TERMINATED" and trial["epochs_run"] == 3
+    assert [row["epoch"] for row in trial["history"]] == [0, 1, 2]
+    assert "resumed from the checkpoint of epoch 0" in "".join(capfd.readouterr())
+    assert pid not in _train_worker_pids("ImplicitFunc")
 
 
 # ---- a writer killed between writing and renaming --------------------------------------------------

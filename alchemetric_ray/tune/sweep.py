@@ -32,7 +32,7 @@ from alchemetric_ray.errors import UserError
 from alchemetric_ray.models import load_model_module, model_spec
 from alchemetric_ray.storage import Location
 from alchemetric_ray.train.autoscale import run_bundles, scale_up
-from alchemetric_ray.train.checkpoint import META
+from alchemetric_ray.train.checkpoint import META, read_meta
 from alchemetric_ray.train.metrics import selection_metric, selection_mode
 from alchemetric_ray.train.plan import DATA_CPU_RESERVE, PlanError, ResourcePlan, nodes_needed
 from alchemetric_ray.train.session import storage_location, train_storage
@@ -372,10 +372,8 @@ def summarize(grid, cfg: RunConfig, targets: dict[str, tuple[Location, Manifest]
     sign = 1 if mode == "max" else -1
     trials, best = [], None
     for result in grid:
-        df = result.metrics_dataframe
-        history = [] if df is None else [
-            {k: _plain(v) for k, v in row.items() if k == "epoch" or k == "train_loss" or k.startswith("val_")}
-            for row in df.to_dict("records")]
+        df = _reports(result)
+        history = _history(df)
         values = [] if df is None or metric not in df else [v for v in df[metric].tolist() if v == v]
         best_value = (max(values) if mode == "max" else min(values)) if values else None
         trial_id = ((result.metrics or {}).get("trial_id")
@@ -413,6 +411,33 @@ def summarize(grid, cfg: RunConfig, targets: dict[str, tuple[Location, Manifest]
         "trial_sr_variance": trial_sr_variance(trials),
     }
     return summary, best_ckpt, best_cfg
+
+
+def _reports(result):
+    """A trial's epoch reports as a data frame: Tune's, or for a trial Tune restarted from its own
+    checkpoint (a one-worker trial retried after a failure), whose frame keeps only the reports after
+    the restart, the loop's history in that trial's latest checkpoint (every epoch, as reported)."""
+    df = result.metrics_dataframe
+    checkpoint = getattr(result, "checkpoint", None)
+    if df is None or "epoch" not in df or checkpoint is None or _from_zero(df["epoch"].dropna().tolist()):
+        return df
+    import pandas as pd
+
+    with checkpoint.as_directory() as directory:
+        history = read_meta(directory)["loop"]["history"]
+    return pd.DataFrame(history) if _from_zero([row["epoch"] for row in history]) else df
+
+
+def _from_zero(epochs: list) -> bool:
+    return sorted(int(e) for e in epochs) == list(range(len(epochs)))
+
+
+def _history(df) -> list[dict]:
+    """A trial's epochs, in order."""
+    if df is None:
+        return []
+    return [{k: _plain(v) for k, v in row.items() if k == "epoch" or k == "train_loss" or k.startswith("val_")}
+            for row in df.to_dict("records")]
 
 
 def _checkpoint_at(result, df, metric: str, best_value) -> str | None:
