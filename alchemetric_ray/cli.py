@@ -166,12 +166,13 @@ def _predict_args(p: argparse.ArgumentParser) -> None:
 
 
 def _model_config(args: argparse.Namespace, cfg: RunConfig) -> RunConfig:
-    """The saved model's own config, with this command's overrides (signals, device) on top."""
+    """The saved model's own config, with this command's overrides (signals, device) on top.  The
+    device is this command's (``--device``, else auto), never the training run's request: a model
+    trained with ``--device cpu`` on a laptop scores on the GPUs of the cluster it is submitted to."""
     from alchemetric_ray.train.export import load_model
 
     saved = load_model(args.model_dir).config
-    flags = [f"device.name={args.device}"] if args.device else []
-    return saved.replace(*flags, *args.overrides)
+    return saved.replace(f"device.name={args.device or 'auto'}", *args.overrides)
 
 
 @command("predict", "score new OHLCV data with a saved model (Ray Data batch inference) -> signals.parquet",

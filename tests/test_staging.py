@@ -145,8 +145,8 @@ def test_the_device_and_host_paths_index_like_plain_tensors():
 ])
 def test_the_plan_says_which_data_path_the_workers_take(args, line):
     plan = plan_resources(load_config(None, args), {"CPU": 16.0, "GPU": 2.0})
-    assert line in plan.reasons["data_path"]
-    assert f"data path        {plan.reasons['data_path']}" in plan.describe()
+    assert line in plan.reasons.data_path
+    assert f"data path        {plan.reasons.data_path}" in plan.describe()
 
 
 def test_a_fraction_outside_0_1_is_one_line():

@@ -83,9 +83,9 @@ def test_optuna_search_uses_tunes_own_integration():
 def test_concurrency_fits_the_cluster():
     cfg = load_config(None, ["scaling.cpus_per_worker=1"])
     plan = plan_resources(cfg, {"CPU": 4.0})
-    assert concurrency(cfg, plan, 4.0) == 2  # (4 - 1 for Ray Data) // (1 worker CPU + 0.1 driver)
-    assert concurrency(cfg, plan, 2.0) == 1  # a 2-CPU laptop runs one trial at a time
-    assert concurrency(cfg.replace("tune.max_concurrent_trials=3"), plan, 2.0) == 3
+    assert concurrency(cfg, plan, {"CPU": 4.0}) == 2  # (4 - 1 for Ray Data) // (1 worker CPU + 0.1 driver)
+    assert concurrency(cfg, plan, {"CPU": 2.0}) == 1  # a 2-CPU laptop runs one trial at a time
+    assert concurrency(cfg.replace("tune.max_concurrent_trials=3"), plan, {"CPU": 2.0}) == 3
 
 
 def test_a_one_worker_trial_holds_its_worker_and_a_worker_group_keeps_its_driver():

@@ -85,7 +85,7 @@ def test_plan_laptop_cpu_defaults(monkeypatch):
     plan = plan_resources(cfg, {"CPU": 2.0})
     assert ((plan.num_workers, plan.use_gpu, plan.backend, plan.cpus_per_worker, plan.cpus_for_data)
             == (1, False, "gloo", 1.0, 1.0))
-    assert plan.worker_device == "cpu" and "one CPU worker" in plan.reasons["workers"]
+    assert plan.worker_device == "cpu" and "one CPU worker" in plan.reasons.workers
     assert "Ray Data" in plan.describe()
 
 
@@ -112,7 +112,7 @@ def test_plan_cuda_cluster_one_worker_per_gpu(monkeypatch):
     monkeypatch.setattr(dev, "mps_available", lambda: False)
     plan = plan_resources(load_config(), {"CPU": 32.0, "GPU": 4.0})
     assert (plan.num_workers, plan.use_gpu, plan.backend, plan.gpus_per_worker) == (4, True, "nccl", 1.0)
-    assert plan.worker_device == "cuda" and "one per GPU" in plan.reasons["workers"]
+    assert plan.worker_device == "cuda" and "one per GPU" in plan.reasons.workers
     with pytest.raises(PlanError, match="need 8 GPUs; the cluster has 4"):
         plan_resources(load_config(None, ["scaling.workers=8"]), {"CPU": 32.0, "GPU": 4.0})
 

@@ -319,13 +319,15 @@ class TrainAccelerator:
 
 
 def train_accelerator(requested: str | None, cluster_gpus: float, world_size: int, *,
-                      node_types: str | None = None, gpus_unknown: bool = False) -> TrainAccelerator:
+                      node_types: str | None = None, gpus_unknown: str | None = None) -> TrainAccelerator:
     """Decide the Ray workers' accelerator for a cluster advertising ``cluster_gpus`` GPUs.
 
     On an autoscaling cluster ``cluster_gpus`` counts what its node types can provide and
-    ``node_types`` says which types and where they were learnt (for the reason and the error);
-    with ``gpus_unknown`` (an autoscaling cluster whose node types could not be learnt) an explicit
-    CUDA request is trusted and its GPUs are asked of the autoscaler, while auto stays on what is up.
+    ``node_types`` says which types and where they were learnt (for the reason and the error).
+    ``gpus_unknown`` (where they were looked for and how to declare them) marks a cluster whose node
+    types could not be learnt: an explicit CUDA request is trusted and its GPUs are asked of the
+    autoscaler; auto takes the GPUs that are up, and where none is up it refuses in one line rather
+    than train on the CPU of whatever node the autoscaler brings (a GPU node, on a GPU cluster).
 
     The request is read as :func:`resolve_device` reads it (argument > ``ALCHEMETRIC_DEVICE`` >
     auto); a ``cuda:N`` index is the driver's business, a worker takes the GPU Ray assigns it.
@@ -347,6 +349,10 @@ def train_accelerator(requested: str | None, cluster_gpus: float, world_size: in
     if req == "cuda" and gpus_unknown and not local_mps:
         return TrainAccelerator("cuda", True, "nccl", f"CUDA requested by {source}; the cluster's node types are "
                                 "unknown, so its GPUs are asked of the autoscaler")
+    if req == DeviceName.AUTO and gpus_unknown and not local_mps:
+        raise DeviceError(f"device auto on a Ray cluster with no GPU up and {gpus_unknown}: whether its nodes will "
+                          "have GPUs cannot be told, and auto never trains on the CPU in silence; pass --device cuda "
+                          "(with --workers N for N GPU workers) or --device cpu")
     if req == "cuda" and node_types:
         raise DeviceError(f"{source} asked for device 'cuda' but no node type in this cluster has a GPU "
                           f"({node_types})")

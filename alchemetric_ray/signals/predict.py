@@ -226,14 +226,16 @@ def predict(model_dir: str | Path | Location, data: str | None, out: str | Path 
 def _actor_plan(cfg: RunConfig, gpus: float, capacity=None) -> tuple[int, float, str]:
     """(actors, GPUs per actor, the decided device kind: never "auto").  On an autoscaling cluster
     whose node types are known (train/capacity.py) the GPUs are those of its GPU node type, so a
-    cold GPU cluster predicts on CUDA (one actor per GPU of one node) instead of silently on CPU."""
+    cold GPU cluster predicts on CUDA (one actor per GPU of one node) instead of silently on CPU;
+    where they are unknown, auto with no GPU up is refused as ``train`` refuses it."""
     from alchemetric_ray.hardware.device import train_accelerator
 
     if capacity is not None and capacity.kind == "node_types":
         gpus = max([gpus] + [t.resources.get("GPU", 0.0) for t in capacity.workers if capacity.limit(t) > 0])
         acc = train_accelerator(cfg.device.name, gpus, 1, node_types=capacity.describe_types())
     else:
-        acc = train_accelerator(cfg.device.name, gpus, 1)
+        unknown = capacity is not None and capacity.kind == "unknown"
+        acc = train_accelerator(cfg.device.name, gpus, 1, gpus_unknown=capacity.unknown_hint() if unknown else None)
     if acc.use_gpu:
         return cfg.signals.actors or max(1, int(gpus)), 1.0, acc.kind
     return cfg.signals.actors or 1, 0.0, acc.kind

@@ -10,8 +10,15 @@ learns them in this order:
 2. the launcher YAML at ``scaling.cluster_config`` (default ``~/ray_bootstrap_config.yaml``, which
    ``ray up`` writes on the head, where job drivers run): ``available_node_types`` (resources,
    min_workers, max_workers) and the cluster-wide ``max_workers``;
-3. otherwise "unknown": the plan accepts what it cannot see now, asks the autoscaler and waits
-   within the start timeout.
+3. otherwise "unknown": an explicit request the plan cannot see now is asked of the autoscaler and
+   waited for within the start timeout; ``device auto`` with no GPU up is refused (it cannot tell a
+   GPU cluster from a CPU one, and would train on the CPU of the GPU node the autoscaler starts).
+
+KubeRay reports no node types to the GCS and writes no launcher YAML on the head: its node types
+reach a job through a launcher-style file mounted on the head (``k8s/rayjob.yaml``'s node-types
+ConfigMap, passed as ``scaling.cluster_config``).  :func:`from_kuberay_spec` derives that file's
+content from a RayCluster spec with Ray's own converter (the one KubeRay's autoscaler runs), so the
+manifest and the ConfigMap can be checked against each other.
 
 Only a cluster this process joined (``RAY_ADDRESS``, as ``ray job submit`` sets it) is asked: a
 local Ray of our own has no autoscaler, and plans from what is up ("now"), as ever.
@@ -83,6 +90,12 @@ class Capacity:
         cap = node_type.max_workers
         return cap if self.max_workers is None else min(cap, self.max_workers)
 
+    def unknown_hint(self) -> str:
+        """For a message where the node types are unknown: where they were looked for, how to declare them."""
+        return (f"node types unknown ({'; '.join(self.looked_in) or self.source}); declare them with "
+                "scaling.cluster_config=PATH (a launcher YAML with available_node_types; on KubeRay, the "
+                "node-types ConfigMap that k8s/rayjob.yaml mounts on the head)")
+
     def describe_types(self) -> str:
         """``gpu_worker {CPU: 48, GPU: 4} x 0-4, ...; from launcher config PATH``"""
         shown = ", ".join(f"{t.name} {t.shape()} x {'head' if t.head else f'{t.min_workers}-{self.limit(t)}'}"
@@ -141,6 +154,30 @@ def from_gcs_config(config: Any, source: str = "the cluster config in the GCS") 
     parsed = tuple(NodeType(g.name, {k: float(v) for k, v in dict(g.resources).items()}, int(g.min_count),
                             int(g.max_count) if g.max_count >= 0 else 1 << 30) for g in groups)
     return Capacity("node_types", source, parsed)
+
+
+KUBERAY_HEAD_TYPE = "headgroup"  # the head's node type in the config KubeRay's autoscaler derives
+
+
+def from_kuberay_spec(ray_cluster_spec: Any, name: str = "raycluster") -> dict:
+    """The launcher-style node types (``head_node_type``, ``max_workers``, ``available_node_types``
+    with resources and min/max workers) that KubeRay's autoscaler derives from a RayCluster spec:
+    ``num-cpus``/``num-gpus`` from ``rayStartParams``, else the containers' limits (``nvidia.com/gpu``).
+    Ray's converter is private API (``ray.autoscaler._private.kuberay``): absent or changed, one line."""
+    try:
+        from ray.autoscaler._private.kuberay.autoscaling_config import _derive_autoscaling_config_from_ray_cr
+
+        derived = _derive_autoscaling_config_from_ray_cr(
+            {"metadata": {"name": name, "namespace": "default"}, "spec": ray_cluster_spec})
+    except (ImportError, AttributeError) as exc:
+        raise CapacityError(f"this Ray has no KubeRay autoscaling-config converter ({exc})") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CapacityError(f"RayCluster spec {name}: KubeRay's converter cannot read it ({exc!r})") from None
+    types = {group: {"resources": dict(spec["resources"]), "min_workers": spec["min_workers"],
+                     "max_workers": spec["max_workers"]}
+             for group, spec in derived["available_node_types"].items()}
+    return {"head_node_type": derived["head_node_type"], "max_workers": derived["max_workers"],
+            "available_node_types": types}
 
 
 def _count(value: Any) -> bool:

@@ -167,7 +167,7 @@ class _Worker:
 def _place_worker(cfg: RunConfig, plan: ResourcePlan, runtime: TrainGroup | TrialProcess) -> _Worker:
     """Rank, device, precision and torch threads of this worker, announced with their reasons."""
     # The driver's plan chose the kind of device for the whole group; each worker takes its own one of that kind.
-    device_choice = device_for_worker(plan.worker_device, source=f"the resource plan: {plan.reasons['accelerator']}")
+    device_choice = device_for_worker(plan.worker_device, source=f"the resource plan: {plan.reasons.accelerator}")
     precision = resolve_precision(cfg.precision.mode, device_choice.device, model=model_spec(cfg.model),
                                   tf32=cfg.precision.tf32)
     precision.apply_tf32_settings()

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.hardware.device import train_accelerator
+from alchemetric_ray.hardware.device import TrainAccelerator, train_accelerator
 from alchemetric_ray.hardware.staging import gpu_sharers, planned_data_path
-from alchemetric_ray.train.capacity import UP_NOW, Capacity
+from alchemetric_ray.train.capacity import UP_NOW, Capacity, now
 from alchemetric_ray.train.capacity import shape as _shape
 
 DATA_CPU_RESERVE = 1.0  # logical CPUs kept free for Ray Data's read tasks
@@ -28,6 +28,18 @@ MIN_DATA_CPUS = 0.5
 
 class PlanError(UserError, RuntimeError):
     pass
+
+
+@dataclass
+class PlanReasons:
+    """Why each planned value is what it is, one field per decision (``describe()`` shows them)."""
+
+    accelerator: str  # the device kind and use_gpu (hardware.train_accelerator)
+    workers: str
+    cpus: str  # CPUs per worker
+    data: str  # what Ray Data reads with
+    node_type: str = ""  # on an autoscaling cluster's node types: why that type
+    data_path: str = ""  # where a worker's batches will live (hardware.staging)
 
 
 @dataclass
@@ -41,7 +53,7 @@ class ResourcePlan:
     backend: str
     worker_device: str
     accelerator: str
-    reasons: dict[str, str] = field(default_factory=dict)
+    reasons: PlanReasons
     # where the resources were learnt (train/capacity.py), and on an autoscaling cluster what to ask for
     capacity: str = UP_NOW
     autoscale: bool = False  # ask the autoscaler for the workers' bundles and wait for them
@@ -64,98 +76,123 @@ class ResourcePlan:
 
     def describe(self) -> str:
         threads = self.threads_per_worker or "auto (node cores // workers on the node)"
+        why = self.reasons
         lines = [
-            f"workers          {self.num_workers}  ({self.reasons['workers']})",
+            f"workers          {self.num_workers}  ({why.workers})",
             f"per worker       {self.cpus_per_worker:g} CPU"
             + (f", {self.gpus_per_worker:g} GPU" if self.use_gpu else "")
-            + f"  ({self.reasons['cpus']})",
+            + f"  ({why.cpus})",
             f"torch threads    {threads}",
-            f"left for data    {self.cpus_for_data:g} CPU  ({self.reasons['data']})",
-            f"use_gpu          {self.use_gpu}  ({self.reasons['accelerator']})",
+            f"left for data    {self.cpus_for_data:g} CPU  ({why.data})",
+            f"use_gpu          {self.use_gpu}  ({why.accelerator})",
             f"backend          {self.backend}",
         ]
-        if "data_path" in self.reasons:
-            lines.append(f"data path        {self.reasons['data_path']}")
+        if why.data_path:
+            lines.append(f"data path        {why.data_path}")
         if self.node_type:
             lines.append(f"node type        {self.node_type} {_shape(self.node_resources)} x {self.nodes} "
-                         f"(of at most {self.max_nodes}; {self.reasons['node_type']})")
+                         f"(of at most {self.max_nodes}; {why.node_type})")
         if self.capacity != UP_NOW:  # a local Ray's plan reads as it always did
             lines.append(f"capacity         {self.capacity}"
                          + ("; the autoscaler is asked for the workers' nodes" if self.autoscale else ""))
         return "\n".join(lines)
 
 
-def plan_resources(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity | None = None) -> ResourcePlan:
-    """Plan a Train run for a Ray cluster with ``cluster`` total resources (``ray.cluster_resources()``)
-    and, where it autoscales, the node types in ``capacity`` (None: what is up is all there is)."""
-    plan = _plan_workers(cfg, cluster, capacity)
-    plan.reasons["data_path"] = planned_data_path(plan.worker_device, cached=cfg.train.cache_data,
-                                                  fraction=cfg.train.device_cache_fraction,
-                                                  sharers=gpu_sharers(plan.gpus_per_worker))
+# A sweep's trials each train on one worker unless told otherwise: a daily-bar model (an MLP or an RNN
+# over a few hundred thousand rows) is far too small to keep several GPUs busy under DDP, where every
+# step waits on an all-reduce, so on a 4-GPU node four one-GPU trials finish four configurations in
+# about the time a 4-GPU DDP trial finishes one.  scaling.workers=N makes each trial N-worker DDP.
+ONE_WORKER_PER_TRIAL = ("one worker per trial (a sweep's default: small daily-bar models train as fast on one "
+                        "GPU, so trials run side by side; scaling.workers=N for DDP trials)")
+
+
+def plan_resources(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity | None = None, *,
+                   trial: bool = False) -> ResourcePlan:
+    """Plan a Train run (``trial``: one sweep trial) for a Ray cluster with ``cluster`` total resources
+    (``ray.cluster_resources()``) and, where it autoscales, the node types in ``capacity`` (None: what
+    is up is all there is)."""
+    plan = _plan_workers(cfg, cluster, capacity or now(), trial)
+    plan.reasons.data_path = planned_data_path(plan.worker_device, cached=cfg.train.cache_data,
+                                               fraction=cfg.train.device_cache_fraction,
+                                               sharers=gpu_sharers(plan.gpus_per_worker))
     return plan
 
 
-def _plan_workers(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity | None) -> ResourcePlan:
-    if capacity is not None and capacity.kind == "node_types":
-        return _plan_on_node_types(cfg, cluster, capacity)
-    if capacity is not None and capacity.kind == "unknown":
-        try:
-            plan = _plan_on_what_is_up(cfg, cluster)
-        except UserError:  # more than is up: ask the autoscaler for it, and wait
-            return _plan_unknown(cfg, cluster, capacity)
-        plan.capacity = f"the nodes that are up hold it ({capacity.source})"
-        return plan
-    return _plan_on_what_is_up(cfg, cluster)
+def _plan_workers(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity, trial: bool) -> ResourcePlan:
+    if capacity.kind == "node_types":
+        return _plan_on_node_types(cfg, cluster, capacity, trial)
+    unknown = capacity.kind == "unknown"
+    # One device decision, on what is up; where the node types are unknown, auto with no GPU up is refused.
+    accelerator = train_accelerator(cfg.device.name, float(cluster.get("GPU", 0)), max(1, cfg.scaling.workers),
+                                    gpus_unknown=capacity.unknown_hint() if unknown else None)
+    if not unknown:
+        return _plan_on_what_is_up(cfg, cluster, accelerator, trial)
+    try:
+        plan = _plan_on_what_is_up(cfg, cluster, accelerator, trial)
+    except UserError:  # more than is up: ask the autoscaler for it, and wait
+        return _plan_unknown(cfg, cluster, capacity, accelerator, trial)
+    plan.capacity = f"the nodes that are up hold it ({capacity.source})"
+    return plan
 
 
-def _plan_on_what_is_up(cfg: RunConfig, cluster: dict[str, float]) -> ResourcePlan:
+def _workers(cfg: RunConfig, accelerator: TrainAccelerator, trial: bool, gpu_default: tuple[int, str]
+             ) -> tuple[int, str]:
+    """How many workers, and why: scaling.workers when set; else one per trial in a sweep, the
+    planner's ``gpu_default`` for CUDA, one worker otherwise."""
+    if cfg.scaling.workers:
+        return cfg.scaling.workers, "scaling.workers"
+    if trial:
+        return 1, ONE_WORKER_PER_TRIAL
+    if accelerator.use_gpu:
+        return gpu_default
+    return 1, accelerator.default_workers_reason
+
+
+def _plan(cfg: RunConfig, accelerator: TrainAccelerator, workers: int, cpus_per_worker: float, cpus_for_data: float,
+          reasons: PlanReasons, **where) -> ResourcePlan:
+    """The plan every planner returns: the decided accelerator and counts, and where they hold."""
+    return ResourcePlan(
+        num_workers=workers, use_gpu=accelerator.use_gpu, cpus_per_worker=cpus_per_worker,
+        gpus_per_worker=cfg.scaling.gpus_per_worker if accelerator.use_gpu else 0.0,
+        threads_per_worker=cfg.scaling.threads_per_worker, cpus_for_data=cpus_for_data, backend=accelerator.backend,
+        worker_device=accelerator.worker_device, accelerator=accelerator.kind, reasons=reasons, **where)
+
+
+def _plan_on_what_is_up(cfg: RunConfig, cluster: dict[str, float], accelerator: TrainAccelerator,
+                        trial: bool) -> ResourcePlan:
     scaling = cfg.scaling
     total_cpus = float(cluster.get("CPU", 0))
     total_gpus = float(cluster.get("GPU", 0))
-    accelerator = train_accelerator(cfg.device.name, total_gpus, max(1, scaling.workers))
-    reasons = {"accelerator": accelerator.reason}
-
-    if accelerator.use_gpu:
-        max_workers = int(total_gpus // scaling.gpus_per_worker)
-        if max_workers < 1:
-            raise PlanError(f"config 'scaling.gpus_per_worker': {scaling.gpus_per_worker:g} GPU per worker "
-                            f"but the cluster has {total_gpus:g} GPU(s)")
-        workers = scaling.workers or max_workers
-        if workers > max_workers:
-            raise PlanError(f"config 'scaling.workers': {workers} workers x {scaling.gpus_per_worker:g} GPU need "
-                            f"{workers * scaling.gpus_per_worker:g} GPUs; the cluster has {total_gpus:g}")
-        reasons["workers"] = ("scaling.workers" if scaling.workers
-                              else f"one per GPU ({total_gpus:g} GPU(s) / {scaling.gpus_per_worker:g} per worker)")
-    else:
-        workers = scaling.workers or 1
-        reasons["workers"] = "scaling.workers" if scaling.workers else accelerator.default_workers_reason
+    max_workers = int(total_gpus // scaling.gpus_per_worker)
+    if accelerator.use_gpu and max_workers < 1:
+        raise PlanError(f"config 'scaling.gpus_per_worker': {scaling.gpus_per_worker:g} GPU per worker "
+                        f"but the cluster has {total_gpus:g} GPU(s)")
+    workers, workers_why = _workers(cfg, accelerator, trial, (
+        max_workers, f"one per GPU ({total_gpus:g} GPU(s) / {scaling.gpus_per_worker:g} per worker)"))
+    if accelerator.use_gpu and workers > max_workers:
+        raise PlanError(f"config 'scaling.workers': {workers} workers x {scaling.gpus_per_worker:g} GPU need "
+                        f"{workers * scaling.gpus_per_worker:g} GPUs; the cluster has {total_gpus:g}")
 
     free = total_cpus - DATA_CPU_RESERVE
     if scaling.cpus_per_worker:
-        cpus_per_worker = scaling.cpus_per_worker
-        reasons["cpus"] = "scaling.cpus_per_worker"
+        cpus_per_worker, cpus_why = scaling.cpus_per_worker, "scaling.cpus_per_worker"
     else:
         cpus_per_worker = max(0.25, min(4.0, _round_down(free / workers, 0.25))) if free > 0 else 0.25
-        reasons["cpus"] = (f"{total_cpus:g} logical CPUs minus {DATA_CPU_RESERVE:g} for Ray Data, "
-                           f"shared by {workers} worker(s)")
+        cpus_why = (f"{total_cpus:g} logical CPUs minus {DATA_CPU_RESERVE:g} for Ray Data, "
+                    f"shared by {workers} worker(s)")
     data_cpus = total_cpus - workers * cpus_per_worker
-    reasons["data"] = "Ray Data reads Parquet with what the workers leave"
     if data_cpus < MIN_DATA_CPUS:
         raise PlanError(
             f"{workers} worker(s) x {cpus_per_worker:g} CPU on a cluster of {total_cpus:g} CPUs "
             f"leave {max(data_cpus, 0):g} CPU for Ray Data, which would wait forever for a CPU to read the shards; "
             f"lower scaling.cpus_per_worker "
             f"(e.g. {max(0.25, _round_down((total_cpus - MIN_DATA_CPUS) / workers, 0.25)):g}) or scaling.workers")
-    return ResourcePlan(
-        num_workers=workers, use_gpu=accelerator.use_gpu, cpus_per_worker=cpus_per_worker,
-        gpus_per_worker=scaling.gpus_per_worker if accelerator.use_gpu else 0.0,
-        threads_per_worker=scaling.threads_per_worker, cpus_for_data=data_cpus, backend=accelerator.backend,
-        worker_device=accelerator.worker_device,
-        accelerator=accelerator.kind, reasons=reasons, cluster_cpus=total_cpus,
-    )
+    reasons = PlanReasons(accelerator.reason, workers_why, cpus_why,
+                          "Ray Data reads Parquet with what the workers leave")
+    return _plan(cfg, accelerator, workers, cpus_per_worker, data_cpus, reasons, cluster_cpus=total_cpus)
 
 
-def _plan_on_node_types(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity) -> ResourcePlan:
+def _plan_on_node_types(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity, trial: bool) -> ResourcePlan:
     """Plan for what the node types can become: the workers on one node type (the GPU type with the
     most GPUs for CUDA; a CPU type without GPUs, the largest, otherwise), as many nodes of it as the
     workers and Ray Data's share need, within its max_workers."""
@@ -168,7 +205,6 @@ def _plan_on_node_types(cfg: RunConfig, cluster: dict[str, float], capacity: Cap
     best_gpu = max(gpu_types, key=lambda t: t.resources["GPU"] * capacity.limit(t), default=None)
     possible_gpus = best_gpu.resources["GPU"] * capacity.limit(best_gpu) if best_gpu else 0.0
     accelerator = train_accelerator(cfg.device.name, possible_gpus, max(1, scaling.workers), node_types=types)
-    reasons = {"accelerator": accelerator.reason}
 
     if accelerator.use_gpu:
         node = best_gpu
@@ -179,15 +215,14 @@ def _plan_on_node_types(cfg: RunConfig, cluster: dict[str, float], capacity: Cap
                             f"node type with the most GPUs ({node.name}) has {gpus:g} ({types})")
         most = per_node * capacity.limit(node)
         gpus_up = float(cluster.get("GPU", 0))
-        workers = scaling.workers or min(most, max(per_node, int(gpus_up // scaling.gpus_per_worker)))
+        workers, workers_why = _workers(cfg, accelerator, trial, (
+            min(most, max(per_node, int(gpus_up // scaling.gpus_per_worker))),
+            f"one per GPU of a {node.name} node ({gpus:g} GPU / {scaling.gpus_per_worker:g} per worker)"))
         if workers > most:
             raise PlanError(f"config 'scaling.workers': {workers} workers x {scaling.gpus_per_worker:g} GPU need "
                             f"{workers * scaling.gpus_per_worker:g} GPUs; the node types provide at most {most} such "
                             f"workers ({node.name}: {gpus:g} GPU x at most {capacity.limit(node)} node(s); {types})")
-        reasons["workers"] = ("scaling.workers" if scaling.workers
-                              else f"one per GPU of a {node.name} node ({gpus:g} GPU / {scaling.gpus_per_worker:g} "
-                                   "per worker)")
-        reasons["node_type"] = f"the node type with the most GPUs, from {capacity.source}"
+        node_why = f"the node type with the most GPUs, from {capacity.source}"
         on_node = min(per_node, workers)
     else:
         cpu_types = [t for t in usable if t.resources.get("CPU", 0) > 0]
@@ -195,32 +230,26 @@ def _plan_on_node_types(cfg: RunConfig, cluster: dict[str, float], capacity: Cap
             raise PlanError(f"no node type in this cluster has a CPU for the workers ({types})")
         # a CPU run leaves the GPU nodes alone where a CPU-only type exists
         node = max(cpu_types, key=lambda t: (t.resources.get("GPU", 0) == 0, t.resources["CPU"]))
-        workers = scaling.workers or 1
-        reasons["workers"] = "scaling.workers" if scaling.workers else accelerator.default_workers_reason
-        reasons["node_type"] = ("the largest CPU node type" + (" without GPUs" if not node.resources.get("GPU") else "")
-                                + f", from {capacity.source}")
+        workers, workers_why = _workers(cfg, accelerator, trial, (1, ""))
+        node_why = ("the largest CPU node type" + (" without GPUs" if not node.resources.get("GPU") else "")
+                    + f", from {capacity.source}")
         on_node = workers
     node_cpus = node.resources.get("CPU", 0.0)
     head_cpus = head_resources.get("CPU", 0.0)
     if scaling.cpus_per_worker:
-        cpus_per_worker = scaling.cpus_per_worker
-        reasons["cpus"] = "scaling.cpus_per_worker"
+        cpus_per_worker, cpus_why = scaling.cpus_per_worker, "scaling.cpus_per_worker"
     else:
         share = (node_cpus + (0 if accelerator.use_gpu else head_cpus) - DATA_CPU_RESERVE) / on_node
         cpus_per_worker = max(0.25, min(4.0, node_cpus, _round_down(share, 0.25))) if share > 0 else 0.25
-        reasons["cpus"] = (f"a {node.name} node's {node_cpus:g} CPUs minus {DATA_CPU_RESERVE:g} for Ray Data, "
-                           f"shared by {on_node} worker(s) on it")
+        cpus_why = (f"a {node.name} node's {node_cpus:g} CPUs minus {DATA_CPU_RESERVE:g} for Ray Data, "
+                    f"shared by {on_node} worker(s) on it")
     if cpus_per_worker > node_cpus:
         raise PlanError(f"config 'scaling.cpus_per_worker': {cpus_per_worker:g} CPUs per worker but a {node.name} node "
                         f"has {node_cpus:g} ({types})")
-    plan = ResourcePlan(
-        num_workers=workers, use_gpu=accelerator.use_gpu, cpus_per_worker=cpus_per_worker,
-        gpus_per_worker=scaling.gpus_per_worker if accelerator.use_gpu else 0.0,
-        threads_per_worker=scaling.threads_per_worker, cpus_for_data=0.0, backend=accelerator.backend,
-        worker_device=accelerator.worker_device, accelerator=accelerator.kind, reasons=reasons,
-        capacity=capacity.source, autoscale=True, node_type=node.name, node_resources=dict(node.resources),
-        max_nodes=capacity.limit(node), head_resources=head_resources,
-    )
+    reasons = PlanReasons(accelerator.reason, workers_why, cpus_why, "", node_type=node_why)
+    plan = _plan(cfg, accelerator, workers, cpus_per_worker, 0.0, reasons, capacity=capacity.source, autoscale=True,
+                 node_type=node.name, node_resources=dict(node.resources), max_nodes=capacity.limit(node),
+                 head_resources=head_resources)
     nodes = nodes_needed(plan, [plan.worker_bundle()] * workers + [data_bundle()])
     if nodes > plan.max_nodes:
         raise PlanError(f"config 'scaling.workers': {workers} worker(s) x {_shape(plan.worker_bundle())} and "
@@ -229,34 +258,24 @@ def _plan_on_node_types(cfg: RunConfig, cluster: dict[str, float], capacity: Cap
     plan.nodes = nodes
     plan.cluster_cpus = head_cpus + nodes * node_cpus
     plan.cpus_for_data = plan.cluster_cpus - workers * cpus_per_worker
-    reasons["data"] = (f"what the workers leave on the {nodes} {node.name} node(s)"
-                       + (" and the head" if head_cpus else ""))
+    reasons.data = f"what the workers leave on the {nodes} {node.name} node(s)" + (" and the head" if head_cpus else "")
     return plan
 
 
-def _plan_unknown(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity) -> ResourcePlan:
+def _plan_unknown(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity, accelerator: TrainAccelerator,
+                  trial: bool) -> ResourcePlan:
     """More than is up, on a cluster whose node types are unknown: plan the request as configured
     (1 CPU per worker unless told), ask the autoscaler for it and let the start timeout decide."""
     scaling = cfg.scaling
     gpus_up = float(cluster.get("GPU", 0))
-    accelerator = train_accelerator(cfg.device.name, gpus_up, max(1, scaling.workers), gpus_unknown=True)
-    reasons = {"accelerator": accelerator.reason}
-    if accelerator.use_gpu:
-        workers = scaling.workers or max(1, int(gpus_up // scaling.gpus_per_worker))
-        reasons["workers"] = "scaling.workers" if scaling.workers else "one (node types unknown; --workers N for more)"
-    else:
-        workers = scaling.workers or 1
-        reasons["workers"] = "scaling.workers" if scaling.workers else accelerator.default_workers_reason
+    workers, workers_why = _workers(cfg, accelerator, trial, (
+        max(1, int(gpus_up // scaling.gpus_per_worker)), "one (node types unknown; --workers N for more)"))
     cpus_per_worker = scaling.cpus_per_worker or 1.0
-    reasons["cpus"] = "scaling.cpus_per_worker" if scaling.cpus_per_worker else "1 CPU per worker (node types unknown)"
-    reasons["data"] = f"{MIN_DATA_CPUS:g} CPU asked of the autoscaler beside the workers"
-    return ResourcePlan(
-        num_workers=workers, use_gpu=accelerator.use_gpu, cpus_per_worker=cpus_per_worker,
-        gpus_per_worker=scaling.gpus_per_worker if accelerator.use_gpu else 0.0,
-        threads_per_worker=scaling.threads_per_worker, cpus_for_data=MIN_DATA_CPUS, backend=accelerator.backend,
-        worker_device=accelerator.worker_device, accelerator=accelerator.kind, reasons=reasons,
-        capacity=capacity.source, autoscale=True, cluster_cpus=workers * cpus_per_worker + MIN_DATA_CPUS,
-    )
+    cpus_why = "scaling.cpus_per_worker" if scaling.cpus_per_worker else "1 CPU per worker (node types unknown)"
+    reasons = PlanReasons(accelerator.reason, workers_why, cpus_why,
+                          f"{MIN_DATA_CPUS:g} CPU asked of the autoscaler beside the workers")
+    return _plan(cfg, accelerator, workers, cpus_per_worker, MIN_DATA_CPUS, reasons, capacity=capacity.source,
+                 autoscale=True, cluster_cpus=workers * cpus_per_worker + MIN_DATA_CPUS)
 
 
 def data_bundle() -> dict[str, float]:

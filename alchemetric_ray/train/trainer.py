@@ -182,7 +182,7 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     check_storage_access(cfg, export=export)  # credentials, endpoint, buckets: before Ray starts
     ensure_ray(cfg)
     check_storage_reaches_every_node(cfg)
-    plan = plan_resources(cfg, ray.cluster_resources(), discover_capacity(cfg))  # before any shard is written
+    plan = plan_resources(cfg, ray.cluster_resources(), discover_capacity(cfg), trial=sweep)  # before any shard
     _check_storage_for_new_nodes(cfg, plan)
     require_doctor_checked_precision(cfg, plan.accelerator)
     shards = prepare_shards(cfg, progress=progress)

@@ -131,14 +131,44 @@ def sweep_bundles(cfg: RunConfig, plan: ResourcePlan, trials: int) -> list[dict]
     return run_bundles(plan, trials, None if runs_in_trial(cfg, plan) else {"CPU": TRIAL_DRIVER_CPU})
 
 
-def concurrency(cfg: RunConfig, plan, cluster_cpus: float) -> int:
-    """Trials at once: each needs its workers' CPUs plus a sliver for the trial's own process (a
-    driver waiting on its TorchTrainer, or a one-worker trial's Ray Data iterator and reports), and
-    Ray Data keeps ``DATA_CPU_RESERVE`` CPUs, so a 2-CPU laptop neither deadlocks nor idles."""
+def concurrency(cfg: RunConfig, plan: ResourcePlan, cluster: dict[str, float]) -> int:
+    """Trials at once, at most as many as the sweep has (:func:`trial_count`).
+
+    On an autoscaling cluster's node types: the most trials whose bundles (:func:`sweep_bundles`:
+    their GPUs and CPUs, a trainer trial's driver share, Ray Data's CPU) fit on the nodes the node type
+    scales to.  Elsewhere, what is up (``cluster``, ``ray.cluster_resources()``): each trial needs its
+    workers' CPUs plus a sliver for the trial's own process (a driver waiting on its TorchTrainer, or a
+    one-worker trial's Ray Data iterator and reports), Ray Data keeps ``DATA_CPU_RESERVE`` CPUs (so a
+    2-CPU laptop neither deadlocks nor idles), and a GPU trial needs its workers' GPUs.  Unknown node
+    types: what the plan asks the autoscaler for (one trial's workers)."""
     if cfg.tune.max_concurrent_trials:
         return cfg.tune.max_concurrent_trials
+    most = trial_count(cfg)
+    if plan.autoscale and plan.node_type:
+        fits = 1
+        while fits < most and nodes_needed(plan, sweep_bundles(cfg, plan, fits + 1)) <= plan.max_nodes:
+            fits += 1
+        return fits
+    cpus = plan.cluster_cpus if plan.autoscale else float(cluster.get("CPU", 0))
     per_trial = plan.num_workers * plan.cpus_per_worker + TRIAL_DRIVER_CPU
-    return max(1, int((cluster_cpus - DATA_CPU_RESERVE) // per_trial))
+    fits = int((cpus - DATA_CPU_RESERVE) // per_trial)
+    if plan.use_gpu and not plan.autoscale:
+        fits = min(fits, int(float(cluster.get("GPU", 0)) // (plan.num_workers * plan.gpus_per_worker)))
+    return max(1, min(most, fits))
+
+
+def trial_count(cfg: RunConfig) -> int:
+    """How many trials the sweep runs: tune.num_samples times the grid's points (with tune.search=grid
+    every list in the space is a grid; otherwise only ``{grid: [...]}`` entries are)."""
+    points = 1
+    for spec in cfg.tune.space.values():
+        if isinstance(spec, list) and cfg.tune.search == "grid":
+            points *= len(spec)
+        elif isinstance(spec, dict) and len(spec) == 1:
+            kind, args = next(iter(spec.items()))
+            if (kind == "grid" or (kind == "choice" and cfg.tune.search == "grid")) and isinstance(args, list):
+                points *= len(args)
+    return max(1, points * (1 if cfg.tune.search == "grid" else cfg.tune.num_samples))
 
 
 # ---- one trial -----------------------------------------------------------------------------
@@ -214,8 +244,8 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
             targets[label] = _shards_for_label(trial_cfg, label, progress)
     cfg, trial_cfg = metric_for_labels(cfg, labels), metric_for_labels(trial_cfg, labels)
     where = storage_location(cfg) / name
-    # an autoscaling plan counts on the CPUs of the nodes it asks for, not on what is up now
-    limit = concurrency(cfg, plan, plan.cluster_cpus if plan.autoscale else ray.cluster_resources().get("CPU", 1))
+    # an autoscaling plan counts on the nodes its node types scale to, not on what is up now
+    limit = concurrency(trial_cfg, plan, ray.cluster_resources())
     print(f"sweep {name}: up to {limit} trial(s) at once", flush=True)
     bundles = sweep_bundles(trial_cfg, plan, limit)
     _check_trials_fit(plan, bundles, limit)
