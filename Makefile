@@ -2,16 +2,18 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# On this kind of CPU Linux machine torch==2.13.0 is a local CPU build; on a GPU box or a Mac
-# the same pin takes that platform's wheel.  Override with `make TORCH_SPEC=... install`.
-TORCH_SPEC ?= torch==2.13.0
+# torch's version is pinned in constraints.txt (as for the Docker image and cluster.yaml's nodes); pip picks that
+# version's wheel for the platform.  TORCH_INDEX: a wheel index for another build of the same version, e.g.
+# `make TORCH_INDEX=https://download.pytorch.org/whl/cpu install` for the small CPU-only build on Linux.
+CONSTRAINTS := constraints.txt
+TORCH_INDEX ?=
 
 .PHONY: install demo lint test test-fast test-deps clean bench bench-full bench-gpu
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -c $(CONSTRAINTS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[dev]"
 	touch $@
 
 install: $(BIN)/.installed

@@ -225,7 +225,7 @@ def test_the_image_holds_the_entry_point_the_job_runs():
     assert argv[0] == "python" and argv[1] == f"{workdir}/jobs/train.py"
     assert (REPO / "jobs" / "train.py").is_file()
     assert re.search(r"^COPY\s+(--\S+\s+)*\.\s+\.\s*$", DOCKERFILE.read_text(), re.M)
-    assert re.search(r"pip install --no-cache-dir \.", DOCKERFILE.read_text())
+    assert re.search(r"pip install --no-cache-dir -c constraints\.txt \.", DOCKERFILE.read_text())
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".git", ".venv", "results", "models"} <= set(ignored)
 

@@ -233,8 +233,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     load_model_module(cfg.model)
     for name in _values_of(cfg.tune.space.get("model.name"), cfg.model.name):
         model_spec(name)
-    trial_cfg = cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
-    run = prepare_run(trial_cfg, sweep=True, export=export, progress=progress)
+    run = prepare_run(trial_config(cfg), sweep=True, export=export, progress=progress)
     name, plan = run.name, run.plan
     cfg, trial_cfg = adopt_target(cfg, run.manifest), run.cfg  # the shards' target
     targets = {trial_cfg.features.label: (run.shards, run.manifest)}
@@ -244,11 +243,8 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
             targets[label] = _shards_for_label(trial_cfg, label, progress)
     cfg, trial_cfg = metric_for_labels(cfg, labels), metric_for_labels(trial_cfg, labels)
     where = storage_location(cfg) / name
-    # an autoscaling plan counts on the nodes its node types scale to, not on what is up now
-    limit = concurrency(trial_cfg, plan, ray.cluster_resources())
+    limit, bundles = plan_trials(trial_cfg, plan, ray.cluster_resources())
     print(f"sweep {name}: up to {limit} trial(s) at once", flush=True)
-    bundles = sweep_bundles(trial_cfg, plan, limit)
-    _check_trials_fit(plan, bundles, limit)
     with scale_up(cfg, plan, bundles) as window:  # the autoscaler's request is cleared however the sweep ends
         grid = _fit(cfg, trial_cfg, name, plan, targets, where, space, limit, window.attempt_timeout_s())
     summary, best_ckpt, best_cfg = summarize(grid, trial_cfg, targets, name, where)
@@ -272,6 +268,22 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     (where / "sweep_summary.json").write_json(summary)
     report = write_sweep_report(where / "report", summary)
     return SweepOutcome(name, where.path if where.is_local else where.uri, summary, model_dir, report)
+
+
+def trial_config(cfg: RunConfig) -> RunConfig:
+    """The config each trial's plan is made from: one CPU per worker unless scaling.cpus_per_worker says."""
+    return cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
+
+
+def plan_trials(trial_cfg: RunConfig, plan: ResourcePlan, cluster: dict[str, float]) -> tuple[int, list[dict]]:
+    """Trials at once and what the sweep asks the autoscaler for, for one trial's ``plan`` (made with
+    ``trial=True``) on a cluster with ``cluster`` up; an explicit tune.max_concurrent_trials that the
+    node types cannot hold is refused in one line.  An autoscaling plan counts on the nodes its node
+    types scale to, not on what is up now."""
+    limit = concurrency(trial_cfg, plan, cluster)
+    bundles = sweep_bundles(trial_cfg, plan, limit)
+    _check_trials_fit(plan, bundles, limit)
+    return limit, bundles
 
 
 def _check_trials_fit(plan: ResourcePlan, bundles: list[dict], limit: int) -> None:
