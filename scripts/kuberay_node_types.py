@@ -9,8 +9,8 @@ tell a GPU cluster from a CPU one (alchemetric_ray/train/capacity.py).  The mani
 carries them a second time, as the ``node-types.yaml`` key of a ConfigMap mounted on the head and
 passed as ``scaling.cluster_config``.  This prints that key's value as Ray's own converter (the one
 KubeRay's autoscaler runs) derives it from each RayJob's ``rayClusterSpec`` (or a RayCluster's
-``spec``): paste it into the ConfigMap after editing a worker group.  tests/test_kuberay.py fails
-while the two disagree.
+``spec``): paste it into the ConfigMap after editing a worker group.  tests/test_cluster_plans.py
+fails while the two disagree.
 """
 
 from __future__ import annotations

@@ -176,26 +176,54 @@ def test_ray_job_submit_train_tune_and_a_failing_job(cold_head, s3, stocknet_dir
 
 
 @pytest.mark.slow
-def test_a_cuda_run_stops_at_the_gpu_preflight_when_torch_has_no_cuda(s3, stocknet_dir):
-    """--device cuda on a cold cluster with a GPU node type: planned on it, the autoscaler starts the
-    (fake-GPU) node, and the preflight stops the run with our one line (exit 2) because this
-    torch has no CUDA; the resource request is cleared on this failure too."""
+def test_default_jobs_on_a_gpu_cluster_plan_cuda_and_stop_at_the_gpu_preflight(s3, stocknet_dir, stock_model,
+                                                                                  tmp_path):
+    """jobs/train.py, jobs/tune.py and jobs/predict.py submitted with NO device to a cold cluster whose
+    only worker type advertises a GPU: each plans CUDA on that type, the autoscaler starts the
+    (fake-GPU) node, and the GPU preflight stops the job with our one line (exit 2), because this
+    torch has no CUDA: the proof that no default job trains or predicts on that node's CPU in
+    silence.  The resource request is cleared on this failure too.  Where the node types cannot be
+    learnt, the default job is refused before anything starts."""
     from fake_cluster import cold_cluster
 
     with cold_cluster(GPU_NODE_TYPES, max_workers=1) as gpu_head:
         bucket = shards_on(s3, "ar-gpu", stocknet_dir)
-        rc, out = _submit(gpu_head, "jobs/train.py", "--device", "cuda", "--data", f"{bucket}/shards", *RUN_ARGS,
-                          *storage_args(bucket), f"scaling.cluster_config={gpu_head.config_path}",
-                          "storage.name=job-gpu")
-        assert rc != 0 and "exit code 2" in out, out[-3000:]
-        assert "node type        gpu_worker {CPU: 2, GPU: 1} x 1 (of at most 1" in out, out[-3000:]
-        error = next((ln for ln in out.splitlines() if ln.startswith("alchemetric-ray train: error: node ")), None)
-        assert error, out[-3000:]
-        assert "Ray gave this worker GPU 0 (CUDA_VISIBLE_DEVICES=0) but torch " in error
-        assert "torch.version.cuda=None, torch.cuda.is_available()=False); install a CUDA build of torch" in error
+        # first, while the cluster is cold: node types unknown (no launcher config where
+        # scaling.cluster_config points) and no GPU up, so auto is refused rather than planned on the CPU
+        rc, out = _submit(gpu_head, "jobs/train.py", "--data", f"{bucket}/shards", *RUN_ARGS, *storage_args(bucket),
+                          f"scaling.cluster_config={tmp_path / 'none.yaml'}")
+        error = {ln for ln in out.splitlines() if ln.startswith("alchemetric-ray train: error: device auto on a Ray "
+                                                                  "cluster with unknown node types and no GPU up")}
+        assert rc != 0 and len(error) == 1 and "--device cuda (with --workers N" in error.pop(), out[-3000:]
+        assert len(gpu_head.nodes()) == 1  # nothing was asked for
+        types = f"scaling.cluster_config={gpu_head.config_path}"
+        common = [*RUN_ARGS, *storage_args(bucket), types]
+        jobs = {
+            "train": ["jobs/train.py", "--data", f"{bucket}/shards", *common, "storage.name=job-gpu"],
+            "tune": ["jobs/tune.py", "--data", f"{bucket}/shards", *common, "storage.name=job-gpu-tune",
+                     "tune.search=grid", "tune.space={train.lr: [0.01, 0.001]}"],
+            "predict": ["jobs/predict.py", "--model", str(stock_model), "--data", str(stocknet_dir),
+                        "--out", str(tmp_path / "signals.parquet"), types],
+        }
+        for command, entry in jobs.items():
+            rc, out = _submit(gpu_head, *entry)
+            assert rc != 0 and "exit code 2" in out, (command, out[-3000:])
+            if command != "predict":  # predict prints no plan: its actors' GPUs are the preflight's
+                assert "node type        gpu_worker {CPU: 2, GPU: 1} x 1 (of at most 1" in out, out[-3000:]
+                assert "use_gpu          True  (1 GPU(s) on the cluster's node types" in out, out[-3000:]
+            assert "GPU preflight: 1 task(s) with 1 GPU each" in out, (command, out[-3000:])
+            if command == "tune":  # one-GPU trials: one at a time on the one node's one GPU
+                assert "up to 1 trial(s) at once" in out and "autoscaler: asked for 1 x {GPU: 1, CPU: 1}" in out
+            # one error line (`ray job submit` shows the driver's output, then repeats its last line)
+            errors = {ln for ln in out.splitlines() if ln.startswith(f"alchemetric-ray {command}: error: node ")}
+            assert len(errors) == 1, (command, out[-3000:])
+            error = errors.pop()
+            assert "Ray gave this worker GPU 0 (CUDA_VISIBLE_DEVICES=0) but torch " in error
+            assert "torch.version.cuda=None, torch.cuda.is_available()=False); install a CUDA build of torch" in error
         assert any(n["resources"].get("GPU") == 1 for n in gpu_head.nodes())  # the autoscaler started it
         _cleared(gpu_head, {"CPU": 1.0, "GPU": 1.0})  # cleared on the failure path too
         assert s3.keys("ar-gpu", "models/") == [] and s3.keys("ar-gpu", "runs/") == []  # nothing written
+        assert not (tmp_path / "signals.parquet").exists()
 
 
 @pytest.mark.slow

@@ -176,10 +176,12 @@ def test_without_node_types_auto_stops_in_one_line_instead_of_training_on_the_cp
             with pytest.raises(DeviceError) as err:
                 plan()
             line = str(err.value)
-            assert "\n" not in line and line.startswith("device auto on a Ray cluster with no GPU up and node types "
-                                                        "unknown (no cluster config in the GCS; no launcher config")
-            assert "--device cuda (with --workers N for N GPU workers) or --device cpu" in line
-            assert "declare them with scaling.cluster_config=PATH" in line
+            assert "\n" not in line and line.startswith("device auto on a Ray cluster with unknown node types and "
+                                                        "no GPU up: ")
+            assert "pass --device cuda (with --workers N for N GPU workers) or --device cpu, or declare the node " \
+                   "types with scaling.cluster_config=PATH" in line
+            assert line.endswith(f"none found: no cluster config in the GCS; no launcher config at "
+                                 f"{tmp_path / 'none.yaml'} (scaling.cluster_config)")
     cuda = plan_resources(cfg.replace("device.name=cuda"), {"CPU": 8.0}, capacity)
     assert (cuda.accelerator, cuda.num_workers, cuda.autoscale) == ("cuda", 1, True)
     assert "--workers N for more" in cuda.reasons.workers

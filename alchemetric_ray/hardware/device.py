@@ -324,7 +324,7 @@ def train_accelerator(requested: str | None, cluster_gpus: float, world_size: in
 
     On an autoscaling cluster ``cluster_gpus`` counts what its node types can provide and
     ``node_types`` says which types and where they were learnt (for the reason and the error).
-    ``gpus_unknown`` (where they were looked for and how to declare them) marks a cluster whose node
+    ``gpus_unknown`` (how to declare them, and where they were looked for) marks a cluster whose node
     types could not be learnt: an explicit CUDA request is trusted and its GPUs are asked of the
     autoscaler; auto takes the GPUs that are up, and where none is up it refuses in one line rather
     than train on the CPU of whatever node the autoscaler brings (a GPU node, on a GPU cluster).
@@ -350,9 +350,9 @@ def train_accelerator(requested: str | None, cluster_gpus: float, world_size: in
         return TrainAccelerator("cuda", True, "nccl", f"CUDA requested by {source}; the cluster's node types are "
                                 "unknown, so its GPUs are asked of the autoscaler")
     if req == DeviceName.AUTO and gpus_unknown and not local_mps:
-        raise DeviceError(f"device auto on a Ray cluster with no GPU up and {gpus_unknown}: whether its nodes will "
-                          "have GPUs cannot be told, and auto never trains on the CPU in silence; pass --device cuda "
-                          "(with --workers N for N GPU workers) or --device cpu")
+        raise DeviceError("device auto on a Ray cluster with unknown node types and no GPU up: whether its nodes "
+                          "will have GPUs cannot be told, and auto never trains on the CPU in silence; pass --device "
+                          f"cuda (with --workers N for N GPU workers) or --device cpu, or {gpus_unknown}")
     if req == "cuda" and node_types:
         raise DeviceError(f"{source} asked for device 'cuda' but no node type in this cluster has a GPU "
                           f"({node_types})")

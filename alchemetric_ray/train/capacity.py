@@ -92,9 +92,9 @@ class Capacity:
 
     def unknown_hint(self) -> str:
         """For a message where the node types are unknown: where they were looked for, how to declare them."""
-        return (f"node types unknown ({'; '.join(self.looked_in) or self.source}); declare them with "
-                "scaling.cluster_config=PATH (a launcher YAML with available_node_types; on KubeRay, the "
-                "node-types ConfigMap that k8s/rayjob.yaml mounts on the head)")
+        return ("declare the node types with scaling.cluster_config=PATH (a launcher YAML with "
+                "available_node_types; on KubeRay, the node-types ConfigMap that k8s/rayjob.yaml mounts on the "
+                f"head); none found: {'; '.join(self.looked_in) or self.source}")
 
     def describe_types(self) -> str:
         """``gpu_worker {CPU: 48, GPU: 4} x 0-4, ...; from launcher config PATH``"""

@@ -100,8 +100,8 @@ class ResourcePlan:
 
 # A sweep's trials each train on one worker unless told otherwise: a daily-bar model (an MLP or an RNN
 # over a few hundred thousand rows) is far too small to keep several GPUs busy under DDP, where every
-# step waits on an all-reduce, so on a 4-GPU node four one-GPU trials finish four configurations in
-# about the time a 4-GPU DDP trial finishes one.  scaling.workers=N makes each trial N-worker DDP.
+# step waits on an all-reduce; independent one-GPU trials keep a node's GPUs busy without that wait.
+# scaling.workers=N makes each trial N-worker DDP.
 ONE_WORKER_PER_TRIAL = ("one worker per trial (a sweep's default: small daily-bar models train as fast on one "
                         "GPU, so trials run side by side; scaling.workers=N for DDP trials)")
 
