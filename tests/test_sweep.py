@@ -199,7 +199,8 @@ def test_a_sweep_over_label_kinds_resumes_after_the_driver_is_killed(ray_session
     args = ["data.source=synthetic", "data.synthetic_tickers=12", "data.synthetic_days=260",
             f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}", "storage.name=kinds",
             "storage.run=sweep-killed", "model.hidden=16", "train.epochs=2", "tune.search=grid", "tune.scheduler=none",
-            "tune.max_concurrent_trials=1", "tune.space={features.label: [three_class, cs_rank]}"]
+            "tune.max_concurrent_trials=1", "tune.space={features.label: [three_class, cs_rank]}",
+            "device.name=cpu"]  # a joined cluster (RAY_ADDRESS) whose node types are unknown: auto is refused
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address, "TUNE_GLOBAL_CHECKPOINT_S": "1",
            "PYTHONPATH": str(REPO)}
     cli = [sys.executable, "-m", "alchemetric_ray.cli", "tune", *args]
