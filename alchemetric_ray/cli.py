@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 import typing
 from typing import Callable, Sequence
 
 from alchemetric_ray import console
 from alchemetric_ray.config import DeviceName, PrecisionMode, RunConfig, load_config, selection_metric
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import Interrupted, UserError
 
 MODEL_NAMES = "{model names}"  # in a help text: the registered models, looked up only when help is printed
 
@@ -260,6 +261,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         return fn(args, cfg)
+    except Interrupted as exc:  # Ctrl-C, after the run kept what it finished
+        argv = list(sys.argv[1:] if argv is None else argv)
+        hint = f"; continue with: alchemetric-ray {shlex.join([*argv, *([] if '--resume' in argv else ['--resume'])])}"
+        print(f"{exc}{hint if exc.resumable else ''}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"alchemetric-ray {args.command}: interrupted", file=sys.stderr, flush=True)
+        return Interrupted.exit_code
     except UserError as exc:
         print(f"alchemetric-ray {args.command}: error: {exc}", file=sys.stderr)
         return 2

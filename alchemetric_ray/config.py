@@ -41,6 +41,10 @@ Placement = Literal["PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"]  # Ray pla
 SearchAlgorithm = Literal["random", "grid", "optuna"]
 TuneScheduler = Literal["asha", "none"]
 TrialLoop = Literal["auto", "trainer"]
+# train.local_mode: auto = a one-worker train on a Ray this process started runs the loop in the
+# driver's own process (Ray Train's local mode); true = insist (refused for several workers or on a
+# joined cluster); false = always a Train worker group
+LocalMode = Literal["auto", "true", "false"]
 # The device kinds a user may name; hardware/ owns what each one means (its probes and rules).
 DeviceKind = Literal["cpu", "mps", "cuda", "xpu"]
 IndexedDeviceKind = Literal["cuda", "xpu"]  # kinds with several devices on a machine: cuda:N
@@ -233,6 +237,7 @@ class TrainConfig:
     # free memory (divided by the workers sharing the GPU); else pinned staging.  0 = always staging.
     device_cache_fraction: float = 0.5
     stop_after: int = 0  # stop after this many epochs in this session (resumable); 0 = run all epochs
+    local_mode: LocalMode = "auto"  # the loop in the driver's process (one worker, a local Ray) or in a Train worker
 
 
 @dataclass
@@ -453,6 +458,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if tp is Any:
         return value
     if origin is Literal:
+        if isinstance(value, bool) and {"true", "false"} <= set(args):  # YAML reads true/false as booleans
+            value = "true" if value else "false"
         text = _coerce(str, value, key)
         _choice(key, text, args)
         return text

@@ -3,3 +3,14 @@
 
 class UserError(Exception):
     """Bad input, config or environment. ``str(err)`` is one line naming the file, key or value."""
+
+
+class Interrupted(UserError, KeyboardInterrupt):
+    """A run stopped by Ctrl-C (SIGINT) after keeping what it finished: the CLI prints the message
+    with the command that continues it (``resumable``) and exits 130, as a shell does for SIGINT."""
+
+    exit_code = 130
+
+    def __init__(self, message: str, *, resumable: bool = True) -> None:
+        super().__init__(message)
+        self.resumable = resumable

@@ -73,7 +73,9 @@ def test_worker_killed_mid_epoch_restarts_resumes_and_equals_an_uninterrupted_ru
     run_dir = tmp_path / "results" / "killed"
     outcome: list = []
     runner = threading.Thread(target=lambda: outcome.append(run_training(
-        _cfg(shards, tmp_path, "storage.name=killed", "storage.run=killed", "scaling.max_failures=2"),
+        # worker mode: a Train worker group restarts on the failure (a local-mode run has no worker to kill)
+        _cfg(shards, tmp_path, "storage.name=killed", "storage.run=killed", "scaling.max_failures=2",
+             "train.local_mode=false"),
         progress=False)), daemon=True)
     runner.start()
     pid = _wait_for(lambda: _train_worker_pids(), 600, "the training worker (state API)", poll=0.5)[0]

@@ -67,6 +67,20 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not valid JSON") from None
 
 
+def checkpoint_problem(directory: str | Path) -> str | None:
+    """Why the checkpoint in ``directory`` is incomplete (one phrase), or None when it is complete."""
+    directory = Path(directory)
+    if not (directory / META).is_file():
+        return f"no {META}"
+    if not (directory / STATE).is_file():
+        return f"no {STATE}"
+    try:
+        read_meta(directory)
+    except CheckpointError:
+        return f"{META} is not valid JSON"
+    return None
+
+
 @lru_cache(maxsize=1)
 def _environment() -> tuple:
     import ray

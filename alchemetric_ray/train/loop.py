@@ -46,6 +46,7 @@ from alchemetric_ray.hardware import (
 from alchemetric_ray.hardware.inventory import cpu_count
 from alchemetric_ray.hardware.staging import HOST, BatchSource, choose_data_path, gpu_sharers, nbytes
 from alchemetric_ray.models import build_model, model_spec
+from alchemetric_ray.storage import locate
 from alchemetric_ray.train.checkpoint import (
     CheckpointMeta,
     LoopState,
@@ -64,17 +65,25 @@ from alchemetric_ray.train.metrics import (
 )
 from alchemetric_ray.train.phases import PhaseLog
 from alchemetric_ray.train.plan import ResourcePlan
-from alchemetric_ray.train.runtime import TrainGroup, TrialProcess
+from alchemetric_ray.train.run_folder import RunFolder
+from alchemetric_ray.train.runtime import LocalRun, TrainGroup, TrialProcess
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     """The ``TorchTrainer``'s loop: :func:`run_loop` as a Ray Train worker."""
     phases = PhaseLog()  # from here on, time and memory per phase (before this: Ray's start-up)
-    return run_loop(config, TrainGroup(), phases)
+    folder = RunFolder(locate(config["run_dir"])) if config.get("run_dir") else None
+    return run_loop(config, TrainGroup(folder), phases)
 
 
-def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess, phases: PhaseLog | None = None
-             ) -> dict[str, Any]:
+def local_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``TorchTrainer``'s loop in local mode: :func:`run_loop` in the driver, through its ``LocalRun``."""
+    phases = PhaseLog()
+    return run_loop(config, config["runtime"], phases)
+
+
+def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalRun,
+             phases: PhaseLog | None = None) -> dict[str, Any]:
     """The loop itself, wherever it runs (``runtime``); returns rank 0's summary of the run."""
     phases = phases or PhaseLog()
     console.quiet_worker()  # this worker's own Ray Data context and loggers: our lines only
@@ -164,7 +173,7 @@ class _Worker:
             console.say(message)
 
 
-def _place_worker(cfg: RunConfig, plan: ResourcePlan, runtime: TrainGroup | TrialProcess) -> _Worker:
+def _place_worker(cfg: RunConfig, plan: ResourcePlan, runtime: TrainGroup | TrialProcess | LocalRun) -> _Worker:
     """Rank, device, precision and torch threads of this worker, announced with their reasons."""
     # The driver's plan chose the kind of device for the whole group; each worker takes its own one of that kind.
     device_choice = device_for_worker(plan.worker_device, source=f"the resource plan: {plan.reasons.accelerator}")
@@ -368,7 +377,7 @@ def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, tr
     return metrics, bool(improved), stop
 
 
-def _resume(trainables: Trainables, worker: _Worker, runtime: TrainGroup | TrialProcess) -> LoopState:
+def _resume(trainables: Trainables, worker: _Worker, runtime: TrainGroup | TrialProcess | LocalRun) -> LoopState:
     """The latest checkpoint's tensors and loop state, which Ray Train (or Tune) hands back after a
     failure or when storage.run names an earlier run; a fresh state when there is none."""
     checkpoint = runtime.latest_checkpoint()
@@ -382,7 +391,7 @@ def _resume(trainables: Trainables, worker: _Worker, runtime: TrainGroup | Trial
 
 
 def _report(row: dict[str, Any], trainables: Trainables, meta: CheckpointMeta, rank: int,
-            runtime: TrainGroup | TrialProcess) -> None:
+            runtime: TrainGroup | TrialProcess | LocalRun) -> None:
     """Every rank reports the epoch (Ray Train waits for them all); rank 0 alone attaches the checkpoint."""
     with tempfile.TemporaryDirectory() as tmp:
         if rank == 0:

@@ -1,6 +1,6 @@
 """Where the per-worker loop takes its place, its data and its reports from.
 
-The loop (``train/loop.py``) runs in one of two places, and asks the same five things of each:
+The loop (``train/loop.py``) runs in one of three places, and asks the same five things of each:
 its rank and group size, a dataset shard by name, the checkpoint to resume from, a report of an
 epoch (with rank 0's checkpoint), and its model made ready for the group.
 
@@ -13,25 +13,41 @@ epoch (with rank 0's checkpoint), and its model made ready for the group.
   (``bench/PROFILE.md``, section 5).  Reports and checkpoints go to Tune itself (its
   ``report``/``get_checkpoint``: kept, ranked and restored by Tune's checkpoint config), and the
   datasets are read through the same ``CompleteValidationConfig`` as a one-worker Train run.
+- :class:`LocalRun`: a one-worker ``train`` on a Ray this process started runs the loop in the
+  driver's own process (``TorchTrainer``'s local mode, ``ScalingConfig(num_workers=0)``): no
+  controller, worker group or Train helper process to start.  Local mode keeps checkpoints in
+  memory only, ignores the dataset config and runs no callbacks; this runtime supplies them: the
+  shards configured as a one-worker Train run configures them, each report's checkpoint put in
+  the run folder in Ray Train's layout (``train/run_folder.py``: atomically, ranked and pruned by
+  the selection metric), the TensorBoard scalars, and the checkpoint to resume from read from disk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
+import signal
+import threading
+from typing import TYPE_CHECKING, Any
 
 from alchemetric_ray import console
 
+if TYPE_CHECKING:
+    from alchemetric_ray.train.run_folder import RunFolder
+    from alchemetric_ray.train.tensorboard import ScalarWriter
+
 
 class TrainGroup:
-    """The loop as a Ray Train worker."""
+    """The loop as a Ray Train worker; ``folder``: the run's folder, where a checkpoint newer than
+    the one Ray Train's snapshot names may lie (the snapshot is written behind the reports)."""
 
-    def __init__(self) -> None:
+    def __init__(self, folder: RunFolder | None = None) -> None:
         import ray.train
 
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         self.local_world = ctx.get_local_world_size()
+        self.folder = folder
 
     def shard(self, name: str):
         import ray.train
@@ -39,9 +55,15 @@ class TrainGroup:
         return ray.train.get_dataset_shard(name)
 
     def latest_checkpoint(self):
+        """Ray Train's checkpoint to resume from, or a newer complete one in the run folder (after a
+        Ctrl-C or a killed driver the snapshot can miss the last epochs' folders)."""
         import ray.train
 
-        return ray.train.get_checkpoint()
+        handed = ray.train.get_checkpoint()
+        kept = self.folder.latest() if self.folder is not None and handed is not None else None
+        if kept is not None and kept.location.name > handed.path.rstrip("/").rpartition("/")[2]:
+            return kept.checkpoint()
+        return handed
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, name: str) -> None:
         """Every rank reports (Ray Train waits for them all); ``checkpoint_dir`` from rank 0 alone."""
@@ -58,20 +80,30 @@ class TrainGroup:
                                              parallel_strategy="ddp" if self.world > 1 else None)
 
 
-class TrialProcess:
-    """The loop in a one-worker Tune trial's own process: rank 0 of 1."""
+class _OneWorker:
+    """Rank 0 of 1, in a process of ours: the datasets as a one-worker Train run reads them."""
 
     rank, world, local_world = 0, 1, 1
 
     def __init__(self, datasets: dict[str, Any], data_config) -> None:
-        if not console.verbose():  # Tune's storage says "Checkpoint successfully created at ..." every epoch
-            logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
         # the one-worker branch of the DataConfig a TorchTrainer would use: each dataset whole,
         # through its own iterator, with the run's execution options
         self._shards = data_config.configure(datasets, world_size=1, worker_handles=None, worker_node_ids=None)[0]
 
     def shard(self, name: str):
         return self._shards[name]
+
+    def prepare_model(self, model, device):
+        return model.to(device)
+
+
+class TrialProcess(_OneWorker):
+    """The loop in a one-worker Tune trial's own process."""
+
+    def __init__(self, datasets: dict[str, Any], data_config) -> None:
+        if not console.verbose():  # Tune's storage says "Checkpoint successfully created at ..." every epoch
+            logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
+        super().__init__(datasets, data_config)
 
     def latest_checkpoint(self):
         import ray.tune
@@ -85,5 +117,42 @@ class TrialProcess:
         checkpoint = ray.tune.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
         ray.tune.report(metrics, checkpoint=checkpoint)
 
-    def prepare_model(self, model, device):
-        return model.to(device)
+
+class LocalRun(_OneWorker):
+    """The loop in the driver's process: its checkpoints in ``folder``, its scalars in ``scalars``."""
+
+    def __init__(self, datasets: dict[str, Any], data_config, folder: RunFolder, scalars: ScalarWriter | None) -> None:
+        super().__init__(datasets, data_config)
+        self.folder, self.scalars = folder, scalars
+
+    def latest_checkpoint(self):
+        """The newest complete checkpoint in the run folder (as Ray Train, a run whose folder holds
+        checkpoints continues from them; a fresh run's timestamped folder holds none)."""
+        kept = self.folder.latest()
+        return kept.checkpoint() if kept else None
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None, name: str) -> None:
+        """The checkpoint into the run folder (before this returns: the loop deletes its folder), then
+        the scalars.  A Ctrl-C meanwhile waits until the checkpoint is in place, then ends the run:
+        an epoch whose report began is kept whole."""
+        with _sigint_deferred():
+            if checkpoint_dir:
+                self.folder.save(checkpoint_dir, int(metrics["epoch"]))
+            if self.scalars is not None:
+                self.scalars.write(metrics)
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Hold a SIGINT until the block is done, then raise it as ``KeyboardInterrupt`` (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    before = signal.signal(signal.SIGINT, lambda sig, frame: held.append(sig))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if held:
+        raise KeyboardInterrupt

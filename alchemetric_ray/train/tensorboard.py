@@ -1,7 +1,8 @@
-"""TensorBoard event files for a ``train`` run: every epoch's scalars, written by the Train controller.
+"""TensorBoard event files for a ``train`` run: every epoch's scalars.
 
-A Ray Train ``UserCallback`` runs in the controller process, after all workers reported an epoch;
-rank 0's row (loss, validation metrics, samples/s, learning rate) becomes one step per epoch in
+In a worker group's run a Ray Train ``UserCallback`` writes them in the controller process, after
+all workers reported an epoch; in a local-mode run the driver's ``LocalRun`` does.  Rank 0's row
+(loss, validation metrics, samples/s, learning rate) becomes one step per epoch in
 ``<storage.path>/<run>/tensorboard/``.  (A sweep's trials have Tune's own TensorBoard logs.)
 On object storage the events are written to a local temporary folder and the file is uploaded
 after every epoch (event files are small; TensorBoard reads ``s3://`` itself).
@@ -20,16 +21,15 @@ from alchemetric_ray.storage import Location
 SUBDIR = "tensorboard"
 
 
-class TensorBoardScalars(UserCallback):
+class ScalarWriter:
+    """One step per epoch report: every finite number in the row but the epoch itself."""
+
     def __init__(self, logdir: str | Path | Location):
         self.remote = logdir if isinstance(logdir, Location) and not logdir.is_local else None
         self.logdir = None if self.remote else (logdir.path if isinstance(logdir, Location) else str(logdir))
-        self._writer = None  # made in the controller process, on the first report
+        self._writer = None  # made on the first report, in the process that writes
 
-    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
-        if not metrics:
-            return
-        row = metrics[0]
+    def write(self, row: dict[str, Any]) -> None:
         if self._writer is None:
             import tempfile
 
@@ -45,3 +45,18 @@ class TensorBoardScalars(UserCallback):
         if self.remote is not None:
             for path in Path(self._writer.log_dir).iterdir():
                 (self.remote / path.name).write_bytes(path.read_bytes())
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+class TensorBoardScalars(UserCallback):
+    """The writer as a Ray Train callback (a worker group's runs: it runs in the controller)."""
+
+    def __init__(self, logdir: str | Path | Location):
+        self.scalars = ScalarWriter(logdir)
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        if metrics:
+            self.scalars.write(metrics[0])

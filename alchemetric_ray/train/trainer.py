@@ -10,6 +10,7 @@ trials build their ``TorchTrainer`` with ``build_trainer`` too); the Ray session
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from alchemetric_ray.config import ConfigError, RunConfig, loss_of
 from alchemetric_ray.data.loaders import build_datasets, check_shard_files
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.shards import build_shards
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import Interrupted, UserError
 from alchemetric_ray.fsutil import is_uri, safe_child
 from alchemetric_ray.hardware.records import require_doctor_checked_precision
 from alchemetric_ray.models import model_spec
@@ -124,16 +125,24 @@ def data_config(cfg: RunConfig):
 
 
 def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: ResourcePlan, *, name: str,
-                  callbacks: list | None = None, local_mode: bool = False, epoch_lines: bool = True):
+                  callbacks: list | None = None, local_mode: bool = False, epoch_lines: bool = True,
+                  runtime: Any = None):
+    """The run's ``TorchTrainer``: a worker group, or with ``local_mode`` the loop in this process
+    (``runtime``: a ``LocalRun`` that persists its reports; without one, Ray's local mode as it is)."""
     from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
     from ray.train import RunConfig as TrainRunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from alchemetric_ray.train.loop import train_loop_per_worker
+    from alchemetric_ray.train.loop import local_loop, train_loop_per_worker
 
+    config = loop_config(cfg, manifest, plan, epoch_lines=epoch_lines)
+    if local_mode and runtime is not None:
+        config["runtime"] = runtime
+    elif not local_mode:
+        config["run_dir"] = str(storage_location(cfg) / name)  # a newer checkpoint there wins (train/runtime.py)
     return TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config=loop_config(cfg, manifest, plan, epoch_lines=epoch_lines),
+        local_loop if local_mode and runtime is not None else train_loop_per_worker,
+        train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=0 if local_mode else plan.num_workers, use_gpu=plan.use_gpu,
                                      resources_per_worker=None if local_mode else plan.worker_bundle(),
                                      placement_strategy=cfg.scaling.placement),
@@ -208,37 +217,172 @@ def _check_storage_for_new_nodes(cfg: RunConfig, plan: ResourcePlan) -> None:
                            "gs://...) or, for an NFS/EFS mount at the same path on every node, set storage.shared=true")
 
 
-def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None = None, local_mode: bool = False,
+def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None = None, local_mode: bool | None = None,
                  progress: bool = True, name: str | None = None) -> TrainOutcome:
     """The ``train`` command: prepare, ask for the workers and wait (train/autoscale.py), ``fit()``,
-    export.  The autoscaler's resource request is cleared however the fit ends."""
+    export.  The autoscaler's resource request is cleared however the fit ends.
+
+    ``local_mode`` (None: ``train.local_mode``, decided by :func:`runs_locally`) runs the loop in
+    this process.  A Ctrl-C raises :class:`Interrupted` once the run has stopped: every checkpoint
+    finished before it stays in the run folder, and ``--resume`` continues after the latest."""
     started = time.monotonic()
     run = prepare_run(cfg, export=export, name=name, progress=progress)
     cfg = run.cfg
-    from alchemetric_ray.train.tensorboard import SUBDIR, TensorBoardScalars
+    import ray
 
+    from alchemetric_ray.train.run_folder import RunFolder
+    from alchemetric_ray.train.tensorboard import SUBDIR, ScalarWriter, TensorBoardScalars
+
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    local, why = runs_locally(cfg, run.plan, nodes) if local_mode is None else (local_mode, "asked by the caller")
+    print(f"train loop       {'in this process (Ray Train local mode)' if local else 'a Ray Train worker group'} "
+          f"({why})", flush=True)
     where = storage_location(cfg)
+    folder = RunFolder(where / run.name, keep=cfg.storage.num_to_keep, metric=selection_metric(cfg),
+                       mode=selection_mode(cfg))
     tensorboard = where / run.name / SUBDIR  # event files beside the run's checkpoints
-    callbacks = [*(callbacks or []), TensorBoardScalars(tensorboard)]
-    trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name, callbacks=callbacks,
-                            local_mode=local_mode)
-    with scale_up(cfg, run.plan, run_bundles(run.plan), local_mode=local_mode) as window:
-        window.apply()  # what our wait left of scaling.start_timeout_s, per worker-group start attempt
-        try:
-            result = trainer.fit()
-        except Exception as exc:  # ray.train.TrainingFailedError: the worker's whole traceback
-            user = _worker_user_error(exc)
-            if user is None:
-                raise
-            raise TrainError(str(user).splitlines()[0]) from None
-    best_ckpt, best_metrics = _best(result, cfg)
-    run_path = getattr(result, "path", None) if where.is_local else str(where / run.name)
-    outcome = TrainOutcome(run.name, run_path, run.shards, run.plan, result.return_value or {},
-                           best_ckpt, best_metrics, result.checkpoint, None, 0.0, tensorboard, cfg)
-    if export and best_ckpt is not None:
-        outcome.model_dir = export_model(best_ckpt, cfg, run.shards)
+    if local:
+        from alchemetric_ray.train.runtime import LocalRun
+
+        runtime = LocalRun(run.datasets, data_config(cfg), folder, ScalarWriter(tensorboard))
+        trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name, callbacks=callbacks,
+                                local_mode=True, runtime=runtime)
+    else:
+        trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name,
+                                callbacks=[*(callbacks or []), TensorBoardScalars(tensorboard)])
+    try:
+        with scale_up(cfg, run.plan, run_bundles(run.plan), local_mode=local) as window:
+            window.apply()  # what our wait left of scaling.start_timeout_s, per worker-group start attempt
+            result = _fit(trainer, local)
+    except (KeyboardInterrupt, _SigintExit):
+        latest = folder.latest(warn=False)
+        done = f"after epoch {latest.epoch + 1} of {cfg.train.epochs}" if latest else \
+            f"before its first epoch finished ({cfg.train.epochs} planned)"
+        raise Interrupted(f"interrupted {done}", resumable=latest is not None) from None
+    finally:
+        if local:
+            runtime.scalars.close()
+    if not local:
+        folder.prune()  # folders Ray Train's snapshot missed (an earlier Ctrl-C) are ranked like the others
+    best = folder.best()
+    latest = folder.latest(warn=False)
+    outcome = TrainOutcome(run.name, str(folder.where) if where.is_local else str(where / run.name), run.shards,
+                           run.plan, result.return_value or {}, best and best.checkpoint(), best and best.metrics,
+                           latest and latest.checkpoint(), None, 0.0, tensorboard, cfg)
+    if export and best is not None:
+        outcome.model_dir = export_model(outcome.best_checkpoint, cfg, run.shards)
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+def runs_locally(cfg: RunConfig, plan: ResourcePlan, nodes: int = 1) -> tuple[bool, str]:
+    """Whether the loop runs in this process, and why: ``train.local_mode=auto`` does for one worker
+    on a Ray of one node that this process did not join through RAY_ADDRESS (a local Ray: the
+    worker would run on this machine anyway), and not under torchrun (whose variables make Ray's
+    local mode join a process group); ``true`` where that does not hold is refused in one line."""
+    import os
+
+    mode = cfg.train.local_mode
+    if mode == "false":
+        return False, "train.local_mode=false"
+    problems = []
+    if plan.num_workers != 1:
+        problems.append(f"{plan.num_workers} workers (local mode runs one)")
+    if os.environ.get("RAY_ADDRESS"):
+        problems.append("a cluster this process joined (RAY_ADDRESS): its workers run on its nodes")
+    elif nodes > 1:
+        problems.append(f"a Ray cluster of {nodes} nodes: the worker may run on another one")
+    if {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= os.environ.keys():
+        problems.append("torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR) are set")
+    if problems and mode == "true":
+        raise ConfigError(f"config 'train.local_mode': true is refused here: {'; '.join(problems)}; "
+                          "use train.local_mode=auto or false")
+    if problems:
+        return False, "; ".join(problems)
+    return True, "one worker on a local Ray; train.local_mode=false for a worker process"
+
+
+class _SigintExit(Exception):
+    """Ray Train's own SIGINT handler ended ``fit()`` (it aborts the controller, then exits the process)."""
+
+
+def _fit(trainer, local: bool):
+    """``trainer.fit()``, with a worker's own one-line error (NaN loss, bad data) raised as such.
+
+    In worker mode Ray Train's ``fit()`` installs its own SIGINT handler (the first Ctrl-C aborts the
+    controller gracefully, then raises ``SystemExit``; the third exits at once).  We work with it:
+    :func:`_sigint_seen` chains a recorder in front of whatever handler ``fit()`` installs, so that
+    the ``SystemExit`` it ends with is known to be a Ctrl-C and becomes :class:`Interrupted`.  In
+    local mode no handler is installed: Python's ``KeyboardInterrupt`` ends the loop where it is."""
+    if local:
+        with _driver_state():
+            return _worker_errors(trainer.fit)
+    with _sigint_seen() as seen:
+        try:
+            return _worker_errors(trainer.fit)
+        except SystemExit:
+            if seen():
+                raise _SigintExit() from None
+            raise
+
+
+def _worker_errors(fit):
+    try:
+        return fit()
+    except Exception as exc:  # ray.train.TrainingFailedError: the worker's whole traceback
+        user = _worker_user_error(exc)
+        if user is None:
+            raise
+        raise TrainError(str(user).splitlines()[0]) from None
+
+
+@contextlib.contextmanager
+def _sigint_seen():
+    """Record SIGINTs while the block runs, in front of any handler installed meanwhile (Ray Train's)."""
+    import signal
+    import threading
+
+    presses = []
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    install = signal.signal
+    before = signal.getsignal(signal.SIGINT)
+
+    def chained(signum, handler):
+        if signum != signal.SIGINT or not callable(handler):
+            return install(signum, handler)
+
+        def recorder(sig, frame):
+            presses.append(sig)
+            return handler(sig, frame)
+        return install(signum, recorder)
+
+    signal.signal = chained
+    try:
+        yield lambda: bool(presses)
+    finally:
+        signal.signal = install
+        install(signal.SIGINT, before)
+
+
+@contextlib.contextmanager
+def _driver_state():
+    """The loop in the driver sets torch's threads, seeds its generators and quiets our loggers, as a
+    worker process would for itself: put the CLI process back as it was afterwards."""
+    import logging
+
+    import torch
+
+    threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
+    ours = logging.getLogger("alchemetric_ray")
+    level = ours.level
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(rng)
+        ours.setLevel(level)
 
 
 def _worker_user_error(exc: BaseException) -> UserError | None:
@@ -248,6 +392,7 @@ def _worker_user_error(exc: BaseException) -> UserError | None:
 
 
 def _best(result, cfg: RunConfig):
+    """The best checkpoint a Ray Train ``Result`` ranked (worker mode), by the metric's direction."""
     metric = selection_metric(cfg)
     ranked = [(c, m) for c, m in (getattr(result, "best_checkpoints", None) or []) if metric in m]
     if not ranked:

@@ -1,0 +1,158 @@
+"""A run's folder as the product keeps it: ``<storage.path>/<run>/epoch-NNNN/`` checkpoints.
+
+Ray Train writes this layout for a worker group's reports; a local-mode run (``train/runtime.py``:
+``LocalRun``) writes it itself, so both read the same way afterwards:
+
+* a checkpoint is complete once its ``meta.json`` (written last) is there and its ``state.pt``
+  passes :func:`~alchemetric_ray.train.checkpoint.checkpoint_problem`; an incomplete one (a write
+  cut short by Ctrl-C, a full disk or a killed process) is skipped with a one-line warning;
+* ``storage.num_to_keep`` applies as Ray Train applies it: the best checkpoints by the selection
+  metric are kept, and the latest one always;
+* :meth:`RunFolder.latest` is what ``--resume`` continues from, also where Ray Train's own snapshot
+  (``checkpoint_manager_snapshot.json``, written behind the reports) missed the newest folders.
+
+Folder names count epochs from 0 (``epoch-0009`` holds the tenth epoch); messages for people count
+from 1 and name the folder too (``epoch 10 (epoch-0009)``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alchemetric_ray.storage import Location
+from alchemetric_ray.train.checkpoint import META, STATE, checkpoint_problem, read_meta
+
+PREFIX = "epoch-"
+
+
+def folder_name(epoch: int) -> str:
+    """The checkpoint folder of the 0-based ``epoch``."""
+    return f"{PREFIX}{epoch:04d}"
+
+
+def epoch_label(epoch: int) -> str:
+    """How a message names the 0-based ``epoch``: ``epoch 10 (epoch-0009)``."""
+    return f"epoch {epoch + 1} ({folder_name(epoch)})"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One complete checkpoint in the folder: its epoch (0-based) and its report row (the loop's
+    history row of that epoch with its validation metrics), as Ray Train ranks them."""
+
+    location: Location
+    epoch: int
+    metrics: dict[str, Any]
+
+    def checkpoint(self):
+        """As a ``ray.train.Checkpoint`` (what the loop restores from and the export reads)."""
+        from ray.train import Checkpoint
+
+        where = self.location
+        return Checkpoint(where.path, filesystem=None if where.is_local else where.filesystem)
+
+
+class RunFolder:
+    """The epoch checkpoints under ``where``, ranked by ``metric`` (``mode``: max or min)."""
+
+    def __init__(self, where: Location, *, keep: int = 0, metric: str | None = None, mode: str = "max"):
+        self.where, self.keep, self.metric, self.mode = where, keep, metric, mode
+
+    def checkpoints(self) -> list[Kept]:
+        """The complete checkpoints, oldest first."""
+        return [kept for kept, _ in self._scan() if kept is not None]
+
+    def latest(self, *, warn: bool = True) -> Kept | None:
+        """The newest complete checkpoint (what ``--resume`` continues from), or None; each newer
+        incomplete one is skipped with a one-line warning naming it and the one used instead."""
+        scanned = self._scan()
+        complete = [kept for kept, _ in scanned if kept is not None]
+        if warn:
+            used = f"using {epoch_label(complete[-1].epoch)}" if complete else "none is complete"
+            for kept, (name, problem) in scanned:
+                if kept is None and (not complete or _epoch_of(name) > complete[-1].epoch):
+                    print(f"warning: checkpoint {epoch_label(_epoch_of(name))} is incomplete ({problem}); {used}",
+                          file=sys.stderr, flush=True)
+        return complete[-1] if complete else None
+
+    def _scan(self) -> list[tuple[Kept | None, tuple[str, str | None]]]:
+        """Every epoch folder, oldest first: (its checkpoint where complete, (name, problem))."""
+        out = []
+        for name in sorted(self.where.listing(f"{PREFIX}*", folders=True), key=_epoch_of):
+            where = self.where / name
+            problem = _problem(where)
+            kept = None
+            if problem is None:
+                meta = _meta(where)
+                epoch = int(meta.get("epoch", _epoch_of(name)))
+                row = next((h for h in (meta.get("loop") or {}).get("history", []) if h.get("epoch") == epoch), {})
+                kept = Kept(where, epoch, {**row, **(meta.get("metrics") or {}), "epoch": epoch})
+            out.append((kept, (name, problem)))
+        return out
+
+    def best(self) -> Kept | None:
+        """The best complete checkpoint by the metric (the latest where none has it)."""
+        ranked = self._ranked(self.checkpoints())
+        return ranked[0] if ranked else self.latest(warn=False)
+
+    def save(self, checkpoint_dir: str | Path, epoch: int) -> Location:
+        """Put the finished local checkpoint folder in place as ``epoch-NNNN`` (whole or not at all:
+        a staged folder swapped in, ``meta.json`` uploaded last on object storage), then prune."""
+        target = self.where / folder_name(epoch)
+        with target.staged(last=(META,)) as stage:
+            for item in Path(checkpoint_dir).iterdir():
+                shutil.copy2(item, stage / item.name)
+        self.prune()
+        return target
+
+    def prune(self) -> list[str]:
+        """Delete what ``storage.num_to_keep`` does not keep (the best by the metric, and the latest);
+        incomplete folders older than the latest complete one go too.  Returns the deleted names."""
+        if self.keep <= 0:
+            return []
+        kept = self.checkpoints()
+        if not kept:
+            return []
+        keep = {k.location.name for k in self._ranked(kept)[:self.keep]} | {kept[-1].location.name}
+        newest = kept[-1].epoch
+        doomed = [k.location for k in kept if k.location.name not in keep]
+        doomed += [self.where / name for name in self.where.listing(f"{PREFIX}*", folders=True)
+                   if _epoch_of(name) < newest and _problem(self.where / name)]
+        for where in doomed:
+            where.filesystem.delete_dir(where.path)
+        return [w.name for w in doomed]
+
+    def _ranked(self, kept: list[Kept]) -> list[Kept]:
+        scored = [k for k in kept if self.metric and isinstance(k.metrics.get(self.metric), (int, float))]
+        sign = -1 if self.mode == "max" else 1
+        return sorted(scored, key=lambda k: (sign * k.metrics[self.metric], k.epoch))  # a tie: the first to reach it
+
+
+def _epoch_of(name: str) -> int:
+    try:
+        return int(name[len(PREFIX):])
+    except ValueError:
+        return -1
+
+
+def _problem(where: Location) -> str | None:
+    """Why the checkpoint at ``where`` is incomplete, or None."""
+    if where.is_local:
+        return checkpoint_problem(where.local)
+    if not (where / META).is_file():
+        return f"no {META}"
+    if not (where / STATE).is_file():
+        return f"no {STATE}"
+    return None
+
+
+def _meta(where: Location) -> dict[str, Any]:
+    if where.is_local:
+        return read_meta(where.local)
+    import json
+
+    return json.loads((where / META).read_text())
