@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Union
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -47,10 +48,11 @@ class DateGroups:
     def from_sizes(cls, sizes: list[int], device: torch.device | None = None) -> DateGroups:
         """The dates of a batch whose rows come date by date, ``sizes[i]`` rows of date i (host
         numbers, copied to ``device`` without a sync)."""
-        count = torch.tensor(sizes, dtype=torch.long)
-        code = torch.repeat_interleave(torch.arange(len(sizes)), count)
-        return cls(code.to(device, non_blocking=True) if device is not None else code, len(sizes),
-                   count.float().to(device, non_blocking=True) if device is not None else count.float())
+        code = torch.from_numpy(np.repeat(np.arange(len(sizes)), sizes))  # numpy: no tensor is read to size it
+        count = torch.tensor(sizes, dtype=torch.float32)
+        if device is not None:
+            code, count = code.to(device, non_blocking=True), count.to(device, non_blocking=True)
+        return cls(code, len(sizes), count)
 
 
 Dates = Union[torch.Tensor, DateGroups]
