@@ -16,11 +16,12 @@ from alchemetric_ray.hardware.precision import (
     StepOutcome,
     TooManySkippedSteps,
     adamw,
+    load_optimizer_state,
     resolve_precision,
 )
 
 __all__ = [
     "DeviceChoice", "DeviceError", "device_for_worker", "resolve_device", "train_accelerator", "ModelTraits",
     "NonFiniteLossError", "OptimizerStep", "Precision", "PrecisionError", "StepOutcome", "TooManySkippedSteps",
-    "adamw", "resolve_precision",
+    "adamw", "load_optimizer_state", "resolve_precision",
 ]

@@ -217,6 +217,28 @@ def adamw(params, **kwargs) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, fused=fused_adamw_supported(params), **kwargs)
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """``optimizer.load_state_dict(state)``, but the optimizer goes on stepping as it was built to
+    (fused or not: :func:`adamw`'s choice for this process's device), whatever the checkpoint's did.
+
+    A checkpoint brings back every hyperparameter of its groups, ``fused`` among them: one written
+    by a plain AdamW (before the loop fused it, or on MPS) would turn the fused one plain while
+    GradScaler still hands it a found-inf flag, which a plain AdamW refuses.  A fused step wants its
+    step counters on the parameters' device; a plain one keeps them in host memory."""
+    fused = [group.get("fused") for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, was in zip(optimizer.param_groups, fused):
+        if "fused" not in group or group["fused"] == was:
+            continue
+        group["fused"] = was
+        for p in group["params"]:
+            counter = optimizer.state.get(p, {}).get("step")
+            if torch.is_tensor(counter):
+                on_device = was or group.get("capturable")
+                optimizer.state[p]["step"] = (counter.to(p.device, torch.float32) if on_device
+                                              else counter.to("cpu"))
+
+
 class NonFiniteLossError(UserError, FloatingPointError):
     """A NaN/inf loss (or gradient) where no GradScaler can skip the step.
 
@@ -247,15 +269,17 @@ class OptimizerStep:
     the first non-finite loss or gradient norm where no GradScaler skips it (its step, loss and
     norm), the skipped steps in all and in a row, and the first time the run of skips reached
     ``max_skipped_steps``.  :meth:`check` reads all of it in one transfer and raises; it runs after
-    every ``check_every`` steps (1, the default, for callers that want today's step-by-step
-    verdict) and whenever the caller asks, as the loop does before each report and checkpoint.
+    every ``check_every`` steps (1, the default, for callers that want a verdict after every step)
+    and whenever the caller asks, as the loop does before each report and checkpoint.
     Under DDP the verdict is a collective (MAX over the ranks), so every rank stops at one check.
 
     A non-finite loss or gradient without a GradScaler does not update the weights: the step is
     masked on the device (a fused optimizer skips it through the found-inf flag GradScaler uses;
     any other gets zero gradients), so the weights stay finite between checks even if the run
-    then stops.  ``epoch`` and ``step`` are the caller's labels for the step, as its messages show
-    them (the loop counts epochs from 1, as its epoch lines do).
+    then stops.  (Under DDP a loss non-finite on one rank alone, with finite gradients, is masked
+    there only: the ranks part until the check stops them all.)  ``epoch`` and ``step`` are the
+    caller's labels for the step, as its messages show them (the loop counts epochs from 1, as its
+    epoch lines do).
     """
 
     def __init__(
@@ -337,9 +361,9 @@ class OptimizerStep:
                 grad_norm: torch.Tensor, scaling: bool) -> None:
         index = st["steps"]
         if scaling:
-            taken = skipped.long()
-            st["skipped"].add_(taken)
-            st["in_row"].copy_((st["in_row"] + taken) * taken)  # +1 per skip, back to 0 on a taken step
+            skip = skipped.long()
+            st["skipped"].add_(skip)
+            st["in_row"].copy_((st["in_row"] + skip) * skip)  # +1 per skip, back to 0 on a taken step
             trips = (st["in_row"] >= self.max_skipped_steps) & (st["tripped_at"] == _NO_STEP)
             st["tripped_at"].copy_(torch.where(trips, index, st["tripped_at"]))
             st["tripped_scale"].copy_(torch.where(trips, self.scaler._scale.float(), st["tripped_scale"]))
