@@ -231,6 +231,9 @@ class TrainConfig:
     metric: SelectionMetric = "auto"  # the validation metric that picks the best epoch; auto: the target's own
     mode: SelectionMode = "auto"  # the metric's own direction, or max | min; a mode contradicting the metric is refused
     max_skipped_steps: int = 100  # consecutive skipped (non-finite) steps before failing
+    # steps between two reads of the step's device-side verdicts (non-finite loss or gradient, skipped
+    # steps): the only host syncs of training; also read at every epoch's end, before its report
+    check_every: int = 25
     deterministic: bool = False  # ordered data and seeded shuffles for bitwise reproducibility
     cache_data: bool = True  # read a worker's shard into memory once and reuse it every epoch
     # CUDA + cache_data: keep the cached shard on the GPU when it needs at most this share of the GPU's
@@ -588,6 +591,7 @@ def validate(cfg: RunConfig) -> None:
                           f"where {better} is better; set train.mode={direction} or train.mode=auto")
     _check(train.stop_after >= 0, "train.stop_after", train.stop_after, ">= 0 (0 = run all epochs)")
     _check(train.max_skipped_steps >= 1, "train.max_skipped_steps", train.max_skipped_steps, ">= 1")
+    _check(train.check_every >= 1, "train.check_every", train.check_every, ">= 1")
 
     scaling = cfg.scaling
     _check(scaling.workers >= 0, "scaling.workers", scaling.workers, ">= 0 (0 = automatic)")

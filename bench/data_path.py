@@ -34,8 +34,8 @@ import torch
 from _common import machine, write_result
 from torch import nn
 
-from alchemetric_ray.config import ModelConfig
-from alchemetric_ray.hardware import OptimizerStep, resolve_device, resolve_precision
+from alchemetric_ray.config import ModelConfig, TrainConfig
+from alchemetric_ray.hardware import OptimizerStep, adamw, resolve_device, resolve_precision
 from alchemetric_ray.hardware.device import synchronize
 from alchemetric_ray.hardware.staging import DEVICE, HOST, PINNED, BatchSource, DataPath, nbytes
 from alchemetric_ray.models import build_model, model_spec
@@ -68,7 +68,8 @@ def run_path(model_name: str, kind: str, columns, size: dict, device: torch.devi
     torch.manual_seed(0)
     model = build_model(ModelConfig(name=model_name, hidden=size["hidden"], layers=size["layers"], dropout=0.0),
                         size["features"], 2, window=max(window, 1)).to(device)
-    step_fn = OptimizerStep(torch.optim.AdamW(model.parameters(), lr=1e-3), precision, grad_clip=1.0)
+    step_fn = OptimizerStep(adamw(model.parameters(), lr=1e-3), precision, grad_clip=1.0,
+                            check_every=TrainConfig.check_every)  # the loop's AdamW and check cadence
     order = torch.randperm(source.rows, generator=torch.Generator().manual_seed(1))
     batch = size["batch"]
     start = time.perf_counter()

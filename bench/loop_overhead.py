@@ -45,7 +45,7 @@ def plain_loop(cfg, shards: Path, manifest, epochs: int, threads: int, in_memory
     gloo DDP group, reading its share; the figure is the group's rows over the slowest rank's time)."""
     import torch.distributed as dist
 
-    from alchemetric_ray.hardware import OptimizerStep, resolve_precision
+    from alchemetric_ray.hardware import OptimizerStep, adamw, resolve_precision
     from alchemetric_ray.models import build_model, model_spec
     from alchemetric_ray.train.evaluate import model_inputs, split_frame
 
@@ -56,9 +56,9 @@ def plain_loop(cfg, shards: Path, manifest, epochs: int, threads: int, in_memory
     model = build_model(cfg.model, len(features), manifest.outputs, window=cfg.features.window)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    opt = adamw(model.parameters(), lr=cfg.train.lr)  # the loop's AdamW
     precision = resolve_precision("fp32", torch.device("cpu"))
-    step_fn = OptimizerStep(opt, precision, grad_clip=cfg.train.grad_clip)
+    step_fn = OptimizerStep(opt, precision, grad_clip=cfg.train.grad_clip, check_every=cfg.train.check_every)
     loss_fn = nn.CrossEntropyLoss()
 
     def load():

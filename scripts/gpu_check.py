@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch import nn
 
-from alchemetric_ray.config import ModelConfig
-from alchemetric_ray.hardware import OptimizerStep, PrecisionError, resolve_device, resolve_precision
+from alchemetric_ray.config import ModelConfig, TrainConfig
+from alchemetric_ray.hardware import OptimizerStep, PrecisionError, adamw, resolve_device, resolve_precision
 from alchemetric_ray.hardware.device import synchronize
 from alchemetric_ray.models import build_model, model_spec
 
@@ -55,8 +55,8 @@ def run_one(model_name: str, mode: str, tf32: bool, device: torch.device, steps:
         torch.cuda.reset_peak_memory_stats(device)
     model = build_model(ModelConfig(name=model_name, hidden=hidden, layers=layers, dropout=0.0, heads=heads),
                         n_features, 2, window=window).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    step_fn = OptimizerStep(opt, precision, grad_clip=1.0)
+    opt = adamw(model.parameters(), lr=1e-3)  # the loop's AdamW, read every train.check_every steps as there
+    step_fn = OptimizerStep(opt, precision, grad_clip=1.0, check_every=TrainConfig.check_every)
     losses = []
     warmup = min(10, steps // 4)
     start = None
@@ -69,6 +69,7 @@ def run_one(model_name: str, mode: str, tf32: bool, device: torch.device, steps:
             loss = nn.functional.cross_entropy(model(x_all[i:i + batch]), y_all[i:i + batch])
         losses.append(loss.detach())
         step_fn(loss, epoch=0, step=step)
+    step_fn.check()  # the closing read, as the loop's at an epoch's end
     synchronize(device)
     elapsed = time.perf_counter() - (start or time.perf_counter())
     losses = torch.stack(losses).float().cpu().tolist()

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.hardware.precision import OptimizerStep, resolve_precision
+from alchemetric_ray.hardware.precision import OptimizerStep, Precision, adamw, resolve_precision
 from alchemetric_ray.train.checkpoint import (
     CheckpointError,
     CheckpointMeta,
@@ -94,3 +94,33 @@ def test_training_checkpoint_round_trip(tmp_path):
 def test_checkpoint_meta_without_its_keys_is_refused():
     with pytest.raises(CheckpointError, match="without config"):
         CheckpointMeta.from_dict({"epoch": 0, "loop": {"best": None, "bad_epochs": 0, "history": []}})
+
+
+@pytest.mark.parametrize("saved_fused, loaded_fused", [(False, True), (True, False)])
+@pytest.mark.parametrize("mode", ["fp32", "fp16"])
+def test_a_checkpoint_of_the_other_adamw_resumes_stepping_as_the_optimizer_was_built(tmp_path, saved_fused,
+                                                                                     loaded_fused, mode):
+    """A run checkpointed by a plain AdamW (before the loop fused it, or on MPS) resumes into the
+    loop's fused one, and the other way round: the optimizer keeps its own way of stepping (a plain
+    AdamW handed GradScaler's found-inf flag raises), and its moments and step counts come back."""
+    precision = (resolve_precision("fp32", torch.device("cpu")) if mode == "fp32" else
+                 Precision("fp16", "cpu", torch.float16, True, False, "test: the CUDA fp16 recipe on the CPU"))
+
+    def trainables(fused: bool) -> Trainables:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        optimizer = adamw(model.parameters(), lr=1e-2) if fused else torch.optim.AdamW(model.parameters(), lr=1e-2)
+        assert bool(optimizer.defaults["fused"]) == fused
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        return Trainables(model, optimizer, scheduler, OptimizerStep(optimizer, precision))
+
+    saved = trainables(saved_fused)
+    _train_a_little(saved)
+    loaded = trainables(loaded_fused)
+    loaded.load_state_dict(saved.state_dict(0))
+    assert all(bool(g["fused"]) == loaded_fused for g in loaded.optimizer.param_groups)
+    _train_a_little(loaded)  # steps (the fused kernel with GradScaler's flag, or the plain one)
+    for p in loaded.model.parameters():
+        state = loaded.optimizer.state[p]
+        assert int(state["step"]) == 6 and state["step"].device == (p.device if loaded_fused else torch.device("cpu"))
+        assert torch.isfinite(state["exp_avg"]).all()

@@ -66,8 +66,8 @@ def test_a_failing_worker_reaches_the_pipe_as_one_line(ray_session, tmp_path):
     errors = [line for line in done.stderr.splitlines() if line.startswith("alchemetric-ray train: error:")]
     assert done.returncode == 2, out[-4000:]
     # an honest NaN: lr=1e30 without clipping sends the weights to ~1e30 after the first step; the
-    # second forward pass overflows float32 (epoch 0, step 1), on a real Ray Train worker
-    assert len(errors) == 1 and "non-finite loss (nan) at epoch 0 step 1 under fp32" in errors[0], out[-4000:]
+    # second forward pass overflows float32 (the first epoch, step 1), on a real Ray Train worker
+    assert len(errors) == 1 and "non-finite loss (nan) at epoch 1 step 1 under fp32" in errors[0], out[-4000:]
     assert "lower train.lr" in errors[0] and "Traceback" not in errors[0] and "WorkerGroupError" not in errors[0]
     assert not (tmp_path / "models" / "diverge").exists()  # nothing exported from a failed run
     assert len(out.splitlines()) <= 60, out

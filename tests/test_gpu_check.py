@@ -1,5 +1,5 @@
-"""The one command for a CUDA machine (precision branches, mixed precision, data path) runs end to end with
-torch alone (here on the CPU)."""
+"""The one command for a CUDA machine (precision branches, mixed precision, data path, host syncs) runs end to
+end with torch alone (here on the CPU)."""
 
 import json
 import subprocess
@@ -12,7 +12,7 @@ NOT_THERE = ("ray", "pyarrow", "pandas", "sklearn", "scipy", "yaml", "boto3", "s
 
 
 def test_the_one_cuda_command_runs_with_torch_alone(tmp_path):
-    """bench/gpu.py with every module but torch and numpy refused: the three parts run and write results."""
+    """bench/gpu.py with every module but torch and numpy refused: the four parts run and write results."""
     script = (f"import runpy, sys\n"
               f"for name in {NOT_THERE!r}:\n"
               f"    sys.modules[name] = None  # import raises ImportError\n"
@@ -22,7 +22,7 @@ def test_the_one_cuda_command_runs_with_torch_alone(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "only the plain host path runs; the device-cache and pinned-staging ratios are NOT measured" in out.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data-path-cpu.json", "gpu-check-cpu.json",
-                                                          "mixed-precision-cpu.json"]
+                                                          "mixed-precision-cpu.json", "syncs-cpu.json"]
     # the precision branches: fp32 and bf16 train, the policy refuses what the CPU cannot do
     by = {(r["model"], r["precision"]): r for r in json.loads((tmp_path / "gpu-check-cpu.json").read_text())["rows"]}
     assert by[("mlp", "fp32")]["last_loss"] < by[("mlp", "fp32")]["first_loss"]
@@ -33,3 +33,8 @@ def test_the_one_cuda_command_runs_with_torch_alone(tmp_path):
     rows = json.loads((tmp_path / "data-path-cpu.json").read_text())["rows"]
     assert [r["model"] for r in rows] == ["mlp", "lstm"]
     assert all(r["samples_per_s"]["host"] > 0 and r["ratio_vs_host"] == {"host": 1.0} for r in rows)
+    # the host syncs: without CUDA, counted on the CPU, one read per check (10 steps, a check every 5, the end)
+    assert "torch's sync detector is CUDA-only" in out.stdout
+    counts = json.loads((tmp_path / "syncs-cpu.json").read_text())["rows"]
+    assert [r["kind"] for r in counts] == ["fp32", "bf16", "fp16", "ic"]
+    assert all(r["syncs"] <= r["allowed"] == 3 for r in counts)

@@ -178,5 +178,7 @@ def test_loop_that_skips_every_step_stops_after_max_skipped_steps(ray_session, s
     # stopped at the third skip of the first epoch (8 batches), not after 50 epochs of skipped
     # steps; the scale dropped from GradScaler's 65536 once per skip
     assert message.startswith("3 optimizer steps in a row skipped for non-finite gradients")
-    assert "(last at epoch 0 step 2, scale 8192)" in message and "lower train.lr" in message
+    # (epochs counted from 1 in messages, as the epoch lines do; read at the epoch's closing check)
+    assert "(last at epoch 1 step 2, scale 8192; seen at the check after step 7)" in message
+    assert "lower train.lr" in message
     assert "\n" not in message and isinstance(err.value, UserError)

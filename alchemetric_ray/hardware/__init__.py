@@ -15,11 +15,13 @@ from alchemetric_ray.hardware.precision import (
     PrecisionError,
     StepOutcome,
     TooManySkippedSteps,
+    adamw,
+    load_optimizer_state,
     resolve_precision,
 )
 
 __all__ = [
     "DeviceChoice", "DeviceError", "device_for_worker", "resolve_device", "train_accelerator", "ModelTraits",
     "NonFiniteLossError", "OptimizerStep", "Precision", "PrecisionError", "StepOutcome", "TooManySkippedSteps",
-    "resolve_precision",
+    "adamw", "load_optimizer_state", "resolve_precision",
 ]

@@ -135,8 +135,10 @@ class Trainables:
                 "epoch": torch.tensor(epoch)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        from alchemetric_ray.hardware import load_optimizer_state
+
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])  # fused or not as built here, whatever it was
         self.scheduler.load_state_dict(state["scheduler"])
         self.step.scaler.load_state_dict(state["scaler"])
 

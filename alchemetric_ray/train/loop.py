@@ -12,7 +12,10 @@ to resume from) comes from ``train/runtime.py``: a Train worker group or a Tune 
 4. a restarted run resumes at the epoch after its latest checkpoint (``train/checkpoint.py``);
 5. each epoch: batches from this worker's Ray Data shard -> the shared optimizer step; with the IC
    loss, batches of whole dates (as many as ``train.batch_size`` rows hold) from the cached shard,
-   each rank holding its own dates (``train/data_config.py``) and every rank taking as many steps;
+   each rank holding its own dates (``train/data_config.py``) and every rank taking as many steps.
+   No step waits on the device: the step's verdicts (non-finite loss, skipped steps) and the
+   epoch's loss stay there, read every ``train.check_every`` steps and at the epoch's end, before
+   anything is validated, reported or checkpointed;
 6. validation under no_grad: each rank scores its own part of the val split (disjoint parts that
    together hold every row once, ``train/data_config.py``); the outputs, labels, dates and forward
    returns are gathered to rank 0, which computes the target's metrics and the signal metrics (IC,
@@ -40,6 +43,7 @@ from alchemetric_ray.hardware import (
     DeviceChoice,
     OptimizerStep,
     Precision,
+    adamw,
     device_for_worker,
     resolve_precision,
 )
@@ -56,7 +60,7 @@ from alchemetric_ray.train.checkpoint import (
     save_checkpoint,
 )
 from alchemetric_ray.train.evaluate import outputs_of
-from alchemetric_ray.train.losses import Loss, make_loss
+from alchemetric_ray.train.losses import DateGroups, Loss, make_loss
 from alchemetric_ray.train.metrics import (
     is_better,
     selection_metric,
@@ -117,14 +121,15 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
 
     stopped_early = False
     for epoch in range(start_epoch, train_cfg.epochs):
-        train_loss, samples_per_s = _train_epoch(model, trainables, loss_fn, data, epoch, train_cfg.seed, worker)
+        train_loss, samples_per_s, skipped = _train_epoch(model, trainables, loss_fn, data, epoch, train_cfg.seed,
+                                                          worker)
         phases.mark("train", epoch)
         metrics, improved, stop = _validate_and_decide(core, data, state, train_cfg, worker, manifest, metric, mode,
                                                        cfg.signals.quantile)
         phases.mark("validate", epoch)
         state.epoch = epoch
         row = {"epoch": epoch, "train_loss": train_loss, **_scalars(metrics), "samples_per_s": samples_per_s,
-               "skipped_steps": trainables.step.skipped_total, "lr": trainables.scheduler.get_last_lr()[0],
+               "skipped_steps": skipped, "lr": trainables.scheduler.get_last_lr()[0],
                "improved": improved}
         if worker.rank == 0:
             state.history.append(row)
@@ -265,10 +270,12 @@ class _ShardData:
         rows = self._train.rows if self._train is not None else rows_estimate
         return max(1, math.ceil(rows / self.batch_size))
 
-    def _date_batches(self, epoch: int) -> list[torch.Tensor]:
-        """Row indices of this epoch's batches of whole dates: the dates in a seeded order, packed
-        in turn into batches of at most ``batch_size`` rows; every rank takes the same number (the
-        fewest any rank has: a few dates sit out an epoch, different ones each epoch)."""
+    def _date_batches(self, epoch: int) -> list[tuple[torch.Tensor, list[int]]]:
+        """Row indices of this epoch's batches of whole dates, with the rows of each of the batch's
+        dates in turn (the IC loss's date numbering, made here on the host): the dates in a seeded
+        order, packed in turn into batches of at most ``batch_size`` rows; every rank takes the
+        same number (the fewest any rank has: a few dates sit out an epoch, different ones each
+        epoch)."""
         _, code = torch.unique(self._dates, return_inverse=True)
         n_dates = int(code.max()) + 1 if len(code) else 0
         generator = torch.Generator().manual_seed(self.seed * 7919 + epoch)
@@ -276,21 +283,31 @@ class _ShardData:
         place[torch.randperm(n_dates, generator=generator)] = torch.arange(n_dates)
         rows = torch.argsort(place[code], stable=True)  # rows grouped by date, dates in the seeded order
         sizes = torch.bincount(code, minlength=n_dates)[torch.argsort(place)].tolist()
-        batches, start, size = [], 0, 0
+        batches, start, size, held = [], 0, 0, []
         for n in sizes:
             if size and size + n > self.batch_size:
-                batches.append(rows[start:start + size])
-                start, size = start + size, 0
+                batches.append((rows[start:start + size], held))
+                start, size, held = start + size, 0, []
             size += n
+            held.append(n)
         if size:
-            batches.append(rows[start:start + size])
+            batches.append((rows[start:start + size], held))
         return batches[:min(_gather_list(len(batches), self.world))]
 
     def train_batches(self, epoch: int) -> Iterator[Batch]:
+        return (batch for batch, _ in self.train_steps(epoch))
+
+    def train_steps(self, epoch: int) -> Iterator[tuple[Batch, list[int] | None]]:
+        """This epoch's training batches, each with the rows of each of its dates in turn when the
+        batches hold whole dates (the IC loss), else None."""
         if self.by_date:  # the IC loss: whole dates (the cached path only: the config refuses streaming)
-            for idx in self._date_batches(epoch):
-                yield self._train.take(idx)
+            for idx, date_rows in self._date_batches(epoch):
+                yield self._train.take(idx), date_rows
             return
+        for batch in self._batches(epoch):
+            yield batch, None
+
+    def _batches(self, epoch: int) -> Iterator[Batch]:
         seed = self.seed * 7919 + epoch
         if self._train is None:
             count = 0
@@ -319,36 +336,50 @@ class _ShardData:
 
 
 def _trainables(core: nn.Module, train_cfg: TrainConfig, worker: _Worker, steps_per_epoch: int) -> Trainables:
-    """AdamW, its learning-rate schedule (stepped every batch) and the precision's optimizer step."""
-    optimizer = torch.optim.AdamW(core.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
+    """AdamW (fused where the device has it: ``hardware.adamw``), its learning-rate schedule (stepped
+    every batch) and the precision's optimizer step, which reads its verdicts every ``train.check_every`` steps."""
+    optimizer = adamw(core.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay)
     schedule = _schedule(train_cfg.schedule, train_cfg.epochs * steps_per_epoch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     step_fn = OptimizerStep(optimizer, worker.precision, grad_clip=train_cfg.grad_clip,
-                            max_skipped_steps=train_cfg.max_skipped_steps)
+                            max_skipped_steps=train_cfg.max_skipped_steps, check_every=train_cfg.check_every)
     return Trainables(core, optimizer, scheduler, step_fn)
 
 
 def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: _ShardData, epoch: int,
-                 seed: int, worker: _Worker) -> tuple[float, float]:
-    """One pass over this rank's training batches: the mean loss over the ranks, and samples per second."""
+                 seed: int, worker: _Worker) -> tuple[float, float, int]:
+    """One pass over this rank's training batches: the mean loss over the ranks, samples per second,
+    and the steps a GradScaler skipped so far (this rank's).
+
+    Nothing in the pass reads the device: the loss of the steps taken is summed there, and read
+    with the step's verdicts in the epoch's last check, which raises (on every rank alike) if a
+    step went non-finite, before anything is validated, reported or checkpointed."""
     model.train()
     # Dropout draws from (seed, epoch, rank): a resumed run draws what an uninterrupted one would have.
     torch.manual_seed(seed * 1_000_003 + epoch * 1009 + worker.rank)
-    losses, seen, started = [], 0, time.perf_counter()
-    for step, (x, y, date, _) in enumerate(data.train_batches(epoch)):
+    loss_sum = torch.zeros((), device=worker.device)
+    taken = torch.zeros((), device=worker.device)
+    seen, started = 0, time.perf_counter()
+    for step, ((x, y, date, _), date_rows) in enumerate(data.train_steps(epoch)):
         x, y = x.to(worker.device, non_blocking=True), y.to(worker.device, non_blocking=True)
         with worker.precision.autocast():
             out = model(x)
-        loss = loss_fn(out, y, date.to(worker.device, non_blocking=True))  # float32, outside autocast
-        outcome = trainables.step(loss, epoch=epoch, step=step)
+        dates = (DateGroups.from_sizes(date_rows, worker.device) if date_rows is not None
+                 else date.to(worker.device, non_blocking=True))
+        loss = loss_fn(out, y, dates)  # float32, outside autocast
+        outcome = trainables.step(loss, epoch=epoch + 1, step=step)  # epochs from 1 in its messages
         trainables.scheduler.step()
-        if not outcome.skipped:  # a skipped step's loss is inf/NaN: not part of the epoch's mean
-            losses.append(loss.detach())
+        kept = ~outcome.skipped  # a skipped step's loss is inf/NaN: not part of the epoch's mean
+        loss_sum += torch.where(kept, loss.detach().float(), 0.0)
+        taken += kept
         seen += len(y)
-    train_seconds = time.perf_counter() - started
-    train_loss = float(torch.stack(losses).float().mean()) if losses else float("nan")
+    skipped_so_far = trainables.step.skipped_steps()
+    total, count, skipped = trainables.step.check(
+        loss_sum, taken, skipped_so_far if skipped_so_far is not None else torch.zeros((), device=worker.device))
+    train_seconds = time.perf_counter() - started  # after the check's read: every step has run on the device
+    train_loss = total / count if count else float("nan")
     samples_per_s = _sum_over_ranks(seen, worker.world) / max(train_seconds, 1e-9)
-    return _sum_over_ranks(train_loss, worker.world) / worker.world, samples_per_s
+    return _sum_over_ranks(train_loss, worker.world) / worker.world, samples_per_s, int(skipped)
 
 
 def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, train_cfg: TrainConfig,
