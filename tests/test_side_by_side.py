@@ -10,6 +10,7 @@ Rays run.  Here three do: the test session's own (``ray_session``) and one per c
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,6 +101,7 @@ def _run_pair(command: str, args: list[str], tmp_path: Path) -> list[tuple[int, 
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _check(results: list[tuple[int, str, Path]]) -> None:
@@ -124,3 +126,45 @@ def test_two_tune_commands_at_once_each_on_its_own_ray(ray_session, tmp_path):
     _check(_run_pair("tune", [*TUNE_WORKER_MODE_ARGS, "train.epochs=1", "tune.search=grid", "tune.scheduler=none",
                               "tune.max_concurrent_trials=1", "tune.space={train.lr: [0.001, 0.01]}"], tmp_path))
     print(f"two tune commands at once: {time.monotonic() - start:.0f} s")
+
+
+# What Train's controller logged on this machine when two train commands ran at once beside the
+# session's Ray (load average 10 on 2 cores): its first request to Ray's autoscaling coordinator,
+# a helper actor still starting, timed out after 5 s.
+COORDINATOR_WARNING = [
+    "Failed to send resource request for train-4b7212b010f84d429a8d6dc91398a92d. If this only happens transiently "
+    "during network partition or CPU being overloaded, it's safe to ignore this error. If this error persists, "
+    "file a GitHub issue.",
+    "Traceback (most recent call last):",
+    '  File ".../ray/train/v2/_internal/execution/scaling_policy/autoscaling_coordinator_client.py", line 58, '
+    "in send_resource_request",
+    "    ray.get(",
+    '  File ".../ray/_private/worker.py", line 1007, in get_objects',
+    "    ] = self.core_worker.get_objects(",
+    "        ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    '  File "python/ray/includes/common.pxi", line 107, in ray._raylet.check_status',
+    "ray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready.",
+]
+
+
+def test_a_transient_ray_warning_keeps_its_line_not_its_traceback():
+    printed = []
+    filtered = console._filtered(printed.append)
+    warning = COORDINATOR_WARNING
+    filtered({"pid": 7, "is_err": True, "lines": warning[:4]})  # a traceback may span two batches
+    filtered({"pid": 8, "is_err": True, "lines": ["Traceback (most recent call last):", "  File \"x.py\"",
+                                                  "ValueError: another process's own error"]})
+    filtered({"pid": 7, "is_err": True, "lines": [*warning[4:], "epoch 1/2  train_loss 1.0"]})
+    # a chained traceback after the warning goes too; a later real error of the same process stays
+    filtered({"pid": 9, "is_err": True, "lines": [
+        *warning[:-1], "ray.exceptions.GetTimeoutError", "", "During handling of the above exception, another "
+        "exception occurred:", "", "Traceback (most recent call last):", '  File "y.py"', "RuntimeError: chained",
+        "Traceback (most recent call last):", '  File "z.py"', "ValueError: a real error"]})
+    assert [line for batch in printed for line in batch["lines"]] == [
+        warning[0], "Traceback (most recent call last):", '  File "x.py"', "ValueError: another process's own error",
+        "epoch 1/2  train_loss 1.0",
+        warning[0], "Traceback (most recent call last):", '  File "z.py"', "ValueError: a real error"]
+    # a warning of this text without a traceback: the lines after it are the process's own
+    printed.clear()
+    filtered({"pid": 10, "is_err": True, "lines": [warning[0], "KeyError: printed by the worker"]})
+    assert printed[0]["lines"] == [warning[0], "KeyError: printed by the worker"]

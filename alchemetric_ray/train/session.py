@@ -78,14 +78,14 @@ def ensure_ray(cfg: RunConfig) -> None:
     else:
         from alchemetric_ray.hardware.inventory import cpu_count
 
-        # Logical CPUs above the physical count let Train workers and Ray Data readers coexist on a
-        # small laptop without waiting on each other (the plan still keeps one free for Ray Data).
         # Ray's helpers in our actors (Train's placement-group cleaner asks the State API whether
         # the controller lives) must find this Ray, not scan the machine for one: its dashboard on
         # a port chosen here, named to every worker and to this process's own State API calls.
         # Not RAY_ADDRESS in this process: that says a cluster was joined (train/capacity.py).
         port = reserve_local_port()
         env[API_SERVER_ENV] = f"http://127.0.0.1:{port}"
+        # Logical CPUs above the physical count let Train workers and Ray Data readers coexist on a
+        # small laptop without waiting on each other (the plan still keeps one free for Ray Data).
         # address="local": always a new Ray of our own, never one a `ray start` on this machine left running
         ray.init(address="local", num_cpus=max(4, cpu_count()), include_dashboard=True, dashboard_host="127.0.0.1",
                  dashboard_port=port, runtime_env={"env_vars": env}, **quiet)
