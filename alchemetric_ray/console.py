@@ -9,7 +9,9 @@ below is Ray's own, set where Ray reads it:
   and of every worker that runs a dataset (:func:`quiet_ray_data`);
 - Ray's driver-side INFO lines (``ray.init``'s banner): the ``ray`` logger's level;
 - a Ray warning that says nothing a user can act on is dropped by its exact message, in Python
-  (:data:`RAY_WARNINGS`) or in the log lines Ray forwards from its processes (:data:`RAY_LOG_LINES`).
+  (:data:`RAY_WARNINGS`) or in the log lines Ray forwards from its processes (:data:`RAY_LOG_LINES`);
+- a forwarded Ray warning that calls itself transient and safe to ignore keeps its one line, not
+  the traceback Ray logs with it (:data:`RAY_TRACEBACK_AFTER`).
 
 Never ``ray.init(logging_config=...)``: it configures the root logger of every worker.  Never
 ``log_to_driver=False``: it would hide worker errors and the autoscaler's messages.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import warnings
 
@@ -47,6 +50,20 @@ RAY_LOG_LINES = (
     # The raylet's note that a burst of actors started many worker processes at once.
     "PYTHON worker processes have been started on node",
 )
+
+# Ray warnings that say themselves they are transient and safe to ignore, yet come with a
+# traceback: the warning's line is kept, the traceback Ray logs after it is dropped.
+RAY_TRACEBACK_AFTER = (
+    # Train's controller, when Ray's autoscaling coordinator (a helper actor) does not answer its
+    # resource request within 5 s: a cold start on a loaded machine, several runs side by side.
+    "Failed to send resource request for ",
+    "Failed to cancel resource request for ",
+)
+# The lines of a Python traceback after its header: frames and code (indented), the exception
+# ("module.Name: message" or "module.Name"), and the lines that chain one traceback to the next.
+_TRACEBACK_HEAD = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(:\s|:?$)")
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 
 
 # Messages of Ray's own logger on the driver, dropped by their exact text.
@@ -160,8 +177,28 @@ def _filter_forwarded_lines() -> None:
 
 
 def _filtered(handle):
+    tracebacks: dict = {}  # pid -> where in a dropped traceback its next line is: head, frames, end
+
+    def dropped(pid, line: str) -> bool:
+        state = tracebacks.pop(pid, None)
+        if state == "head" and (line.startswith(_TRACEBACK_HEAD) or not line.strip()):
+            tracebacks[pid] = "frames" if line.strip() else "head"
+            return True
+        if state == "frames" and (line[:1].isspace() or not line.strip()):
+            tracebacks[pid] = "frames"
+            return True
+        if state == "frames" and _EXCEPTION_LINE.match(line):
+            tracebacks[pid] = "end"
+            return True
+        if state == "end" and (not line.strip() or line.startswith(_CHAINED)):
+            tracebacks[pid] = "end" if not line.strip() else "head"
+            return True
+        if any(m in line for m in RAY_TRACEBACK_AFTER):
+            tracebacks[pid] = "head"
+        return any(m in line for m in RAY_LOG_LINES)
+
     def filtered(data):
-        lines = [line for line in data.get("lines", []) if not any(m in line for m in RAY_LOG_LINES)]
+        lines = [line for line in data.get("lines", []) if not dropped(data.get("pid"), line)]
         if lines:
             handle({**data, "lines": lines})
 

@@ -31,6 +31,12 @@ HEALTH_CHECK_INTERVAL_S = "0.25"
 WORKER_GROUP_START_TIMEOUT_S = "120"
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 _written_start_timeouts: set[str] = set()  # values of START_TIMEOUT_ENV this process set itself
+# Where Ray's State API looks first for the dashboard it asks (ray/dashboard/utils.py:
+# get_address_for_submission_client; then RAY_ADDRESS, then a scan of the machine's GCS processes,
+# which fails with "Found multiple active Ray instances" wherever several Rays run). A URL: an
+# address without "://" would be taken for a GCS address.
+API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
+_written_api_servers: set[str] = set()  # values of API_SERVER_ENV this process set itself
 
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:
@@ -56,6 +62,8 @@ def ensure_ray(cfg: RunConfig) -> None:
 
     if ray.is_initialized():
         return
+    if os.environ.get(API_SERVER_ENV) in _written_api_servers:  # an earlier local Ray of ours, gone now
+        del os.environ[API_SERVER_ENV]
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S)
     if START_TIMEOUT_ENV not in os.environ:
         set_worker_group_start_timeout(WORKER_GROUP_START_TIMEOUT_S)
@@ -70,15 +78,42 @@ def ensure_ray(cfg: RunConfig) -> None:
     else:
         from alchemetric_ray.hardware.inventory import cpu_count
 
+        # Ray's helpers in our actors (Train's placement-group cleaner asks the State API whether
+        # the controller lives) must find this Ray, not scan the machine for one: its dashboard on
+        # a port chosen here, named to every worker and to this process's own State API calls.
+        # Not RAY_ADDRESS in this process: that says a cluster was joined (train/capacity.py).
+        port = reserve_local_port()
+        env[API_SERVER_ENV] = f"http://127.0.0.1:{port}"
         # Logical CPUs above the physical count let Train workers and Ray Data readers coexist on a
         # small laptop without waiting on each other (the plan still keeps one free for Ray Data).
         # address="local": always a new Ray of our own, never one a `ray start` on this machine left running
         ray.init(address="local", num_cpus=max(4, cpu_count()), include_dashboard=True, dashboard_host="127.0.0.1",
-                 runtime_env={"env_vars": env}, **quiet)
+                 dashboard_port=port, runtime_env={"env_vars": env}, **quiet)
+        _written_api_servers.add(env[API_SERVER_ENV])
+        os.environ[API_SERVER_ENV] = env[API_SERVER_ENV]
     console.quiet_driver()
     logs = console.session_logs()
     if logs:
         print(f"ray: session logs in {logs}", flush=True)
+
+
+def reserve_local_port() -> int:
+    """A free TCP port on 127.0.0.1 that stays free for a while: it is left in TIME_WAIT, where no
+    other process's free-port pick (another run's Ray starting beside this one, or this Ray's
+    own GCS and raylet ports) gets it, while a server that binds it by number with SO_REUSEADDR
+    (Ray's port check and its dashboard both do) still can."""
+    import socket
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        address = server.getsockname()
+        with socket.socket() as client:
+            client.connect(address)
+            accepted, _ = server.accept()
+            accepted.close()  # the accepted side closes first: the port's end goes to TIME_WAIT
+    return address[1]
 
 
 def set_worker_group_start_timeout(value: str) -> None:
