@@ -24,9 +24,8 @@ from alchemetric_ray import console
 
 REPO = Path(__file__).resolve().parents[1]
 # The worker mode: a run through a Ray Train worker group, whose controller starts the
-# PlacementGroupCleaner.  Once train.local_mode exists (a one-worker run in the driver starts no
-# cleaner), this becomes ["train.local_mode=false"].
-WORKER_MODE_ARGS: list[str] = []
+# PlacementGroupCleaner (a one-worker local-mode run, in the driver, starts no cleaner).
+WORKER_MODE_ARGS: list[str] = ["train.local_mode=false"]
 # A one-worker trial runs the loop in the trial's own process by default (no Train controller, no
 # cleaner); trainer makes every trial build a TorchTrainer, the path that printed the traceback.
 TUNE_WORKER_MODE_ARGS: list[str] = [*WORKER_MODE_ARGS, "tune.trial_loop=trainer"]

@@ -190,7 +190,9 @@ def test_resume_continues_at_next_epoch_bitwise_and_same_seed_is_reproducible(ra
     assert cut.summary["epochs_run"] == 2 and cut.run_path.startswith("s3://ar-resume/runs/cut-")
     resumed = run_training(_cfg(shards, tmp_path, *common, *on_s3, "storage.resume=true"), export=False)
     captured = capfd.readouterr()
-    assert "continuing at epoch 2" in captured.out + captured.err
+    # epochs count from 1 in messages; the folder keeps its 0-based name
+    said = captured.out + captured.err
+    assert "resumed from the checkpoint of epoch 2 (epoch-0001): continuing at epoch 3 of 4" in said
     assert resumed.run_path == cut.run_path  # the same run, found in the bucket
     assert resumed.summary["epochs_run"] == 4 and resumed.summary["epochs_per_rank"] == [2]  # epochs 3 and 4 only
     a, b = _final_state(full), _final_state(resumed)

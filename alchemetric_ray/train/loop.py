@@ -113,7 +113,7 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
     loss_fn = make_loss(loss, manifest.class_counts.get("train") if train_cfg.class_weights else None, worker.device)
     metric, mode = selection_metric(cfg), selection_mode(cfg)
 
-    state = _resume(trainables, worker, runtime)
+    state = _resume(trainables, worker, runtime, train_cfg.epochs)
     start_epoch = state.epoch + 1
     # The part of meta.json that stays the same every epoch (config, device, plan: what the tensors came from).
     meta = CheckpointMeta(config=cfg.to_dict(), manifest=manifest, device=worker.device_meta(),
@@ -133,11 +133,12 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
                "improved": improved}
         if worker.rank == 0:
             state.history.append(row)
-            # a sweep prints one line per finished trial instead (epoch_lines=False)
-            worker.say(_epoch_line(row, train_cfg, metric, worker.device, worker.precision.mode),
-                       detail=not config.get("epoch_lines", True))
         _report(row, trainables, meta.at(state, metrics), worker.rank, runtime)
         phases.mark("checkpoint", epoch)
+        # after the report: an epoch whose line was printed has its checkpoint (what a Ctrl-C keeps);
+        # a sweep prints one line per finished trial instead (epoch_lines=False)
+        worker.say(_epoch_line(row, train_cfg, metric, worker.device, worker.precision.mode),
+                   detail=not config.get("epoch_lines", True))
         # Stop only after the report: the last epoch's checkpoint is what a resumed run continues from.
         if train_cfg.stop_after and epoch + 1 - start_epoch >= train_cfg.stop_after and epoch + 1 < train_cfg.epochs:
             worker.say(f"stopping after {train_cfg.stop_after} epoch(s) this session (train.stop_after); "
@@ -145,7 +146,7 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
             break
         if stop:
             stopped_early = epoch + 1 < train_cfg.epochs
-            worker.say(f"early stop after epoch {epoch}: "
+            worker.say(f"early stop after epoch {epoch + 1}: "
                        f"no {metric} improvement for {train_cfg.patience} epoch(s)")
             break
 
@@ -408,7 +409,8 @@ def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, tr
     return metrics, bool(improved), stop
 
 
-def _resume(trainables: Trainables, worker: _Worker, runtime: TrainGroup | TrialProcess | LocalRun) -> LoopState:
+def _resume(trainables: Trainables, worker: _Worker, runtime: TrainGroup | TrialProcess | LocalRun,
+            epochs: int) -> LoopState:
     """The latest checkpoint's tensors and loop state, which Ray Train (or Tune) hands back after a
     failure or when storage.run names an earlier run; a fresh state when there is none."""
     checkpoint = runtime.latest_checkpoint()
@@ -417,7 +419,9 @@ def _resume(trainables: Trainables, worker: _Worker, runtime: TrainGroup | Trial
     with checkpoint.as_directory() as ckpt_dir:
         trainables.load_state_dict(load_state(ckpt_dir))
         state = CheckpointMeta.from_dict(read_meta(ckpt_dir)).loop_state()
-    worker.say(f"resumed from the checkpoint of epoch {state.epoch}: continuing at epoch {state.epoch + 1}")
+    folder = str(checkpoint.path).rstrip("/").rpartition("/")[2]  # epoch-NNNN, or Tune's checkpoint_NNNNNN
+    worker.say(f"resumed from the checkpoint of epoch {state.epoch + 1} ({folder}): continuing at epoch "
+               f"{state.epoch + 2} of {epochs}")
     return state
 
 
