@@ -57,9 +57,9 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any], meta: dict[str
     disk is refused (one ``fsutil.DiskFullError`` line) before either file is touched; a disk that
     fills between the two leaves the old ``meta.json``, whose record no longer matches."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     data = torch_bytes(state)
-    check_free_space(directory / STATE, len(data) + len(json_bytes(meta)) + META_ROOM)
+    check_free_space(directory / STATE, len(data) + len(json_bytes(meta)) + META_ROOM)  # no empty folder left
+    directory.mkdir(parents=True, exist_ok=True)
     written = atomic_write_bytes(directory / STATE, data)
     # written last: a checkpoint with meta is complete
     atomic_write_bytes(directory / META, json_bytes({**meta, STATE_FILE: written.as_dict()}))
