@@ -105,25 +105,26 @@ def _shown(path: Path) -> Path:
     return Path(*[m.group(1) if (m := _STAGE.match(part)) else part for part in path.parts])
 
 
+def _existing(folder: Path) -> Path:
+    """``folder`` or its nearest ancestor that exists (the folder a file would be made in may not yet)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
 def free_bytes(folder: str | Path) -> int | None:
     """Free space for an ordinary user in ``folder`` (its nearest existing ancestor); None where
     the file system cannot say."""
-    probe = Path(folder) if str(folder) else Path(".")
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
     try:
-        return shutil.disk_usage(probe).free
+        return shutil.disk_usage(_existing(Path(folder) if str(folder) else Path("."))).free
     except OSError:
         return None
 
 
 def _disk_full(path: Path, need: int, free: int | None, what: str | None = None) -> DiskFullError:
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
     have = "unknown space" if free is None else _size_text(free)
     return DiskFullError(f"no space left for {what or _shown(path)}: {_size_text(need)} needed, {have} free in "
-                         f"{_shown(folder.resolve())}")
+                         f"{_shown(_existing(path.parent).resolve())}")
 
 
 def check_free_space(path: str | Path, need: int, *, what: str | None = None) -> None:

@@ -205,3 +205,11 @@ def test_checkpoints_on_object_storage(s3, tmp_path, capsys):
     assert found is not None and isinstance(found[0], Location) and found[1] == 0
     assert found[0].uri == f"{bucket}/run/epoch-0000" and checkpoint_problem(found[0]) is None
     assert "checkpoint epoch 2 (epoch-0001) is incomplete (state.pt is 1000 bytes" in capsys.readouterr().err
+
+
+def test_an_unreadable_checkpoint_is_one_line_not_an_exception(tmp_path):
+    ckpt = _run_folder(tmp_path, 1) / "epoch-0000"
+    (ckpt / "meta.json").unlink()
+    (ckpt / "meta.json").mkdir()  # root reads any file; nobody reads a folder as one
+    problem = checkpoint_problem(ckpt)
+    assert problem.startswith("unreadable: ") and "\n" not in problem

@@ -34,7 +34,7 @@ import torch
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write_bytes, check_free_space, json_bytes, torch_bytes
-from alchemetric_ray.storage import Location, locate
+from alchemetric_ray.storage import Location, StorageError, locate
 
 if TYPE_CHECKING:
     from alchemetric_ray.hardware import OptimizerStep
@@ -96,7 +96,7 @@ def checkpoint_problem(directory: str | Path | Location) -> str | None:
     where = locate(directory)
     try:
         return _problem(where)
-    except OSError as exc:  # unreadable (permissions, a storage error): not a checkpoint to resume from
+    except (OSError, StorageError) as exc:  # unreadable (permissions, storage): not a checkpoint to resume from
         text = str(exc).strip()
         return f"unreadable: {text.splitlines()[0][:160] if text else type(exc).__name__}"
 
