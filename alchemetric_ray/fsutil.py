@@ -2,8 +2,10 @@
 
 Two ways to write, one for a file and one for a folder, so that a reader never sees half of either:
 
-* :func:`atomic_write` (and its text, JSON and torch forms): the file is written beside its final
-  name and renamed over it.
+* :func:`atomic_write` (and its bytes, text, JSON and torch forms): the file is written beside its
+  final name and renamed over it.  The bytes, text, JSON and torch forms have the whole file in
+  memory first, so they check the folder's free space before writing and turn a full disk
+  (``ENOSPC``, a quota) into one :class:`DiskFullError` line, with no temporary file left.
 * :func:`staged_dir`: ``with staged_dir(target) as stage: ...`` builds a folder in a stage and puts
   it in place of ``target`` when the block ends, or removes the stage when the block raises.  A
   local folder is swapped in atomically; a URI (``s3://...``) goes through ``pyarrow.fs``.
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
+import io
 import json
 import os
 import re
@@ -21,6 +25,7 @@ import sys
 import tempfile
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -65,24 +70,134 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
+# A file is refused unless the folder keeps this much free beyond it: the file system's own
+# metadata (inode, directory entry, journal) needs a little, and a disk left at 0 bytes breaks
+# every other writer on it (logs, Ray's spill files).
+FREE_SPACE_MARGIN = 64 * 1024
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_STAGE = re.compile(r"^\.(.+)\.tmp-[0-9a-f]{8}$")  # _tmp_beside's names
+
+
+class DiskFullError(UserError, OSError):
+    """Not enough free space to write a file: one line naming it, the space needed and the space free."""
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """What was written: its size and sha256, from the bytes in memory (no second read of the file)."""
+
+    size: int
+    sha256: str
+
+    def as_dict(self) -> dict[str, int | str]:
+        return {"size": self.size, "sha256": self.sha256}
+
+
+def _size_text(n: int) -> str:
+    if n < 1_000_000:
+        return f"{n / 1e3:.1f} kB"
+    return f"{n / 1e6:.1f} MB" if n < 1_000_000_000 else f"{n / 1e9:.2f} GB"
+
+
+def _shown(path: Path) -> Path:
+    """``path`` as the user will see it once in place: a staging folder (``.name.tmp-1234abcd``,
+    :func:`staged_dir`) is named by the folder it becomes."""
+    return Path(*[m.group(1) if (m := _STAGE.match(part)) else part for part in path.parts])
+
+
+def _existing(folder: Path) -> Path:
+    """``folder`` or its nearest ancestor that exists (the folder a file would be made in may not yet)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def free_bytes(folder: str | Path) -> int | None:
+    """Free space for an ordinary user in ``folder`` (its nearest existing ancestor); None where
+    the file system cannot say."""
+    try:
+        return shutil.disk_usage(_existing(Path(folder) if str(folder) else Path("."))).free
+    except OSError:
+        return None
+
+
+def _disk_full(path: Path, need: int, free: int | None, what: str | None = None) -> DiskFullError:
+    have = "unknown space" if free is None else _size_text(free)
+    return DiskFullError(f"no space left for {what or _shown(path)}: {_size_text(need)} needed, {have} free in "
+                         f"{_shown(_existing(path.parent).resolve())}")
+
+
+def check_free_space(path: str | Path, need: int, *, what: str | None = None) -> None:
+    """Refuse, before writing, a file of ``need`` bytes at ``path`` that its folder has no room for
+    (plus :data:`FREE_SPACE_MARGIN`): a :class:`DiskFullError` naming the file (or ``what``) and both
+    sizes.  A file system that reports no free space figures passes (the write itself is still
+    checked)."""
+    path = Path(path)
+    free = free_bytes(path.parent)
+    if free is not None and free < need + FREE_SPACE_MARGIN:
+        raise _disk_full(path, need + FREE_SPACE_MARGIN, free, what)
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    """Write every byte (``os.write`` may write fewer than asked)."""
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def atomic_write_bytes(path: str | Path, data: bytes | bytearray | memoryview) -> WrittenFile:
+    """Write ``data`` as the file ``path`` in one step: free space checked first, the bytes written
+    by Python beside ``path`` and renamed over it.  A full disk, found before or during the write,
+    is one :class:`DiskFullError` line; the temporary file is removed and an old ``path`` is left
+    as it was.  Returns the size and sha256 of what was written."""
+    path = Path(path)
+    view = memoryview(data).cast("B")
+    check_free_space(path, len(view))
+
     def write(tmp: Path) -> None:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        try:
+            _write_all(fd, view)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
-    atomic_write(path, write)
+    try:
+        atomic_write(path, write)  # removes the temporary file however the write ends
+    except OSError as exc:
+        if exc.errno in _NO_SPACE:
+            raise _disk_full(path, len(view), free_bytes(path.parent)) from None
+        raise
+    return WrittenFile(len(view), hashlib.sha256(view).hexdigest())
 
 
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str))
+def atomic_write_text(path: str | Path, text: str) -> WrittenFile:
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_torch_save(obj: Any, path: str | Path) -> None:
+def json_bytes(obj: Any) -> bytes:
+    """How every JSON file here is written: indented, keys sorted, anything else as its ``str``."""
+    return json.dumps(obj, indent=2, sort_keys=True, default=str).encode("utf-8")
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> WrittenFile:
+    return atomic_write_bytes(path, json_bytes(obj))
+
+
+def torch_bytes(obj: Any) -> memoryview:
+    """``torch.save(obj)`` in memory: the size is known before any byte reaches the disk, and a full
+    disk is Python's ``OSError`` when the bytes are written, not torch's ``RuntimeError`` (whose text
+    depends on where in its zip writer the space ran out)."""
     import torch
 
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getbuffer()
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> WrittenFile:
+    """``torch.save(obj, path)`` through :func:`atomic_write_bytes` (free space checked, never half a
+    file); returns the size and sha256 of the file."""
+    return atomic_write_bytes(path, torch_bytes(obj))
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -38,7 +38,7 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_write, is_uri, staged_dir
+from alchemetric_ray.fsutil import atomic_write_bytes, is_uri, staged_dir
 
 # One S3 request: connect within 5 s, no 20 s without a byte moving, 4 attempts with the SDK's
 # backoff.  The preflight probe makes one attempt with a short read timeout, so that an endpoint
@@ -141,10 +141,11 @@ class Location:
 
     def write_bytes(self, data: bytes) -> None:
         """Write the whole file at once: a local file is renamed into place, an object is one PUT
-        (object stores make it visible whole or not at all)."""
+        (object stores make it visible whole or not at all).  A full local disk is one
+        ``fsutil.DiskFullError`` line."""
         if self.is_local:
             self.local.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.local, lambda tmp: tmp.write_bytes(data))
+            atomic_write_bytes(self.local, data)
             return
         try:
             with self.filesystem.open_output_stream(self.path) as out:

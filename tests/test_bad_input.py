@@ -334,6 +334,19 @@ def test_corrupt_or_truncated_parquet_shard(ray_session, capsys, tmp_path, shard
     fails(capsys, train(data, tmp_path), *names, under=tmp_path)
 
 
+def test_a_shard_without_a_column(ray_session, capsys, tmp_path, shards):
+    """A shard rewritten without its date column (the user's case of 2026-12-02: a raw KeyError from
+    the Train worker before): one line naming the file and the column, before any training."""
+    import pyarrow.parquet as pq
+
+    data = copy_shards(shards, tmp_path)
+    part = data / "split=train" / "part-00000.parquet"
+    pq.write_table(pq.read_table(part).drop(["date"]), part)
+    line = fails(capsys, train(data, tmp_path), f"{part}: no column 'date'",
+                 "(the manifest's shards hold date, ticker, label, fwd_ret and its 16 features", under=tmp_path)
+    assert "KeyError" not in line
+
+
 @pytest.fixture
 def private_tmp(tmp_path, monkeypatch) -> Path:
     """Python's temporary folders (predict stages its inputs there) under tmp_path, to be checked too."""

@@ -1,7 +1,10 @@
 """A training checkpoint's round trip through a local folder (no Ray): the tensors, the loop state
-and meta.json come back as they were saved."""
+and meta.json come back as they were saved; and a checkpoint that is not whole (state.pt cut short
+or changed, meta.json missing or broken) is found and skipped for the newest whole one."""
 
+import hashlib
 import json
+import shutil
 
 import pytest
 import torch
@@ -9,11 +12,14 @@ from torch import nn
 
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.hardware.precision import OptimizerStep, Precision, adamw, resolve_precision
+from alchemetric_ray.storage import Location
 from alchemetric_ray.train.checkpoint import (
     CheckpointError,
     CheckpointMeta,
     LoopState,
     Trainables,
+    checkpoint_problem,
+    latest_complete_checkpoint,
     load_state,
     read_meta,
     save_checkpoint,
@@ -21,7 +27,7 @@ from alchemetric_ray.train.checkpoint import (
 
 # the keys of meta.json that the export, a resumed run and the sweep read
 META_KEYS = {"epoch", "config", "metrics", "device", "precision", "plan", "world_size", "environment", "manifest",
-             "loop"}
+             "loop", "state_file"}
 
 
 def _trainables(seed: int) -> Trainables:
@@ -124,3 +130,116 @@ def test_a_checkpoint_of_the_other_adamw_resumes_stepping_as_the_optimizer_was_b
         state = loaded.optimizer.state[p]
         assert int(state["step"]) == 6 and state["step"].device == (p.device if loaded_fused else torch.device("cpu"))
         assert torch.isfinite(state["exp_avg"]).all()
+
+
+# ---- whole checkpoints and incomplete ones ------------------------------------------------------------
+
+
+def _run_folder(root, epochs: int, numel: int = 20_000):
+    """A Train run's folder with one checkpoint per epoch (epoch-0000 ...), each a real save."""
+    run = root / "run"
+    for epoch in range(epochs):
+        save_checkpoint(run / f"epoch-{epoch:04d}", {"model": {"w": torch.full((numel,), float(epoch))}},
+                        {"epoch": epoch, "loop": {"best": None, "bad_epochs": 0, "history": []}})
+    return run
+
+
+def test_meta_json_records_the_size_and_sha256_of_state_pt(tmp_path):
+    run = _run_folder(tmp_path, 1)
+    ckpt = run / "epoch-0000"
+    data = (ckpt / "state.pt").read_bytes()
+    assert read_meta(ckpt)["state_file"] == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert checkpoint_problem(ckpt) is None
+    assert latest_complete_checkpoint(run) == (ckpt, 0)
+
+
+def test_a_truncated_state_and_a_missing_meta_are_skipped_for_the_newest_whole_checkpoint(tmp_path, capsys):
+    run = _run_folder(tmp_path, 4)
+    (run / "checkpoint_manager_snapshot.json").write_text("{}")  # what else Ray Train keeps in a run folder
+    (run / "tensorboard").mkdir()
+    newest = run / "epoch-0003" / "state.pt"  # a copy cut short
+    size = newest.stat().st_size
+    newest.write_bytes(newest.read_bytes()[:4096])
+    (run / "epoch-0002" / "meta.json").unlink()  # the save died before its last file
+
+    assert checkpoint_problem(run / "epoch-0003") == f"state.pt is 4096 bytes, meta.json says {size}"
+    assert checkpoint_problem(run / "epoch-0002") == "no meta.json: its save did not finish"
+    capsys.readouterr()
+    assert latest_complete_checkpoint(run) == (run / "epoch-0001", 1)
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"warning: checkpoint epoch 4 (epoch-0003) is incomplete (state.pt is 4096 bytes, meta.json says {size}); "
+        "using epoch 2 (epoch-0001)",
+        "warning: checkpoint epoch 3 (epoch-0002) is incomplete (no meta.json: its save did not finish); "
+        "using epoch 2 (epoch-0001)",
+    ]
+    assert torch.equal(load_state(run / "epoch-0001")["model"]["w"], torch.full((20_000,), 1.0))
+
+
+def test_a_state_of_the_right_size_but_other_bytes_is_not_whole(tmp_path):
+    run = _run_folder(tmp_path, 2)
+    state = run / "epoch-0001" / "state.pt"
+    raw = bytearray(state.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte in the tensor data: torch.load would not notice
+    state.write_bytes(bytes(raw))
+    problem = checkpoint_problem(run / "epoch-0001")
+    assert problem and problem.startswith("state.pt's sha256 is ") and "meta.json says" in problem
+    assert latest_complete_checkpoint(run) == (run / "epoch-0000", 0)
+
+
+def test_other_incomplete_checkpoints(tmp_path, capsys):
+    run = _run_folder(tmp_path, 3)
+    (run / "epoch-0002" / "meta.json").write_text('{"epoch": 2, "loop": ')  # cut short
+    (run / "epoch-0001" / "state.pt").unlink()
+    assert checkpoint_problem(run / "epoch-0002") == "meta.json is not valid JSON"
+    assert checkpoint_problem(run / "epoch-0001") == "no state.pt"
+    (run / "epoch-0000" / "state.pt").write_bytes(b"")
+    capsys.readouterr()
+    assert latest_complete_checkpoint(run) is None
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 3 and all(line.endswith(f"; no complete checkpoint is left in {run}") for line in err)
+    assert err[2].startswith("warning: checkpoint epoch 1 (epoch-0000) is incomplete (state.pt is 0 bytes, ")
+    assert latest_complete_checkpoint(tmp_path / "no-such-run") is None
+    assert latest_complete_checkpoint(tmp_path) is None  # a folder without epoch-NNNN folders: no checkpoint
+
+
+def test_a_checkpoint_from_before_the_record_is_taken_on_its_state_file(tmp_path):
+    ckpt = _run_folder(tmp_path, 1) / "epoch-0000"
+    meta = read_meta(ckpt)
+    del meta["state_file"]
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    assert checkpoint_problem(ckpt) is None
+    (ckpt / "state.pt").unlink()
+    assert checkpoint_problem(ckpt) == "no state.pt"
+
+
+def test_the_epochs_are_ordered_by_number_not_by_name(tmp_path):
+    run = _run_folder(tmp_path, 1)
+    shutil.copytree(run / "epoch-0000", run / "epoch-10000")  # a run past 9999 epochs: five digits
+    meta = read_meta(run / "epoch-10000")
+    (run / "epoch-10000" / "meta.json").write_text(json.dumps({**meta, "epoch": 10000}))
+    shutil.copytree(run / "epoch-0000", run / "epoch-0999")
+    assert latest_complete_checkpoint(run) == (run / "epoch-10000", 10000)
+
+
+def test_checkpoints_on_object_storage(s3, tmp_path, capsys):
+    """The same checks on a bucket (the tests' S3 server): the folder comes back as a Location."""
+    run = _run_folder(tmp_path, 2, numel=1000)
+    bucket = s3.bucket("ar-checkpoints")
+    for path in sorted(p for p in run.rglob("*") if p.is_file()):
+        body = path.read_bytes()
+        if path == run / "epoch-0001" / "state.pt":
+            body = body[:1000]  # an upload cut short
+        s3.client.put_object(Bucket="ar-checkpoints", Key=f"run/{path.relative_to(run)}", Body=body)
+    found = latest_complete_checkpoint(f"{bucket}/run")
+    assert found is not None and isinstance(found[0], Location) and found[1] == 0
+    assert found[0].uri == f"{bucket}/run/epoch-0000" and checkpoint_problem(found[0]) is None
+    assert "checkpoint epoch 2 (epoch-0001) is incomplete (state.pt is 1000 bytes" in capsys.readouterr().err
+
+
+def test_an_unreadable_checkpoint_is_one_line_not_an_exception(tmp_path):
+    ckpt = _run_folder(tmp_path, 1) / "epoch-0000"
+    (ckpt / "meta.json").unlink()
+    (ckpt / "meta.json").mkdir()  # root reads any file; nobody reads a folder as one
+    problem = checkpoint_problem(ckpt)
+    assert problem.startswith("unreadable: ") and "\n" not in problem

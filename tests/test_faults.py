@@ -174,8 +174,16 @@ def _run_killed(body: str, kill_at: int, target: Path, mode: str = "exchange") -
     return proc
 
 
-def test_checkpoint_state_killed_before_rename_keeps_the_previous_one(tmp_path):
-    from alchemetric_ray.train.checkpoint import read_meta, save_checkpoint
+def test_checkpoint_state_killed_before_rename_keeps_the_previous_one(tmp_path, capsys):
+    from alchemetric_ray.train.checkpoint import (
+        checkpoint_problem,
+        latest_complete_checkpoint,
+        read_meta,
+        save_checkpoint,
+    )
+
+    def epoch_of(folder):
+        return {k: v for k, v in read_meta(folder).items() if k != "state_file"}
 
     ckpt = tmp_path / "epoch-0003"
     save_checkpoint(ckpt, {"model": {"w": torch.ones(3)}}, {"epoch": 3})
@@ -184,17 +192,22 @@ def test_checkpoint_state_killed_before_rename_keeps_the_previous_one(tmp_path):
         from alchemetric_ray.train.checkpoint import save_checkpoint
         save_checkpoint(sys.argv[2], {"model": {"w": torch.zeros(100000)}}, {"epoch": 4})
     """, kill_at=1, target=ckpt)
-    assert torch.equal(load_state(ckpt)["model"]["w"], torch.ones(3)) and read_meta(ckpt) == {"epoch": 3}
+    assert torch.equal(load_state(ckpt)["model"]["w"], torch.ones(3)) and epoch_of(ckpt) == {"epoch": 3}
     assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == ["meta.json", "state.pt"]
+    assert checkpoint_problem(ckpt) is None
 
     # killed after the state but before the metadata: the state is the new one, the metadata the old
-    # one, and each file is whole (meta.json is written last and marks a checkpoint complete)
+    # one, and each file is whole (meta.json is written last and marks a checkpoint complete); the
+    # old metadata's record of state.pt no longer matches, so the pair is not taken for a checkpoint
     _run_killed("""
         import torch
         from alchemetric_ray.train.checkpoint import save_checkpoint
         save_checkpoint(sys.argv[2], {"model": {"w": torch.zeros(7)}}, {"epoch": 4})
     """, kill_at=2, target=ckpt)
-    assert torch.equal(load_state(ckpt)["model"]["w"], torch.zeros(7)) and read_meta(ckpt) == {"epoch": 3}
+    assert torch.equal(load_state(ckpt)["model"]["w"], torch.zeros(7)) and epoch_of(ckpt) == {"epoch": 3}
+    assert checkpoint_problem(ckpt).startswith("state.pt's sha256 is ")  # zip pads both to one size
+    assert latest_complete_checkpoint(tmp_path) is None
+    assert "checkpoint epoch 4 (epoch-0003) is incomplete (state.pt's sha256 is " in capsys.readouterr().err
 
 
 _REEXPORT = """

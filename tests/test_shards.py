@@ -206,3 +206,62 @@ def test_features_cli_on_stocknet_and_bad_input(stocknet_dir, tmp_path):
     inside = subprocess.run([*cli, "--data", str(stocknet_dir), "--out", str(stocknet_dir / "shards")],
                             capture_output=True, text=True, timeout=120)
     assert inside.returncode == 2 and "inside the input data folder" in inside.stderr
+
+
+# ---- a shard file without a column the readers need ------------------------------------------------
+
+
+def _broken_copy(shards, tmp_path, split: str, edit) -> tuple:
+    """A copy of the shard folder with one file of ``split`` rewritten by ``edit(table)``."""
+    import shutil
+
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    manifest = Manifest.read(copy)
+    part = copy / manifest.files[split][-1]
+    pq.write_table(edit(pq.read_table(part)), part)
+    return copy, manifest, part
+
+
+@pytest.mark.parametrize("split, column", [("train", "date"), ("val", "ticker"), ("test", "fwd_ret"),
+                                           ("train", "label"), ("val", "ret_5")])
+def test_a_shard_without_a_column_is_refused_naming_the_file_and_the_column(syn_shards, tmp_path, split, column):
+    from alchemetric_ray.data.loaders import check_shard_files
+
+    copy, manifest, part = _broken_copy(syn_shards.out, tmp_path, split, lambda t: t.drop([column]))
+    assert column in manifest.features + ["date", "ticker", "label", "fwd_ret"]
+    with pytest.raises(ShardError) as err:
+        check_shard_files(copy, manifest)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{part}: no column {column!r} (the manifest's shards hold date, "
+                                                "ticker, label, fwd_ret and its 16 features ret_1, ret_5, "), line
+
+
+def test_a_shard_with_a_column_of_another_type_is_refused(syn_shards, tmp_path):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from alchemetric_ray.data.loaders import check_shard_files
+
+    def as_text(table):
+        j = table.schema.get_field_index("ret_1")
+        return table.set_column(j, "ret_1", pc.cast(table.column(j), pa.string()))
+
+    copy, manifest, part = _broken_copy(syn_shards.out, tmp_path, "train", as_text)
+    with pytest.raises(ShardError, match=rf"^{part}: column 'ret_1' is string, expected numeric$"):
+        check_shard_files(copy, manifest)
+    copy2, manifest, part = _broken_copy(syn_shards.out, tmp_path / "2", "val",
+                                         lambda t: t.set_column(t.schema.get_field_index("label"), "label",
+                                                                pc.cast(t.column("label"), pa.float64())))
+    with pytest.raises(ShardError, match=rf"^{part}: column 'label' is double, expected an integer \(class ids\)$"):
+        check_shard_files(copy2, manifest)
+
+
+def test_extra_columns_and_the_label_end_are_not_required(syn_shards, tmp_path):
+    import pyarrow as pa
+
+    from alchemetric_ray.data.loaders import check_shard_files
+
+    copy, manifest, _ = _broken_copy(syn_shards.out, tmp_path, "train",
+                                     lambda t: t.drop(["label_end"]).append_column("note", pa.array(["x"] * len(t))))
+    check_shard_files(copy, manifest)

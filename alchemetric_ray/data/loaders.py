@@ -21,8 +21,9 @@ worker shuffles with a seeded generator.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -226,30 +227,101 @@ def check_whole_tickers(shards: str | Path | Location, split: str, manifest: Man
         previous = (Path(file.path).name, last[len(last) - 1].as_py())
 
 
+KEY_COLUMNS = ("date", "ticker")  # besides the features: what every reader takes from a shard ...
+TARGET_COLUMNS = ("label", "fwd_ret")  # ... (build_datasets, train/evaluate.py:split_frame)
+
+
+def shard_columns(manifest: Manifest) -> list[str]:
+    """The columns every shard file must hold for the readers: date, ticker, the features, label, fwd_ret."""
+    return [*KEY_COLUMNS, *manifest.features, *TARGET_COLUMNS]
+
+
+def _expected_type(name: str, manifest: Manifest) -> tuple[str, Callable[[pa.DataType], bool]]:
+    """(what a column must be, in words; the test of its Arrow type)."""
+    if name == "date":
+        return "a timestamp or date", lambda t: pa.types.is_timestamp(t) or pa.types.is_date(t)
+    if name == "ticker":
+        return "a string", lambda t: (pa.types.is_string(t) or pa.types.is_large_string(t)
+                                      or (pa.types.is_dictionary(t) and pa.types.is_string(t.value_type)))
+    if name == "label":
+        if manifest.regression:
+            return "floating point (a regression target)", pa.types.is_floating
+        return "an integer (class ids)", pa.types.is_integer
+    return "numeric", lambda t: pa.types.is_floating(t) or pa.types.is_integer(t)
+
+
+def _held(manifest: Manifest) -> str:
+    features = manifest.features
+    named = ", ".join(features[:4]) + (", ..." if len(features) > 4 else "")
+    return (f"the manifest's shards hold {', '.join(KEY_COLUMNS)}, {', '.join(TARGET_COLUMNS)} and its "
+            f"{len(features)} feature{'s' if len(features) != 1 else ''} {named}")
+
+
+def schema_problem(schema: pa.Schema, manifest: Manifest) -> str | None:
+    """What a shard file's Arrow schema lacks for the readers (a column, or a column of the wrong
+    type), in words; None where it holds every column :func:`shard_columns` names."""
+    names = set(schema.names)
+    missing = [name for name in shard_columns(manifest) if name not in names]
+    if missing:
+        listed = ", ".join(repr(name) for name in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
+                                                                  else "")
+        return f"no column{'s' if len(missing) > 1 else ''} {listed} ({_held(manifest)})"
+    for name in shard_columns(manifest):
+        what, fits = _expected_type(name, manifest)
+        kind = schema.field(name).type
+        if not fits(kind):
+            return f"column {name!r} is {kind}, expected {what}"
+    return None
+
+
 def check_shard_files(shards: str | Path | Location, manifest: Manifest) -> None:
-    """Every Parquet file of every split decodes and the row counts match the manifest.
+    """Every Parquet file of every split holds the columns the readers need, decodes, and the row
+    counts match the manifest.
 
-    A missing, truncated or corrupt shard is refused here, on the driver, naming the file, before a
-    run starts; Ray Data would only fail on it inside a Train worker (or, for the test split, at the
-    export after training).  One pass over the data, batch by batch (memory stays bounded).
+    A missing, truncated or corrupt shard, or one without a column (or with a column of another
+    type) is refused here, on the driver, naming the file, before a run starts; Ray Data would only
+    fail on it inside a Train worker (or, for the test split, at the export after training).  Each
+    file's schema (its footer) is checked first, for every file, before one pass over the data,
+    batch by batch (memory stays bounded).
     """
-    import pyarrow.parquet as pq
-
+    files = {split: split_files(shards, split, manifest) for split in manifest.rows}
+    for file in (f for listed in files.values() for f in listed):
+        with _opened(file) as f:
+            problem = schema_problem(f.schema_arrow, manifest)
+        if problem:
+            raise ShardError(f"{file}: {problem}")
     for split, expected in manifest.rows.items():
         rows = 0
-        for file in split_files(shards, split, manifest):
-            try:
-                with pq.ParquetFile(file.filesystem.open_input_file(file.path)) as f:
+        for file in files[split]:
+            with _opened(file) as f:
+                try:
                     for batch in f.iter_batches(batch_size=65_536):
                         rows += batch.num_rows
-            except FileNotFoundError:
-                raise ShardError(f"{file}: listed in {MANIFEST} but missing") from None
-            except (pa.ArrowException, OSError, ValueError) as exc:
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-                raise ShardError(f"{file}: corrupt or truncated Parquet shard ({first})") from None
+                except (pa.ArrowException, OSError, ValueError) as exc:
+                    raise _corrupt(file, exc) from None
         if rows != expected:
             raise ShardError(f"{locate(shards) / f'split={split}'}: {rows} rows in its Parquet files but {MANIFEST} "
                              f"says {expected} (a shard is missing, truncated or from another build)")
+
+
+@contextmanager
+def _opened(file: Location) -> Iterator[Any]:
+    """The ``pq.ParquetFile`` of a shard (its footer read); a missing or unreadable one is one line."""
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(file.filesystem.open_input_file(file.path))
+    except FileNotFoundError:
+        raise ShardError(f"{file}: listed in {MANIFEST} but missing") from None
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise _corrupt(file, exc) from None
+    with parquet:
+        yield parquet
+
+
+def _corrupt(file: Location, exc: BaseException) -> ShardError:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+    return ShardError(f"{file}: corrupt or truncated Parquet shard ({first})")
 
 
 def build_datasets(shards: str | Path | Location, mode: str, window: int, splits=("train", "val"),

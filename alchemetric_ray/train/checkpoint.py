@@ -3,7 +3,11 @@
 ``state.pt`` holds only tensors and plain containers (model, optimizer, scaler, scheduler state)
 and is always loaded with ``torch.load(weights_only=True)``: a crafted pickle cannot run code.
 ``meta.json`` holds everything else: the whole run config, epoch, metrics, device and precision
-with their reasons, versions, machine, git commit and the feature manifest.
+with their reasons, versions, machine, git commit and the feature manifest, and the size and
+sha256 of ``state.pt`` (``state_file``).  It is written last, so a folder with a ``meta.json``
+whose record matches its ``state.pt`` is a whole checkpoint (:func:`checkpoint_problem`): a save
+killed between the two files, a full disk or a copy cut short (Ray's upload of a checkpoint to
+``storage.path``) leaves one that does not match, and :func:`latest_complete_checkpoint` skips it.
 
 This module reads and writes a local folder and the objects a checkpoint restores:
 ``Trainables`` (what ``state.pt`` holds), ``LoopState`` (what the loop carries from epoch to
@@ -13,10 +17,13 @@ Train is ``train/loop.py``'s part.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
+import sys
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
@@ -26,13 +33,17 @@ import torch
 
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_torch_save, atomic_write_json
+from alchemetric_ray.fsutil import atomic_write_bytes, check_free_space, json_bytes, torch_bytes
+from alchemetric_ray.storage import Location, StorageError, locate
 
 if TYPE_CHECKING:
     from alchemetric_ray.hardware import OptimizerStep
 
 STATE = "state.pt"
 META = "meta.json"
+STATE_FILE = "state_file"  # meta.json's record of state.pt: {"size": bytes, "sha256": hex digest}
+EPOCH_DIR = re.compile(r"epoch-(\d+)")  # a Train run's checkpoint folders (train/loop.py names them)
+META_ROOM = 4096  # bytes beyond meta.json's size without its record: the record, and some slack
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -40,10 +51,18 @@ class CheckpointError(UserError, RuntimeError):
 
 
 def save_checkpoint(directory: str | Path, state: dict[str, Any], meta: dict[str, Any]) -> None:
+    """``state.pt`` then ``meta.json`` (with ``state.pt``'s size and sha256), each atomically.
+
+    Both are serialized first and the folder's free space checked for the two together, so a full
+    disk is refused (one ``fsutil.DiskFullError`` line) before either file is touched; a disk that
+    fills between the two leaves the old ``meta.json``, whose record no longer matches."""
     directory = Path(directory)
+    data = torch_bytes(state)
+    check_free_space(directory / STATE, len(data) + len(json_bytes(meta)) + META_ROOM)  # no empty folder left
     directory.mkdir(parents=True, exist_ok=True)
-    atomic_torch_save(state, directory / STATE)
-    atomic_write_json(directory / META, meta)  # written last: a checkpoint with meta is complete
+    written = atomic_write_bytes(directory / STATE, data)
+    # written last: a checkpoint with meta is complete
+    atomic_write_bytes(directory / META, json_bytes({**meta, STATE_FILE: written.as_dict()}))
 
 
 def load_state(directory: str | Path) -> dict[str, Any]:
@@ -67,18 +86,93 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not valid JSON") from None
 
 
-def checkpoint_problem(directory: str | Path) -> str | None:
-    """Why the checkpoint in ``directory`` is incomplete (one phrase), or None when it is complete."""
-    directory = Path(directory)
-    if not (directory / META).is_file():
-        return f"no {META}"
-    if not (directory / STATE).is_file():
-        return f"no {STATE}"
+def checkpoint_problem(directory: str | Path | Location) -> str | None:
+    """Why the checkpoint folder ``directory`` (local or on object storage) is not a whole checkpoint,
+    in a few words for a one-line message; None where it is.
+
+    Whole: ``meta.json`` parses, ``state.pt`` exists, and its size and sha256 are those that
+    ``meta.json`` records.  A ``meta.json`` without the record (written before it existed) is taken
+    on ``state.pt`` being there.  Reads ``state.pt`` once, in chunks, for its sha256."""
+    where = locate(directory)
     try:
-        read_meta(directory)
-    except CheckpointError:
+        return _problem(where)
+    except (OSError, StorageError) as exc:  # unreadable (permissions, storage): not a checkpoint to resume from
+        text = str(exc).strip()
+        return f"unreadable: {text.splitlines()[0][:160] if text else type(exc).__name__}"
+
+
+def _problem(where: Location) -> str | None:
+    try:
+        meta = json.loads((where / META).read_bytes())
+    except FileNotFoundError:
+        return f"no {META}: its save did not finish"
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return f"{META} is not valid JSON"
+    if not isinstance(meta, dict):
+        return f"{META} is not a JSON object"
+    size = _file_size(where / STATE)
+    if size is None:
+        return f"no {STATE}"
+    record = meta.get(STATE_FILE)
+    if record is None:
+        return None  # a checkpoint from before the record: its state.pt is there, and that is all we know
+    if not (isinstance(record, dict) and isinstance(record.get("size"), int) and isinstance(record.get("sha256"), str)):
+        return f"{META}'s {STATE_FILE} record is not a size and a sha256"
+    if size != record["size"]:
+        return f"{STATE} is {size} bytes, {META} says {record['size']}"
+    digest = _sha256(where / STATE)
+    if digest != record["sha256"]:
+        return f"{STATE}'s sha256 is {digest[:12]}..., {META} says {record['sha256'][:12]}..."
     return None
+
+
+def latest_complete_checkpoint(run_dir: str | Path | Location) -> tuple[Path | Location, int] | None:
+    """The newest whole checkpoint of a Train run's folder and its epoch (0-based, as ``meta.json``
+    has it); None where the run has none (or the folder is not there).
+
+    Looks at the ``epoch-NNNN`` folders, newest first by their number (the epoch index the loop
+    names them by); each one that :func:`checkpoint_problem` finds incomplete is skipped with a
+    one-line warning on stderr naming it (people count epochs from 1: ``epoch-0011`` holds epoch
+    12).  The folder comes back as a ``Path`` where ``run_dir`` is local, else as a ``Location``."""
+    where = locate(run_dir)
+    if not where.is_dir():
+        return None
+    numbered = sorted(((int(m.group(1)), name) for name in where.listing("epoch-*", folders=True)
+                       if (m := EPOCH_DIR.fullmatch(name))), reverse=True)
+    skipped: list[tuple[int, str, str]] = []
+    for number, name in numbered:
+        folder = where / name
+        problem = checkpoint_problem(folder)
+        if problem is not None:
+            skipped.append((number, name, problem))
+            continue
+        epoch = json.loads((folder / META).read_bytes()).get("epoch", number)
+        epoch = epoch if isinstance(epoch, int) else number
+        _warn_skipped(skipped, f"using epoch {epoch + 1} ({name})")
+        return (folder.local if where.is_local else folder), epoch
+    _warn_skipped(skipped, f"no complete checkpoint is left in {where}")
+    return None
+
+
+def _warn_skipped(skipped: list[tuple[int, str, str]], instead: str) -> None:
+    for number, name, problem in skipped:
+        print(f"warning: checkpoint epoch {number + 1} ({name}) is incomplete ({problem}); {instead}",
+              file=sys.stderr, flush=True)
+
+
+def _file_size(where: Location) -> int | None:
+    from pyarrow import fs
+
+    info = where.filesystem.get_file_info(where.path)
+    return info.size if info.type == fs.FileType.File else None
+
+
+def _sha256(where: Location, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with where.filesystem.open_input_stream(where.path) as stream:
+        while block := stream.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @lru_cache(maxsize=1)

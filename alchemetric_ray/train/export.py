@@ -23,12 +23,13 @@ from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import (
-    atomic_torch_save,
-    atomic_write_json,
-    atomic_write_text,
+    atomic_write_bytes,
+    check_free_space,
     is_uri,
+    json_bytes,
     recover_dir,
     safe_child,
+    torch_bytes,
     unwritable_ancestor,
 )
 from alchemetric_ray.hardware import resolve_device, resolve_precision
@@ -41,6 +42,12 @@ from alchemetric_ray.train.metrics import selection_metric, target_metrics
 WEIGHTS, CONFIG, MANIFEST, METRICS, META, CARD, CERTIFICATE = (
     "weights.pt", "config.json", "manifest.json", "metrics.json", "meta.json", "model_card.md", "certificate.json")
 FEW_TICKERS = 10
+# What check_models_dir asks of the disk where the model's size is not known yet (before training,
+# ahead of the manifest): a floor that catches a full disk early; the export checks the real size.
+MIN_EXPORT_BYTES = 1 << 20
+# The export's files besides the weights (config, manifest, metrics with the history, meta, card)
+# as estimated_export_bytes counts them before they exist.
+EXPORT_METADATA_BYTES = 256 * 1024
 
 
 class ModelDirError(UserError, ValueError):
@@ -96,27 +103,46 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
     }
     models = locate(cfg.storage.models_dir)
     target = models / safe_child(".", cfg.storage.name, "storage.name").name
-    check_models_dir(cfg.storage.models_dir)
+    info = {k: meta[k] for k in ("device", "precision", "plan", "world_size", "environment", "epoch")}
+    # every file in memory first (the manifest's own writer is manifest.write): the space they need
+    # is known before the stage is made, and each write is checked again (fsutil.atomic_write_bytes)
+    files = {WEIGHTS: torch_bytes({"model": state["model"]}), CONFIG: json_bytes(cfg.to_dict()),
+             METRICS: json_bytes(metrics),
+             META: json_bytes({**info, "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z")}),
+             CARD: model_card(cfg, manifest, metrics, info).encode("utf-8")}
+    check_models_dir(cfg.storage.models_dir, sum(len(data) for data in files.values())
+                     + len(json_bytes(manifest.to_dict())))
     with target.staged(last=(META,)) as tmp:  # meta.json last: a reader that sees it sees the rest
-        atomic_torch_save({"model": state["model"]}, tmp / WEIGHTS)
-        atomic_write_json(tmp / CONFIG, cfg.to_dict())
+        for name in (WEIGHTS, CONFIG, METRICS):
+            atomic_write_bytes(tmp / name, files[name])
         manifest.write(tmp)
-        atomic_write_json(tmp / METRICS, metrics)
-        info = {k: meta[k] for k in ("device", "precision", "plan", "world_size", "environment", "epoch")}
-        atomic_write_json(tmp / META, {**info, "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-        atomic_write_text(tmp / CARD, model_card(cfg, manifest, metrics, info))
+        for name in (META, CARD):
+            atomic_write_bytes(tmp / name, files[name])
     return target
 
 
-def check_models_dir(folder: str | Path) -> None:
-    """Refuse a local models directory we cannot write, before any work is done for it (object
-    storage is checked by ``storage.preflight``)."""
+def check_models_dir(folder: str | Path, need: int | None = None) -> None:
+    """Refuse a local models directory we cannot write, or whose disk has no room for ``need`` bytes
+    (the model's files; :data:`MIN_EXPORT_BYTES` where the size is not known yet, as before training:
+    :func:`estimated_export_bytes` gives it once the manifest is read), before any work is done for
+    it.  Object storage is checked by ``storage.preflight`` and has no free space to check."""
     if is_uri(folder):
         return
     folder = Path(folder)
     blocked = unwritable_ancestor(folder)
     if blocked is not None:
         raise ModelDirError(f"models directory {folder}: {blocked} is not a writable folder")
+    # the stage is made beside the model's folder, i.e. in ``folder`` (fsutil.staged_dir)
+    check_free_space(folder / ".export", MIN_EXPORT_BYTES if need is None else need,
+                     what=f"the model in models directory {folder}")
+
+
+def estimated_export_bytes(cfg: RunConfig, manifest: Manifest) -> int:
+    """About what the export of this run's model will write: its weights (every tensor of the model
+    built for ``manifest``'s features, at its dtype) and :data:`EXPORT_METADATA_BYTES` for the rest."""
+    model = _build(cfg, manifest)
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return weights + EXPORT_METADATA_BYTES
 
 
 def _build(cfg: RunConfig, manifest: Manifest) -> torch.nn.Module:
