@@ -17,14 +17,14 @@ from 1 and name the folder too (``epoch 10 (epoch-0009)``).
 
 from __future__ import annotations
 
+import json
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from alchemetric_ray.storage import Location
-from alchemetric_ray.train.checkpoint import META, STATE, checkpoint_problem, read_meta
+from alchemetric_ray.train.checkpoint import META, checkpoint_problem, latest_complete_checkpoint
 
 PREFIX = "epoch-"
 
@@ -64,35 +64,24 @@ class RunFolder:
 
     def checkpoints(self) -> list[Kept]:
         """The complete checkpoints, oldest first."""
-        return [kept for kept, _ in self._scan() if kept is not None]
+        names = sorted(self.where.listing(f"{PREFIX}*", folders=True), key=_epoch_of)
+        return [self._kept(self.where / name) for name in names if checkpoint_problem(self.where / name) is None]
 
     def latest(self, *, warn: bool = True) -> Kept | None:
         """The newest complete checkpoint (what ``--resume`` continues from), or None; each newer
-        incomplete one is skipped with a one-line warning naming it and the one used instead."""
-        scanned = self._scan()
-        complete = [kept for kept, _ in scanned if kept is not None]
-        if warn:
-            used = f"using {epoch_label(complete[-1].epoch)}" if complete else "none is complete"
-            for kept, (name, problem) in scanned:
-                if kept is None and (not complete or _epoch_of(name) > complete[-1].epoch):
-                    print(f"warning: checkpoint {epoch_label(_epoch_of(name))} is incomplete ({problem}); {used}",
-                          file=sys.stderr, flush=True)
-        return complete[-1] if complete else None
+        incomplete one is skipped with a one-line warning naming it and the one used instead
+        (:func:`~alchemetric_ray.train.checkpoint.latest_complete_checkpoint`)."""
+        if not warn:
+            kept = self.checkpoints()
+            return kept[-1] if kept else None
+        found = latest_complete_checkpoint(self.where)
+        return self._kept(self.where / Path(str(found[0])).name) if found else None
 
-    def _scan(self) -> list[tuple[Kept | None, tuple[str, str | None]]]:
-        """Every epoch folder, oldest first: (its checkpoint where complete, (name, problem))."""
-        out = []
-        for name in sorted(self.where.listing(f"{PREFIX}*", folders=True), key=_epoch_of):
-            where = self.where / name
-            problem = _problem(where)
-            kept = None
-            if problem is None:
-                meta = _meta(where)
-                epoch = int(meta.get("epoch", _epoch_of(name)))
-                row = next((h for h in (meta.get("loop") or {}).get("history", []) if h.get("epoch") == epoch), {})
-                kept = Kept(where, epoch, {**row, **(meta.get("metrics") or {}), "epoch": epoch})
-            out.append((kept, (name, problem)))
-        return out
+    def _kept(self, where: Location) -> Kept:
+        meta = json.loads((where / META).read_text())
+        epoch = int(meta.get("epoch", _epoch_of(where.name)))
+        row = next((h for h in (meta.get("loop") or {}).get("history", []) if h.get("epoch") == epoch), {})
+        return Kept(where, epoch, {**row, **(meta.get("metrics") or {}), "epoch": epoch})
 
     def best(self) -> Kept | None:
         """The best complete checkpoint by the metric (the latest where none has it)."""
@@ -121,7 +110,7 @@ class RunFolder:
         newest = kept[-1].epoch
         doomed = [k.location for k in kept if k.location.name not in keep]
         doomed += [self.where / name for name in self.where.listing(f"{PREFIX}*", folders=True)
-                   if _epoch_of(name) < newest and _problem(self.where / name)]
+                   if _epoch_of(name) < newest and checkpoint_problem(self.where / name)]
         for where in doomed:
             where.filesystem.delete_dir(where.path)
         return [w.name for w in doomed]
@@ -137,22 +126,3 @@ def _epoch_of(name: str) -> int:
         return int(name[len(PREFIX):])
     except ValueError:
         return -1
-
-
-def _problem(where: Location) -> str | None:
-    """Why the checkpoint at ``where`` is incomplete, or None."""
-    if where.is_local:
-        return checkpoint_problem(where.local)
-    if not (where / META).is_file():
-        return f"no {META}"
-    if not (where / STATE).is_file():
-        return f"no {STATE}"
-    return None
-
-
-def _meta(where: Location) -> dict[str, Any]:
-    if where.is_local:
-        return read_meta(where.local)
-    import json
-
-    return json.loads((where / META).read_text())

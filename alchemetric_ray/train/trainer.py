@@ -27,7 +27,7 @@ from alchemetric_ray.models import model_spec
 from alchemetric_ray.storage import Location, StorageError, local_copy, locate
 from alchemetric_ray.train.autoscale import CONTROLLER_FAILURE_LIMIT, run_bundles, scale_up
 from alchemetric_ray.train.capacity import discover_capacity
-from alchemetric_ray.train.export import check_models_dir, export_model
+from alchemetric_ray.train.export import check_models_dir, estimated_export_bytes, export_model
 from alchemetric_ray.train.metrics import selection_metric, selection_mode
 from alchemetric_ray.train.plan import ResourcePlan, plan_resources
 from alchemetric_ray.train.session import (
@@ -199,6 +199,8 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     check_shard_files(shards, manifest)  # once, here: a sweep's trials skip it
     cfg = adopt_target(cfg, manifest)
     check_compatible(cfg, manifest)
+    if export:  # the model's real size, now that its inputs are known
+        check_models_dir(cfg.storage.models_dir, estimated_export_bytes(cfg, manifest))
     name = name or run_name(cfg, sweep=sweep)
     print(("resource plan per trial:\n" if sweep else "resource plan:\n") + plan.describe(), flush=True)
     if sweep:
