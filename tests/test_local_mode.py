@@ -1,0 +1,242 @@
+"""A one-worker `train` in the driver's own process (Ray Train's local mode, `train.local_mode`),
+Ctrl-C that keeps the work, and `--resume` from what is on disk; worker mode beside it.
+
+The Ctrl-C tests send a real SIGINT to a real `alchemetric-ray train` (and `tune`) process, and to
+its process group as a terminal does; each command starts its own local Ray, as a user's would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from alchemetric_ray.config import ConfigError, load_config
+from alchemetric_ray.data.shards import build_shards
+from alchemetric_ray.train.plan import plan_resources
+from alchemetric_ray.train.trainer import run_training, runs_locally
+
+REPO = Path(__file__).resolve().parents[1]
+# An LSTM on small batches: epochs of a second or two here, long enough to be interrupted in one
+TRAIN = ["--device", "cpu", "model.name=lstm", "model.hidden=16", "features.window=8", "train.batch_size=16",
+         "train.patience=0", "storage.name=ctrlc"]
+
+
+@pytest.fixture(scope="module")
+def shards(stocknet_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("local") / "shards"
+    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM",
+                             "features.window=8"])
+    return build_shards(cfg, out).out
+
+
+def _cfg(shards, tmp_path, *overrides):
+    return load_config(None, [f"data.path={shards}", f"storage.path={tmp_path / 'results'}",
+                              f"storage.models_dir={tmp_path / 'models'}", "model.hidden=16", "train.patience=0",
+                              "device.name=cpu", *overrides])
+
+
+# ---- the decision ---------------------------------------------------------------------------------
+
+
+def test_local_mode_is_chosen_for_one_worker_on_a_local_ray_and_refused_in_one_line_elsewhere(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    one = load_config(None, ["device.name=cpu"])
+    plan = plan_resources(one, {"CPU": 4.0})
+    local, why = runs_locally(one, plan)
+    assert local and "one worker on a local Ray" in why
+    two_cfg = one.replace("scaling.workers=2")
+    two = plan_resources(two_cfg, {"CPU": 4.0})
+    assert runs_locally(two_cfg, two) == (False, "2 workers (local mode runs one)")
+    assert runs_locally(one, plan, nodes=3)[0] is False  # a multi-node Ray: the worker may run elsewhere
+    assert runs_locally(one.replace("train.local_mode=false"), plan) == (False, "train.local_mode=false")
+    with pytest.raises(ConfigError) as err:
+        runs_locally(two_cfg.replace("train.local_mode=true"), two)
+    assert str(err.value) == ("config 'train.local_mode': true is refused here: 2 workers (local mode runs one); "
+                              "use train.local_mode=auto or false")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # a job on a cluster this process joined
+    assert "RAY_ADDRESS" in runs_locally(one, plan)[1] and not runs_locally(one, plan)[0]
+    with pytest.raises(ConfigError, match="a cluster this process joined"):
+        runs_locally(one.replace("train.local_mode=true"), plan)
+    monkeypatch.delenv("RAY_ADDRESS")
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")):
+        monkeypatch.setenv(name, value)  # under torchrun, Ray's local mode would join a process group
+    assert not runs_locally(one, plan)[0]
+
+
+# ---- a run in the driver ----------------------------------------------------------------------------
+
+
+def test_a_local_run_keeps_checkpoints_scalars_and_the_export_as_a_worker_run_does(ray_session, shards, tmp_path,
+                                                                                    capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ours = logging.getLogger("alchemetric_ray")
+    threads, level = torch.get_num_threads(), ours.level
+    out = run_training(_cfg(shards, tmp_path, "train.epochs=4", "storage.num_to_keep=2", "storage.name=local",
+                            "train.metric=val_log_loss"))
+    said = capsys.readouterr().out
+    assert "train loop       in this process (Ray Train local mode) (one worker on a local Ray" in said
+    assert [h["epoch"] for h in out.summary["history"]] == [0, 1, 2, 3]
+    # the run folder in Ray Train's layout: the 2 best epochs by val_log_loss, and the latest
+    loss = {h["epoch"]: h["val_log_loss"] for h in out.summary["history"]}
+    want = {f"epoch-{e:04d}" for e in {*sorted(loss, key=loss.get)[:2], 3}}
+    run_dir = Path(out.run_path)
+    assert {p.name for p in run_dir.glob("epoch-*")} == want
+    for folder in run_dir.glob("epoch-*"):
+        meta = json.loads((folder / "meta.json").read_text())
+        assert meta["state_file"]["size"] == (folder / "state.pt").stat().st_size
+    assert out.best_metrics["epoch"] == min(loss, key=loss.get)
+    # the export is the best epoch's checkpoint
+    assert (out.model_dir / "weights.pt").is_file()
+    assert json.loads((out.model_dir / "metrics.json").read_text())["best_epoch"] == min(loss, key=loss.get)
+    # every epoch's scalars in TensorBoard, read back
+    events = EventAccumulator(str(out.tensorboard)).Reload()
+    assert [e.step for e in events.Scalars("train_loss")] == [0, 1, 2, 3]
+    assert [e.value for e in events.Scalars("val_log_loss")] == pytest.approx([loss[e] for e in range(4)], rel=1e-6)
+    # the driver is left as it was: threads, our loggers, and the global generator that the loop seeds
+    # (the export draws from it to build its model, as in worker mode: so once more without one)
+    assert torch.get_num_threads() == threads and ours.level == level
+    rng = torch.random.get_rng_state()
+    run_training(_cfg(shards, tmp_path, "train.epochs=1", "storage.name=local2"), export=False)
+    assert torch.equal(torch.random.get_rng_state(), rng)
+
+
+def test_resume_after_a_truncated_checkpoint_uses_the_one_before(ray_session, shards, tmp_path, capfd):
+    args = ["train.epochs=5", "storage.num_to_keep=5", "storage.name=trunc", "storage.run=trunc",
+            "train.deterministic=true"]
+    run_training(_cfg(shards, tmp_path, *args, "train.stop_after=3"), export=False)
+    state = tmp_path / "results" / "trunc" / "epoch-0002" / "state.pt"
+    state.write_bytes(state.read_bytes()[:100])  # the last save cut short (a full disk, a killed process)
+    capfd.readouterr()
+    out = run_training(_cfg(shards, tmp_path, *args, "storage.resume=true"), export=False)
+    said = "".join(capfd.readouterr())
+    warning = [ln for ln in said.splitlines() if ln.startswith("warning: checkpoint epoch 3 (epoch-0002)")]
+    assert len(warning) == 1 and warning[0].endswith("; using epoch 2 (epoch-0001)"), said[-3000:]
+    assert "state.pt is 100 bytes, meta.json says" in warning[0]
+    assert "resumed from the checkpoint of epoch 2 (epoch-0001): continuing at epoch 3 of 5" in said
+    assert [h["epoch"] for h in out.summary["history"]] == [0, 1, 2, 3, 4]
+    assert out.summary["epochs_per_rank"] == [3]  # epochs 3, 4 and 5 ran again here
+
+
+@pytest.mark.slow
+def test_worker_mode_prefers_a_newer_complete_checkpoint_on_disk_over_rays_snapshot(ray_session, shards, tmp_path,
+                                                                                    capfd):
+    """Ray Train's snapshot lags behind the reports (after a Ctrl-C it missed the last epochs): a
+    worker-mode run resumes from the newest complete checkpoint in the folder all the same, and
+    ranks and prunes the folders the snapshot never listed."""
+    args = ["train.epochs=5", "storage.num_to_keep=1", "storage.name=lag", "storage.run=lag",
+            "train.metric=val_log_loss"]
+    worker = ["train.local_mode=false"]
+    run_training(_cfg(shards, tmp_path, *args, *worker, "train.stop_after=2"), export=False)  # snapshot: epoch 2
+    run_training(_cfg(shards, tmp_path, *args, "train.stop_after=1"), export=False)  # local: epoch-0002, no snapshot
+    run_dir = tmp_path / "results" / "lag"
+    snapshot = (run_dir / "checkpoint_manager_snapshot.json").read_text()
+    assert "epoch-0001" in snapshot and "epoch-0002" not in snapshot
+    capfd.readouterr()
+    out = run_training(_cfg(shards, tmp_path, *args, *worker), export=False)
+    said = "".join(capfd.readouterr())
+    assert "resumed from the checkpoint of epoch 3 (epoch-0002): continuing at epoch 4 of 5" in said, said[-3000:]
+    assert out.summary["epochs_per_rank"] == [2]
+    loss = {h["epoch"]: h["val_log_loss"] for h in out.summary["history"]}
+    assert {p.name for p in run_dir.glob("epoch-*")} == {f"epoch-{e:04d}" for e in {min(loss, key=loss.get), 4}}
+
+
+# ---- Ctrl-C ------------------------------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    """A user's shell: no cluster to join (each command starts its own local Ray)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"))}
+    return {**env, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def _cli(tmp_path, shards, command: str, *args: str) -> subprocess.Popen:
+    env = _env()
+    argv = [command, "--data", str(shards), f"storage.path={tmp_path / 'results'}",
+            f"storage.models_dir={tmp_path / 'models'}", *args]
+    return subprocess.Popen([sys.executable, "-m", "alchemetric_ray.cli", *argv], cwd=tmp_path, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _interrupt_after(proc: subprocess.Popen, pattern: str, *, group: bool, timeout: float = 600) -> tuple[str, str]:
+    """Read the process's stdout until a line matches ``pattern``, send SIGINT (to the process, or to
+    its process group as a terminal's Ctrl-C does), and return all it printed."""
+    seen, deadline = [], time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if re.search(pattern, line):
+                (os.killpg(proc.pid, signal.SIGINT) if group else proc.send_signal(signal.SIGINT))
+                break
+            if time.monotonic() > deadline:
+                break
+        out, err = proc.communicate(timeout=300)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return "".join(seen) + out, err
+
+
+def _resume_line(err: str) -> list[str]:
+    """The one line a Ctrl-C ends with, and the argv of the command it names."""
+    lines = [ln for ln in err.splitlines() if ln.startswith("interrupted ")]
+    assert len(lines) == 1, err[-3000:]
+    command = lines[0].split("; continue with: ", 1)[1]
+    argv = shlex.split(command)
+    assert argv[0] == "alchemetric-ray" and argv[-1] == "--resume"
+    return argv[1:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, group", [("local", False), ("local", True), ("worker", True)])
+def test_ctrl_c_keeps_the_finished_epochs_and_resume_continues_after_them(shards, tmp_path, mode, group):
+    worker = ["train.local_mode=false"] if mode == "worker" else []
+    args = [*TRAIN, "train.epochs=6", "storage.num_to_keep=6", *worker]
+    out, err = _interrupt_after(_cli(tmp_path, shards, "train", *args), r"^epoch 2/6 ", group=group)
+    proc_rc = re.search(r"^interrupted after epoch (\d) of 6; continue with: ", err, re.M)
+    assert proc_rc, (out[-2000:], err[-3000:])
+    done = int(proc_rc.group(1))
+    # the epochs whose lines were printed are kept (worker mode: the line reaches the driver a little
+    # after the worker saved; the worker may finish one more epoch before the controller stops it)
+    assert done == 2 if mode == "local" else done in (2, 3), err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    run_dir = next((tmp_path / "results").glob("ctrlc-*"))
+    kept = sorted(p.name for p in run_dir.glob("epoch-*") if (p / "meta.json").is_file())
+    assert kept[-1] == f"epoch-{done - 1:04d}", kept
+    assert not (tmp_path / "models").exists()  # nothing exported from an interrupted run
+    argv = _resume_line(err)
+    resumed = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", *argv], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=600, env=_env())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (f"resumed from the checkpoint of epoch {done} (epoch-{done - 1:04d}): continuing at epoch {done + 1} of 6"
+            in resumed.stdout + resumed.stderr), resumed.stdout[-3000:]
+    lines = [int(m.group(1)) for m in re.finditer(r"^epoch (\d)/6 ", resumed.stdout, re.M)]
+    assert lines == list(range(done + 1, 7))  # each remaining epoch once, none redone
+    assert (tmp_path / "models" / "ctrlc" / "weights.pt").is_file()
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_sweep_saves_its_state_exports_nothing_and_resumes(shards, tmp_path):
+    args = [*TRAIN, "train.epochs=2", "storage.name=swc", "tune.search=grid", "tune.scheduler=none",
+            "tune.max_concurrent_trials=1", "tune.space={train.lr: [0.01, 0.003, 0.001]}"]
+    out, err = _interrupt_after(_cli(tmp_path, shards, "tune", *args), r"^trial \S+ finished: ", group=True)
+    line = [ln for ln in err.splitlines() if ln.startswith("interrupted: the sweep sweep-swc-")]
+    assert len(line) == 1 and "trial(s) finished); continue with: alchemetric-ray tune " in line[0], err[-3000:]
+    assert "configurations tried" not in out and not (tmp_path / "models").exists()  # no summary, no export
+    argv = _resume_line(err)
+    resumed = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", *argv], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=900, env=_env())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "3 configurations tried" in resumed.stdout and (tmp_path / "models" / "swc" / "weights.pt").is_file()
