@@ -263,15 +263,14 @@ def test_ic_loss_is_minus_the_mean_daily_correlation_and_leaves_out_dates_withou
 def test_date_batches_hold_whole_dates_every_date_once_in_a_seeded_order():
     import torch
 
-    from alchemetric_ray.hardware.staging import HOST, BatchSource, DataPath
-    from alchemetric_ray.train.loop import _ShardData
+    from alchemetric_ray.data.batches import Batching, WorkerBatches
+    from alchemetric_ray.hardware.staging import HOST, DataPath
 
     date = torch.tensor(np.repeat(np.arange(40), 12))  # 40 dates x 12 stocks
     n = len(date)
-    data = _ShardData(None, None, None, 50, cache=False, seed=3, by_date=True)
     columns = (torch.arange(n)[:, None].float(), torch.zeros(n), date, torch.zeros(n))
-    data._train = BatchSource(columns, torch.device("cpu"), DataPath(HOST, "host memory"), max_rows=50)
-    data._dates = date
+    data = WorkerBatches.cached(columns, None, Batching(50, seed=3, by_date=True), torch.device("cpu"),
+                                DataPath(HOST, "host memory"))
     epochs = [[b[2] for b in data.train_batches(e)] for e in (0, 0, 1)]
     for batches in epochs:
         assert all(len(b) == 48 for b in batches)  # 4 whole dates of 12 rows fit in 50

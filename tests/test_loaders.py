@@ -189,7 +189,7 @@ def test_streamed_epochs_shuffle_in_windows_and_see_every_row_once(ray_session, 
     """train.cache_data=false: the loop's own windowed shuffle over a real Ray Dataset."""
     from ray.data import DataContext
 
-    from alchemetric_ray.train.loop import SHUFFLE_WINDOW, _ShardData
+    from alchemetric_ray.data.batches import SHUFFLE_WINDOW, Batching, WorkerBatches
 
     ctx = DataContext.get_current()
     old = ctx.execution_options.preserve_order
@@ -200,7 +200,8 @@ def test_streamed_epochs_shuffle_in_windows_and_see_every_row_once(ray_session, 
         batch = 32
 
         def epoch(seed, ep):
-            data = _ShardData(datasets["train"], datasets["val"], collate, batch, cache=False, seed=seed)
+            data = WorkerBatches.open(datasets["train"], datasets["val"], collate, Batching(batch, seed),
+                                      torch.device("cpu"), cache=False)
             batches = list(data.train_batches(ep))
             assert data.rows_seen == m.rows["train"]
             return batches

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from syncs import SyncCount  # bench/syncs.py: the counting rules the benchmark prints with
 
 from alchemetric_ray.config import ModelConfig, TrainConfig, load_config
+from alchemetric_ray.data.batches import Batching, WorkerBatches
 from alchemetric_ray.hardware import DeviceChoice, adamw, resolve_precision
 from alchemetric_ray.hardware.precision import (
     NonFiniteLossError,
@@ -37,7 +38,7 @@ from alchemetric_ray.hardware.precision import (
     Precision,
     TooManySkippedSteps,
 )
-from alchemetric_ray.hardware.staging import HOST, BatchSource, DataPath
+from alchemetric_ray.hardware.staging import HOST, DataPath
 from alchemetric_ray.models import build_model
 from alchemetric_ray.train import loop
 from alchemetric_ray.train.losses import DateGroups, date_correlation, make_loss
@@ -52,28 +53,18 @@ PRECISIONS = {
 FEATURES, DATES, STOCKS = 8, 40, 12  # 480 rows
 
 
-class _Data(loop._ShardData):
-    """The loop's data class on a cached shard in host memory, its date batches made once before
-    counting: numbering dates is host work on host tensors (on a GPU too), which a CPU count could
-    not tell from device work."""
-
-    def __init__(self, batch_size: int, by_date: bool):
-        super().__init__(None, None, None, batch_size, cache=False, seed=0, by_date=by_date)
-        generator = torch.Generator().manual_seed(0)
-        n = DATES * STOCKS
-        x = torch.randn(n, FEATURES, generator=generator)
-        signal = x[:, 0] + 0.5 * torch.randn(n, generator=generator)
-        label = signal if by_date else (signal > 0).long()
-        date = torch.arange(n) // STOCKS
-        self._train = BatchSource((x, label, date, torch.zeros(n)), CPU, DataPath(HOST, "host memory"),
-                                  max_rows=batch_size)
-        self._dates = date
-        self._made: dict[int, list] = {}
-
-    def _date_batches(self, epoch: int):
-        if epoch not in self._made:
-            self._made[epoch] = super()._date_batches(epoch)
-        return self._made[epoch]
+def _data(batch_size: int, by_date: bool) -> WorkerBatches:
+    """The loop's batches of a cached shard in host memory.  Numbering dates is host work on host
+    tensors (on a GPU too), which a CPU count could not tell from device work: the batches make an
+    epoch's date batches once, and the tests make them before counting."""
+    generator = torch.Generator().manual_seed(0)
+    n = DATES * STOCKS
+    x = torch.randn(n, FEATURES, generator=generator)
+    signal = x[:, 0] + 0.5 * torch.randn(n, generator=generator)
+    label = signal if by_date else (signal > 0).long()
+    date = torch.arange(n) // STOCKS
+    return WorkerBatches.cached((x, label, date, torch.zeros(n)), None, Batching(batch_size, 0, by_date=by_date),
+                                CPU, DataPath(HOST, "host memory"))
 
 
 def _epoch_setup(precision: Precision, *, ic: bool, check_every: int, batch_size: int = 48):
@@ -81,7 +72,7 @@ def _epoch_setup(precision: Precision, *, ic: bool, check_every: int, batch_size
     model = build_model(ModelConfig(name="mlp", hidden=16), FEATURES, 1 if ic else 2)
     train_cfg = TrainConfig(batch_size=batch_size, check_every=check_every, lr=1e-2)
     worker = loop._Worker(0, 1, DeviceChoice(CPU, "test"), precision, 1)
-    data = _Data(batch_size, by_date=ic)
+    data = _data(batch_size, by_date=ic)
     trainables = loop._trainables(model, train_cfg, worker, data.steps_per_epoch(DATES * STOCKS))
     return model, trainables, make_loss("ic" if ic else "ce"), data, worker
 
@@ -94,7 +85,7 @@ def test_an_epoch_of_the_loop_reads_the_device_once_per_check_and_at_its_end(kin
     assert trainables.optimizer.defaults["fused"]  # the loop's AdamW on a CPU: fused
     steps = data.steps_per_epoch(0)
     assert steps == 10
-    data._date_batches(0)  # host work, before the count
+    data.date_batches(0)  # host work, before the count
     with SyncCount(trainables.optimizer) as count:
         train_loss, _, skipped = loop._train_epoch(model, trainables, loss_fn, data, 0, 0, worker)
     reads = steps // check_every + 1  # the checks after every check_every steps, and the epoch's end
@@ -216,7 +207,7 @@ def test_ic_loss_on_host_numbered_dates_runs_no_sync():
 
 
 def test_date_batches_number_their_dates_for_the_loss():
-    data = _Data(50, by_date=True)
+    data = _data(50, by_date=True)
     for (x, y, date, _), date_rows in data.train_steps(0):
         assert sum(date_rows) == len(date) and all(n == STOCKS for n in date_rows)
         code = DateGroups.from_sizes(date_rows).code

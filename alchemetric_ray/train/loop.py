@@ -29,7 +29,7 @@ import math
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +37,8 @@ from torch import nn
 
 from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig, TrainConfig, loss_of
-from alchemetric_ray.data.loaders import Batch, collate_for
+from alchemetric_ray.data.batches import Batching, WorkerBatches
+from alchemetric_ray.data.loaders import collate_for
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.hardware import (
     DeviceChoice,
@@ -48,7 +49,7 @@ from alchemetric_ray.hardware import (
     resolve_precision,
 )
 from alchemetric_ray.hardware.inventory import cpu_count
-from alchemetric_ray.hardware.staging import HOST, BatchSource, choose_data_path, gpu_sharers, nbytes
+from alchemetric_ray.hardware.staging import HOST, gpu_sharers
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.storage import locate
 from alchemetric_ray.train.checkpoint import (
@@ -102,11 +103,12 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
     model = runtime.prepare_model(model, worker.device)
     core = model.module if hasattr(model, "module") else model  # checkpoints hold the plain module's keys
     loss = loss_of(cfg)
-    data = _ShardData(runtime.shard("train"), runtime.shard("val"),
-                      collate_for(model_spec(cfg.model).inputs, manifest.features), train_cfg.batch_size,
-                      train_cfg.cache_data, train_cfg.seed, by_date=loss == "ic", world=worker.world,
-                      device=worker.device, device_cache_fraction=train_cfg.device_cache_fraction,
-                      sharers=gpu_sharers(config["plan"].gpus_per_worker))
+    data = WorkerBatches.open(runtime.shard("train"), runtime.shard("val"),
+                              collate_for(model_spec(cfg.model).inputs, manifest.features),
+                              Batching(train_cfg.batch_size, train_cfg.seed, by_date=loss == "ic"), worker.device,
+                              cache=train_cfg.cache_data, fraction=train_cfg.device_cache_fraction,
+                              sharers=gpu_sharers(config["plan"].gpus_per_worker),
+                              fewest=lambda n: min(_gather_list(n, worker.world)))
     phases.mark("read")
     worker.say(f"worker {worker.rank}: data path {data.path}", detail=data.path.kind == HOST)
     trainables = _trainables(core, train_cfg, worker, data.steps_per_epoch(manifest.rows["train"] // worker.world))
@@ -198,141 +200,6 @@ def _place_worker(cfg: RunConfig, plan: ResourcePlan, runtime: TrainGroup | Tria
 # ---- data ---------------------------------------------------------------------------------------
 
 
-SHUFFLE_WINDOW = 16  # batches mixed together when the training split is streamed
-VAL_BATCHES = 4  # a cached validation batch is this many training batches
-
-
-class _ShardData:
-    """This worker's train/val batches: streamed from Ray Data, or cached in memory after one read.
-
-    With the cache, the shard is read once (before the first epoch) and every epoch draws a
-    permutation from a generator seeded by (seed, epoch), so the batch order does not depend on
-    Ray Data's scheduling and a resumed run sees exactly the batches of an uninterrupted one.
-    """
-
-    def __init__(self, train_shard, val_shard, collate, batch_size: int, cache: bool, seed: int, *,
-                 by_date: bool = False, world: int = 1, device: torch.device | None = None,
-                 device_cache_fraction: float = 0.0, sharers: int = 1):
-        self.train_shard, self.val_shard, self.collate = train_shard, val_shard, collate
-        self.batch_size, self.seed, self.by_date, self.world = batch_size, seed, by_date, world
-        self._train: BatchSource | None = None  # (x, y, date, fwd) of every row, when cached
-        self._val: BatchSource | None = None
-        self._dates: torch.Tensor | None = None  # the cached training rows' dates, in host memory
-        self.rows_seen = 0
-        self.val_rows = 0  # validation rows this rank scored in the last pass
-        self.fingerprint = self.val_fingerprint = 0.0  # sums of the cached features: which rows a rank holds
-        device = device if device is not None else torch.device("cpu")
-        if not cache:
-            self.path = choose_data_path(device, cached=False, shard_bytes=0, fraction=0.0, sharers=sharers)
-            return
-        train, val = self._read_all(self.train_shard), self._read_all(self.val_shard)
-        self.rows_seen = len(train[1])
-        self.fingerprint = float(train[0].double().sum())
-        self.val_fingerprint = float(val[0].double().sum())
-        self._dates = train[2]
-        self.path = choose_data_path(device, cached=True, shard_bytes=nbytes(train) + nbytes(val),
-                                     fraction=device_cache_fraction, sharers=sharers)
-        self._train = BatchSource(train, device, self.path, max_rows=batch_size)
-        self._val = BatchSource(val, device, self.path, max_rows=VAL_BATCHES * batch_size)
-
-    def _stream(self, shard, shuffle_seed: int | None) -> Iterator[Batch]:
-        if shuffle_seed is None:
-            # Host tensors ("auto" would pick Ray's GPU, or cuda:0 in local mode whatever our device):
-            # the loop moves each batch to the device it resolved.
-            return shard.iter_torch_batches(batch_size=self.batch_size, collate_fn=self.collate, prefetch_batches=2,
-                                            device="cpu")
-        return self._shuffled_stream(shard, shuffle_seed)
-
-    def _shuffled_stream(self, shard, seed: int) -> Iterator[Batch]:
-        """Local shuffle: windows of SHUFFLE_WINDOW batches, each permuted with a seeded generator.
-
-        The same mixing as Ray Data's ``local_shuffle_buffer_size`` at a few batches' reach, at a
-        fraction of its cost: one gather per window instead of a buffer concatenated and sampled
-        for every batch (bench/PROFILE.md, "Streamed loop")."""
-        generator = torch.Generator().manual_seed(seed)
-        window = SHUFFLE_WINDOW * self.batch_size
-        for batch in shard.iter_torch_batches(batch_size=window, collate_fn=self.collate, prefetch_batches=1,
-                                              device="cpu"):
-            order = torch.randperm(len(batch[1]), generator=generator)
-            for i in range(0, len(order), self.batch_size):
-                idx = order[i:i + self.batch_size]
-                yield tuple(t[idx] for t in batch)
-
-    def _read_all(self, shard) -> Batch:
-        parts = [tuple(t.contiguous() for t in batch) for batch in self._stream(shard, None)]
-        if not parts:
-            return (torch.zeros(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long),
-                    torch.zeros(0))
-        return tuple(torch.cat(column) for column in zip(*parts))
-
-    def steps_per_epoch(self, rows_estimate: int) -> int:
-        if self.by_date:
-            return max(1, len(self._date_batches(0)))
-        rows = self._train.rows if self._train is not None else rows_estimate
-        return max(1, math.ceil(rows / self.batch_size))
-
-    def _date_batches(self, epoch: int) -> list[tuple[torch.Tensor, list[int]]]:
-        """Row indices of this epoch's batches of whole dates, with the rows of each of the batch's
-        dates in turn (the IC loss's date numbering, made here on the host): the dates in a seeded
-        order, packed in turn into batches of at most ``batch_size`` rows; every rank takes the
-        same number (the fewest any rank has: a few dates sit out an epoch, different ones each
-        epoch)."""
-        _, code = torch.unique(self._dates, return_inverse=True)
-        n_dates = int(code.max()) + 1 if len(code) else 0
-        generator = torch.Generator().manual_seed(self.seed * 7919 + epoch)
-        place = torch.empty(n_dates, dtype=torch.long)
-        place[torch.randperm(n_dates, generator=generator)] = torch.arange(n_dates)
-        rows = torch.argsort(place[code], stable=True)  # rows grouped by date, dates in the seeded order
-        sizes = torch.bincount(code, minlength=n_dates)[torch.argsort(place)].tolist()
-        batches, start, size, held = [], 0, 0, []
-        for n in sizes:
-            if size and size + n > self.batch_size:
-                batches.append((rows[start:start + size], held))
-                start, size, held = start + size, 0, []
-            size += n
-            held.append(n)
-        if size:
-            batches.append((rows[start:start + size], held))
-        return batches[:min(_gather_list(len(batches), self.world))]
-
-    def train_batches(self, epoch: int) -> Iterator[Batch]:
-        return (batch for batch, _ in self.train_steps(epoch))
-
-    def train_steps(self, epoch: int) -> Iterator[tuple[Batch, list[int] | None]]:
-        """This epoch's training batches, each with the rows of each of its dates in turn when the
-        batches hold whole dates (the IC loss), else None."""
-        if self.by_date:  # the IC loss: whole dates (the cached path only: the config refuses streaming)
-            for idx, date_rows in self._date_batches(epoch):
-                yield self._train.take(idx), date_rows
-            return
-        for batch in self._batches(epoch):
-            yield batch, None
-
-    def _batches(self, epoch: int) -> Iterator[Batch]:
-        seed = self.seed * 7919 + epoch
-        if self._train is None:
-            count = 0
-            for batch in self._stream(self.train_shard, seed):
-                count += len(batch[1])
-                yield batch
-            self.rows_seen = count
-            return
-        order = torch.randperm(self._train.rows, generator=torch.Generator().manual_seed(seed))
-        for i in range(0, len(order), self.batch_size):
-            yield self._train.take(order[i:i + self.batch_size])
-
-    def val_batches(self) -> Iterator[Batch]:
-        self.val_rows = 0
-        if self._val is None:
-            batches = self._stream(self.val_shard, None)
-        else:
-            step = VAL_BATCHES * self.batch_size
-            batches = (self._val.span(i, i + step) for i in range(0, self._val.rows, step))
-        for batch in batches:
-            self.val_rows += len(batch[1])
-            yield batch
-
-
 # ---- one epoch ----------------------------------------------------------------------------------
 
 
@@ -347,7 +214,7 @@ def _trainables(core: nn.Module, train_cfg: TrainConfig, worker: _Worker, steps_
     return Trainables(core, optimizer, scheduler, step_fn)
 
 
-def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: _ShardData, epoch: int,
+def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: WorkerBatches, epoch: int,
                  seed: int, worker: _Worker) -> tuple[float, float, int]:
     """One pass over this rank's training batches: the mean loss over the ranks, samples per second,
     and the steps a GradScaler skipped so far (this rank's).
@@ -383,7 +250,7 @@ def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: 
     return _sum_over_ranks(train_loss, worker.world) / worker.world, samples_per_s, int(skipped)
 
 
-def _validate_and_decide(core: nn.Module, data: _ShardData, state: LoopState, train_cfg: TrainConfig,
+def _validate_and_decide(core: nn.Module, data: WorkerBatches, state: LoopState, train_cfg: TrainConfig,
                          worker: _Worker, manifest: Manifest, metric: str, mode: str,
                          quantile: float) -> tuple[dict[str, Any], bool, bool]:
     """Validate, and decide together: (metrics, improved, stop); the metrics on rank 0 only.
@@ -434,7 +301,7 @@ def _report(row: dict[str, Any], trainables: Trainables, meta: CheckpointMeta, r
         runtime.report(row, tmp if rank == 0 else None, f"epoch-{meta.epoch:04d}")
 
 
-def _summary(worker: _Worker, state: LoopState, data: _ShardData, stopped_early: bool, *,
+def _summary(worker: _Worker, state: LoopState, data: WorkerBatches, stopped_early: bool, *,
              epochs_here: int, phases: PhaseLog) -> dict[str, Any]:
     """What ``fit()`` returns (rank 0's): the run's history and, per rank, what it ran and read."""
     return {
