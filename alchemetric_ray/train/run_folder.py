@@ -27,6 +27,7 @@ from alchemetric_ray.storage import Location
 from alchemetric_ray.train.checkpoint import META, checkpoint_problem, latest_complete_checkpoint
 
 PREFIX = "epoch-"
+RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of the checkpoints it keeps
 
 
 def folder_name(epoch: int) -> str:
@@ -100,20 +101,36 @@ class RunFolder:
 
     def prune(self) -> list[str]:
         """Delete what ``storage.num_to_keep`` does not keep (the best by the metric, and the latest);
-        incomplete folders older than the latest complete one go too.  Returns the deleted names."""
+        incomplete folders older than the latest complete one go too.  A folder Ray Train's snapshot
+        lists is Ray's to prune: its controller refuses to resume a run whose listed checkpoints are
+        gone.  Returns the deleted names."""
         if self.keep <= 0:
             return []
         kept = self.checkpoints()
         if not kept:
             return []
         keep = {k.location.name for k in self._ranked(kept)[:self.keep]} | {kept[-1].location.name}
+        keep |= self._listed_by_ray()
         newest = kept[-1].epoch
         doomed = [k.location for k in kept if k.location.name not in keep]
         doomed += [self.where / name for name in self.where.listing(f"{PREFIX}*", folders=True)
-                   if _epoch_of(name) < newest and checkpoint_problem(self.where / name)]
+                   if _epoch_of(name) < newest and name not in keep and checkpoint_problem(self.where / name)]
         for where in doomed:
             where.filesystem.delete_dir(where.path)
         return [w.name for w in doomed]
+
+    def _listed_by_ray(self) -> set[str]:
+        """The checkpoint folders Ray Train's ``checkpoint_manager_snapshot.json`` names (none in a
+        local-mode run's folder)."""
+        snapshot = self.where / RAY_SNAPSHOT
+        if not snapshot.is_file():
+            return set()
+        try:
+            state = json.loads(snapshot.read_text())
+        except (ValueError, OSError):
+            return set()
+        results = [*state.get("checkpoint_results", []), state.get("latest_checkpoint_result") or {}]
+        return {r["checkpoint_dir_name"] for r in results if isinstance(r, dict) and r.get("checkpoint_dir_name")}
 
     def _ranked(self, kept: list[Kept]) -> list[Kept]:
         scored = [k for k in kept if self.metric and isinstance(k.metrics.get(self.metric), (int, float))]
