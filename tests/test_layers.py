@@ -20,7 +20,8 @@ ROOT = PACKAGE.name
 # The layers, lowest first.  A module may import modules of its own layer or of a lower one, never
 # of a higher one.  Names are the package's top-level modules and sub-packages.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "config", "fsutil", "storage", "console"),  # plain helpers: no Ray, no torch models, no devices
+    # plain helpers: no Ray, no torch models, no devices
+    ("errors", "config", "fsutil", "storage", "console", "interrupts"),
     ("hardware",),  # the only package that knows device kinds
     ("data",),  # bars -> features -> shards -> Ray Data
     ("models",),  # nn.Modules chosen by name

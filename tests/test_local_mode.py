@@ -28,7 +28,7 @@ from alchemetric_ray.train.trainer import run_training, runs_locally
 
 REPO = Path(__file__).resolve().parents[1]
 # An LSTM on small batches: epochs of a second or two here, long enough to be interrupted in one
-EPOCH_LINE = r"(?:^|\)\S* )epoch {n}/6 "  # an epoch line, from the driver or behind a worker's (coloured) Ray prefix
+EPOCH_LINE = r"(?:^|\)\S* )epoch {n}/20 "  # an epoch line, from the driver or behind a worker's (coloured) Ray prefix
 TRAIN = ["model.name=lstm", "model.hidden=16", "features.window=8", "train.batch_size=16",
          "train.patience=0", "storage.name=ctrlc"]
 
@@ -211,15 +211,16 @@ def _resume_line(err: str) -> list[str]:
 @pytest.mark.parametrize("mode, group", [("local", False), ("local", True), ("worker", True)])
 def test_ctrl_c_keeps_the_finished_epochs_and_resume_continues_after_them(shards, tmp_path, mode, group):
     worker = ["train.local_mode=false"] if mode == "worker" else []
-    args = [*TRAIN, "train.epochs=6", "storage.num_to_keep=6", *worker]
+    args = [*TRAIN, "train.epochs=20", "storage.num_to_keep=20", *worker]
     # a worker's lines reach the driver behind Ray's "(RayTrainWorker pid=...)" prefix
     out, err = _interrupt_after(_cli(tmp_path, shards, "train", *args), EPOCH_LINE.format(n="2"), group=group)
-    proc_rc = re.search(r"^interrupted after epoch (\d) of 6; continue with: ", err, re.M)
-    assert proc_rc, (out[-2000:], err[-3000:])
-    done = int(proc_rc.group(1))
-    # the epochs whose lines were printed are kept (worker mode: the line reaches the driver a little
-    # after the worker saved; the worker may finish one more epoch before the controller stops it)
-    assert done == 2 if mode == "local" else done in (2, 3), err[-2000:]
+    found = re.search(r"^interrupted after epoch (\d+) of 20; continue with: ", err, re.M)
+    assert found, (out[-2000:], err[-3000:])
+    done = int(found.group(1))
+    # local mode: exactly the epochs whose lines were printed.  Worker mode: the line reaches the
+    # driver a little after the worker wrote it, and Ray's controller takes a few seconds to stop
+    # the worker group, which trains on meanwhile: later, but before the end
+    assert done == 2 if mode == "local" else 2 <= done < 20, err[-2000:]
     assert "Traceback" not in err, err[-3000:]
     run_dir = next((tmp_path / "results").glob("ctrlc-*"))
     kept = sorted(p.name for p in run_dir.glob("epoch-*") if (p / "meta.json").is_file())
@@ -227,12 +228,12 @@ def test_ctrl_c_keeps_the_finished_epochs_and_resume_continues_after_them(shards
     assert not (tmp_path / "models").exists()  # nothing exported from an interrupted run
     argv = _resume_line(err)
     resumed = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", *argv], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=600, env=_env())
+                             text=True, timeout=900, env=_env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert (f"resumed from the checkpoint of epoch {done} (epoch-{done - 1:04d}): continuing at epoch {done + 1} of 6"
+    assert (f"resumed from the checkpoint of epoch {done} (epoch-{done - 1:04d}): continuing at epoch {done + 1} of 20"
             in resumed.stdout + resumed.stderr), resumed.stdout[-3000:]
-    lines = [int(m.group(1)) for m in re.finditer(EPOCH_LINE.format(n=r"(\d)"), resumed.stdout, re.M)]
-    assert lines == list(range(done + 1, 7))  # each remaining epoch once, none redone
+    lines = [int(m.group(1)) for m in re.finditer(EPOCH_LINE.format(n=r"(\d+)"), resumed.stdout, re.M)]
+    assert lines == list(range(done + 1, 21))  # each remaining epoch once, none redone
     assert (tmp_path / "models" / "ctrlc" / "weights.pt").is_file()
 
 
@@ -241,11 +242,15 @@ def test_ctrl_c_during_a_sweep_saves_its_state_exports_nothing_and_resumes(shard
     args = [*TRAIN, "train.epochs=2", "storage.name=swc", "tune.search=grid", "tune.scheduler=none",
             "tune.max_concurrent_trials=1", "tune.space={train.lr: [0.01, 0.003, 0.001]}"]
     out, err = _interrupt_after(_cli(tmp_path, shards, "tune", *args), r"^trial \S+ finished: ", group=True)
-    line = [ln for ln in err.splitlines() if ln.startswith("interrupted: the sweep sweep-swc-")]
-    assert len(line) == 1 and "trial(s) finished); continue with: alchemetric-ray tune " in line[0], err[-3000:]
+    line = [ln for ln in err.splitlines() if ln.startswith("interrupted after ")]
+    assert len(line) == 1 and re.search(r"^interrupted after [12] of 3 trial\(s\) finished \(sweep sweep-swc-\S+, its "
+                                        r"state saved\); continue with: alchemetric-ray tune ", line[0]), err[-3000:]
     assert "configurations tried" not in out and not (tmp_path / "models").exists()  # no summary, no export
     argv = _resume_line(err)
     resumed = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", *argv], cwd=tmp_path, capture_output=True,
                              text=True, timeout=900, env=_env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "3 configurations tried" in resumed.stdout and (tmp_path / "models" / "swc" / "weights.pt").is_file()
+    summary = [ln for ln in resumed.stdout.splitlines() if " configurations tried" in ln]
+    assert summary and summary[0].startswith("sweep sweep-swc-") and ": 3 configurations tried" in summary[0], \
+        resumed.stdout[-3000:]
+    assert (tmp_path / "models" / "swc" / "weights.pt").is_file()

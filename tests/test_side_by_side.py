@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_cluster import processes_naming
 
 from alchemetric_ray import console
 
@@ -41,21 +42,6 @@ def _env(temp_dir: str) -> dict[str, str]:
            if not k.startswith(("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")) and k != console.VERBOSE_ENV}
     env.update(PYTHONPATH=str(REPO), RAY_TMPDIR=temp_dir)
     return env
-
-
-def _processes_of(temp_dir: str) -> list[int]:
-    """Pids of the processes whose command line names this Ray temp folder (raylet, GCS, workers)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if temp_dir in cmdline:
-            pids.append(int(proc.name))
-    return pids
 
 
 def _run_pair(command: str, args: list[str], tmp_path: Path) -> list[tuple[int, str, Path]]:
@@ -82,9 +68,9 @@ def _run_pair(command: str, args: list[str], tmp_path: Path) -> list[tuple[int, 
         # each command shut its own Ray down as it exited (Ray's atexit hook): give the last
         # processes a moment to go, then nothing of either Ray is left
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(_processes_of(t) for _, _, t in runs):
+        while time.monotonic() < deadline and any(processes_naming(t) for _, _, t in runs):
             time.sleep(0.5)
-        left = {t: _processes_of(t) for _, _, t in runs}
+        left = {t: processes_naming(t) for _, _, t in runs}
         assert not any(left.values()), f"Ray processes left behind: {left}"
         return results
     finally:
@@ -95,7 +81,7 @@ def _run_pair(command: str, args: list[str], tmp_path: Path) -> list[tuple[int, 
                 except ProcessLookupError:
                     pass
                 proc.wait()
-            for pid in _processes_of(temp_dir):  # a Ray process outside the group (a reaper, a raylet)
+            for pid in processes_naming(temp_dir):  # a Ray process outside the group (a reaper, a raylet)
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:

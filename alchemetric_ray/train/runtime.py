@@ -24,13 +24,11 @@ epoch (with rank 0's checkpoint), and its model made ready for the group.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
-import threading
 from typing import TYPE_CHECKING, Any
 
 from alchemetric_ray import console
+from alchemetric_ray.interrupts import held_during
 
 if TYPE_CHECKING:
     from alchemetric_ray.train.run_folder import RunFolder
@@ -135,24 +133,8 @@ class LocalRun(_OneWorker):
         """The checkpoint into the run folder (before this returns: the loop deletes its folder), then
         the scalars.  A Ctrl-C meanwhile waits until the checkpoint is in place, then ends the run:
         an epoch whose report began is kept whole."""
-        with _sigint_deferred():
+        with held_during():
             if checkpoint_dir:
                 self.folder.save(checkpoint_dir, int(metrics["epoch"]))
             if self.scalars is not None:
                 self.scalars.write(metrics)
-
-
-@contextlib.contextmanager
-def _sigint_deferred():
-    """Hold a SIGINT until the block is done, then raise it as ``KeyboardInterrupt`` (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = []
-    before = signal.signal(signal.SIGINT, lambda sig, frame: held.append(sig))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
-    if held:
-        raise KeyboardInterrupt

@@ -23,6 +23,7 @@ from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.errors import Interrupted, UserError
 from alchemetric_ray.fsutil import is_uri, safe_child
 from alchemetric_ray.hardware.records import require_doctor_checked_precision
+from alchemetric_ray.interrupts import seen_during
 from alchemetric_ray.models import model_spec
 from alchemetric_ray.storage import Location, StorageError, local_copy, locate
 from alchemetric_ray.train.autoscale import CONTROLLER_FAILURE_LIMIT, run_bundles, scale_up
@@ -313,13 +314,13 @@ def _fit(trainer, local: bool):
 
     In worker mode Ray Train's ``fit()`` installs its own SIGINT handler (the first Ctrl-C aborts the
     controller gracefully, then raises ``SystemExit``; the third exits at once).  We work with it:
-    :func:`_sigint_seen` chains a recorder in front of whatever handler ``fit()`` installs, so that
+    ``interrupts.seen_during`` chains a recorder in front of whatever handler ``fit()`` installs, so that
     the ``SystemExit`` it ends with is known to be a Ctrl-C and becomes :class:`Interrupted`.  In
     local mode no handler is installed: Python's ``KeyboardInterrupt`` ends the loop where it is."""
     if local:
         with _driver_state():
             return _worker_errors(trainer.fit)
-    with _sigint_seen() as seen:
+    with seen_during() as seen:
         try:
             return _worker_errors(trainer.fit)
         except SystemExit:
@@ -336,36 +337,6 @@ def _worker_errors(fit):
         if user is None:
             raise
         raise TrainError(str(user).splitlines()[0]) from None
-
-
-@contextlib.contextmanager
-def _sigint_seen():
-    """Record SIGINTs while the block runs, in front of any handler installed meanwhile (Ray Train's)."""
-    import signal
-    import threading
-
-    presses = []
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    install = signal.signal
-    before = signal.getsignal(signal.SIGINT)
-
-    def chained(signum, handler):
-        if signum != signal.SIGINT or not callable(handler):
-            return install(signum, handler)
-
-        def recorder(sig, frame):
-            presses.append(sig)
-            return handler(sig, frame)
-        return install(signum, recorder)
-
-    signal.signal = chained
-    try:
-        yield lambda: bool(presses)
-    finally:
-        signal.signal = install
-        install(signal.SIGINT, before)
 
 
 @contextlib.contextmanager

@@ -17,25 +17,19 @@ when it is exported.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import signal
 import statistics
-import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from ray.tune import Stopper
 
 from alchemetric_ray import console
 from alchemetric_ray.config import REGRESSION_LABELS, ConfigError, RunConfig, metric_target_problem
 from alchemetric_ray.data.loaders import build_datasets
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import Interrupted, UserError
+from alchemetric_ray.interrupts import seen_during
 from alchemetric_ray.models import load_model_module, model_spec
 from alchemetric_ray.storage import Location
 from alchemetric_ray.train.autoscale import run_bundles, scale_up
@@ -253,12 +247,15 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     limit, bundles = plan_trials(trial_cfg, plan, ray.cluster_resources())
     print(f"sweep {name}: up to {limit} trial(s) at once", flush=True)
     with scale_up(cfg, plan, bundles) as window:  # the autoscaler's request is cleared however the sweep ends
-        with _ctrl_c_stops_the_sweep():
+        # Ctrl-C: Tune's own handler stops the trials, saves the sweep's state (unfinished trials
+        # stay unfinished, for `tune --resume`) and lets fit() return normally; the recorder in front
+        # of it tells us, so that a partial sweep is neither summarised nor exported
+        with seen_during() as interrupted:
             grid = _fit(cfg, trial_cfg, name, plan, targets, where, space, limit, window.attempt_timeout_s())
-    if INTERRUPTED.is_set():  # Tune saved its state and returned: no summary of a partial sweep, no export
+    if interrupted():
         finished = sum(1 for result in grid if result.metrics and result.metrics.get("done"))
-        raise Interrupted(f"interrupted: the sweep {name} stopped with its state saved ({finished} of "
-                          f"{trial_count(cfg)} trial(s) finished)")
+        raise Interrupted(f"interrupted after {finished} of {trial_count(cfg)} trial(s) finished (sweep {name}, its "
+                          "state saved)")
     summary, best_ckpt, best_cfg = summarize(grid, trial_cfg, targets, name, where)
     model_dir = None
     if export and best_ckpt:
@@ -349,55 +346,9 @@ def _fit(cfg: RunConfig, trial_cfg: RunConfig, name: str, plan: ResourcePlan,
             run_config=tune.RunConfig(name=name, **storage,
                                       verbose=0 if not console.verbose() else 1,
                                       callbacks=[_trial_lines(selection_metric(cfg), selection_mode(cfg))],
-                                      stop=_StopOnCtrlC(), **_trial_checkpoints(trial_cfg, plan)),
+                                      **_trial_checkpoints(trial_cfg, plan)),
         )
     return tuner.fit()
-
-
-# Ctrl-C during a sweep.  Tune's own SIGINT handler stops the experiment gracefully and then lets
-# fit() return normally, so the sweep would summarise and export a partial result.  Instead Tune's
-# handler is off (TUNE_DISABLE_SIGINT_HANDLER=1, read when fit() starts), ours sets INTERRUPTED, and
-# a Stopper that reads it makes Tune stop every trial and save the experiment's state as at any stop;
-# run_sweep then raises Interrupted (the CLI: the resume line, exit 130).  A second Ctrl-C is Python's
-# KeyboardInterrupt.  The flag is a module global, so a stopper Tune restores from its saved state
-# (`tune --resume`) reads the new process's flag.
-INTERRUPTED = threading.Event()
-
-
-class _StopOnCtrlC(Stopper):
-    """Ends the whole sweep after a Ctrl-C; never one trial on its own."""
-
-    def __call__(self, trial_id: str, result: dict) -> bool:
-        return False
-
-    def stop_all(self) -> bool:
-        return INTERRUPTED.is_set()
-
-
-@contextlib.contextmanager
-def _ctrl_c_stops_the_sweep():
-    INTERRUPTED.clear()
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def first_press(sig, frame):
-        INTERRUPTED.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second press interrupts at once
-        print("Ctrl-C: stopping the sweep's trials and saving its state (Ctrl-C again to abort)", file=sys.stderr,
-              flush=True)
-
-    disabled = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
-    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
-    before = signal.signal(signal.SIGINT, first_press)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
-        if disabled is None:
-            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
-        else:
-            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = disabled
 
 
 def _trial_checkpoints(cfg: RunConfig, plan: ResourcePlan) -> dict:
