@@ -233,25 +233,25 @@ def odd_val_shards(tmp_path_factory):
     return built.out
 
 
-class _FakeResult:
-    def __init__(self, ranked):
-        self.best_checkpoints, self.checkpoint, self.metrics = ranked, None, None
-
-
 def test_every_reader_of_the_selection_takes_the_direction_from_the_metric(tmp_path):
-    from alchemetric_ray.train.trainer import _best
+    from alchemetric_ray.storage import locate
+    from alchemetric_ray.train.checkpoint import save_checkpoint
+    from alchemetric_ray.train.metrics import selection_metric, selection_mode
+    from alchemetric_ray.train.run_folder import RunFolder
 
     cfg = load_config(None, ["train.metric=val_log_loss", f"storage.path={tmp_path}"])  # train.mode left at auto
     trainer = build_trainer(cfg, {}, {}, plan_resources(cfg, {"CPU": 4.0}), name="direction")
     order = trainer.run_config.checkpoint_config
     assert (order.checkpoint_score_attribute, order.checkpoint_score_order) == ("val_log_loss", "min")
-    ranked = [("epoch-0", {"val_log_loss": 0.9}), ("epoch-1", {"val_log_loss": 0.4}),
-              ("epoch-2", {"val_log_loss": 0.7})]
-    assert _best(_FakeResult(ranked), cfg) == ranked[1]  # the lowest log loss is exported
     acc = load_config(None, ["train.metric=val_accuracy", f"storage.path={tmp_path}"])
-    ranked = [("epoch-0", {"val_accuracy": 0.4}), ("epoch-1", {"val_accuracy": 0.6}),
-              ("epoch-2", {"val_accuracy": 0.5})]
-    assert _best(_FakeResult(ranked), acc) == ranked[1]
+    for c, values, best in ((cfg, [0.9, 0.4, 0.7], 1), (acc, [0.4, 0.6, 0.5], 1)):  # the lowest loss, the top accuracy
+        metric = selection_metric(c)
+        run = tmp_path / metric
+        for epoch, value in enumerate(values):
+            save_checkpoint(run / f"epoch-{epoch:04d}", {"w": torch.zeros(1)},
+                            {"epoch": epoch, "metrics": {metric: value}, "loop": {"history": []}})
+        folder = RunFolder(locate(run), metric=metric, mode=selection_mode(c))
+        assert folder.best().epoch == best  # what the export takes
 
 
 def test_num_to_keep_leaves_the_k_best_checkpoints_by_a_min_metric_plus_the_latest(ray_session, odd_val_shards,

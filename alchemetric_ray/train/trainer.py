@@ -220,8 +220,8 @@ def _check_storage_for_new_nodes(cfg: RunConfig, plan: ResourcePlan) -> None:
                            "gs://...) or, for an NFS/EFS mount at the same path on every node, set storage.shared=true")
 
 
-def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None = None, local_mode: bool | None = None,
-                 progress: bool = True, name: str | None = None) -> TrainOutcome:
+def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None = None, progress: bool = True,
+                 name: str | None = None) -> TrainOutcome:
     """The ``train`` command: prepare, ask for the workers and wait (train/autoscale.py), ``fit()``,
     export.  The autoscaler's resource request is cleared however the fit ends.
 
@@ -248,11 +248,11 @@ def run_training(cfg: RunConfig, *, export: bool = True, callbacks: list | None 
         from alchemetric_ray.train.runtime import LocalRun
 
         runtime = LocalRun(run.datasets, data_config(cfg), folder, ScalarWriter(tensorboard))
-        trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name, callbacks=callbacks,
-                                local_mode=True, runtime=runtime)
+        trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name, local_mode=True,
+                                runtime=runtime)
     else:
         trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name,
-                                callbacks=[*(callbacks or []), TensorBoardScalars(tensorboard)])
+                                callbacks=[TensorBoardScalars(tensorboard)])
     try:
         with scale_up(cfg, run.plan, run_bundles(run.plan), local_mode=local) as window:
             window.apply()  # what our wait left of scaling.start_timeout_s, per worker-group start attempt
@@ -362,13 +362,3 @@ def _worker_user_error(exc: BaseException) -> UserError | None:
     """A worker's own one-line error (NaN loss, skipped steps, bad data) inside Ray Train's wrapper."""
     failures = getattr(exc, "worker_failures", None) or {}
     return next((failures[rank] for rank in sorted(failures) if isinstance(failures[rank], UserError)), None)
-
-
-def _best(result, cfg: RunConfig):
-    """The best checkpoint a Ray Train ``Result`` ranked (worker mode), by the metric's direction."""
-    metric = selection_metric(cfg)
-    ranked = [(c, m) for c, m in (getattr(result, "best_checkpoints", None) or []) if metric in m]
-    if not ranked:
-        return result.checkpoint, result.metrics
-    sign = 1 if selection_mode(cfg) == "max" else -1
-    return max(ranked, key=lambda cm: sign * cm[1][metric])
