@@ -82,7 +82,7 @@ def _plain(cfg, started: float) -> dict:
     from alchemetric_ray.data.shards import split_dir
     from alchemetric_ray.hardware import OptimizerStep, adamw, resolve_precision
     from alchemetric_ray.models import build_model
-    from alchemetric_ray.train.checkpoint import save_checkpoint
+    from alchemetric_ray.train.checkpoint import load_state, save_checkpoint
 
     marks = {}
     t = time.perf_counter()
@@ -113,7 +113,7 @@ def _plain(cfg, started: float) -> dict:
         best = (epoch, val) if best is None or val < best[1] else best
     marks["epochs"] = time.perf_counter() - t
     t = time.perf_counter()
-    state = torch.load(run / f"epoch-{best[0]:04d}" / "state.pt", weights_only=True)
+    state = load_state(run / f"epoch-{best[0]:04d}")
     (Path(cfg.storage.models_dir) / "plain").mkdir(parents=True, exist_ok=True)
     torch.save(state["model"], Path(cfg.storage.models_dir) / "plain" / "weights.pt")
     marks["export"] = time.perf_counter() - t

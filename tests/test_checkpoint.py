@@ -109,12 +109,13 @@ def test_a_checkpoint_of_the_other_adamw_resumes_stepping_as_the_optimizer_was_b
     """A run checkpointed by a plain AdamW (before the loop fused it, or on MPS) resumes into the
     loop's fused one, and the other way round: the optimizer keeps its own way of stepping (a plain
     AdamW handed GradScaler's found-inf flag raises), and its moments and step counts come back."""
-    precision = (resolve_precision("fp32", torch.device("cpu")) if mode == "fp32" else
+    cpu = torch.device("cpu")  # the device the optimizers step on: the CPU's fused and plain AdamW
+    precision = (resolve_precision("fp32", cpu) if mode == "fp32" else
                  Precision("fp16", "cpu", torch.float16, True, False, "test: the CUDA fp16 recipe on the CPU"))
 
     def trainables(fused: bool) -> Trainables:
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).to(cpu)
         optimizer = adamw(model.parameters(), lr=1e-2) if fused else torch.optim.AdamW(model.parameters(), lr=1e-2)
         assert bool(optimizer.defaults["fused"]) == fused
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
@@ -128,7 +129,7 @@ def test_a_checkpoint_of_the_other_adamw_resumes_stepping_as_the_optimizer_was_b
     _train_a_little(loaded)  # steps (the fused kernel with GradScaler's flag, or the plain one)
     for p in loaded.model.parameters():
         state = loaded.optimizer.state[p]
-        assert int(state["step"]) == 6 and state["step"].device == (p.device if loaded_fused else torch.device("cpu"))
+        assert int(state["step"]) == 6 and state["step"].device == (p.device if loaded_fused else cpu)
         assert torch.isfinite(state["exp_avg"]).all()
 
 
