@@ -148,8 +148,9 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
             break
         if stop:
             stopped_early = epoch + 1 < train_cfg.epochs
-            worker.say(f"early stop after epoch {epoch + 1}: "
-                       f"no {metric} improvement for {train_cfg.patience} epoch(s)")
+            if stopped_early:  # at the last epoch the run ends anyway: nothing was stopped early
+                worker.say(f"early stop after epoch {epoch + 1}: "
+                           f"no {metric} improvement for {train_cfg.patience} epoch(s)")
             break
 
     return _summary(worker, state, data, stopped_early, epochs_here=state.epoch + 1 - start_epoch, phases=phases)
