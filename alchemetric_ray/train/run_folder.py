@@ -62,11 +62,17 @@ class RunFolder:
 
     def __init__(self, where: Location, *, keep: int = 0, metric: str | None = None, mode: str = "max"):
         self.where, self.keep, self.metric, self.mode = where, keep, metric, mode
+        self._whole: set[str] = set()  # folders found complete (or written) here: not hashed again each epoch
 
     def checkpoints(self) -> list[Kept]:
         """The complete checkpoints, oldest first."""
         names = sorted(self.where.listing(f"{PREFIX}*", folders=True), key=_epoch_of)
-        return [self._kept(self.where / name) for name in names if checkpoint_problem(self.where / name) is None]
+        return [self._kept(self.where / name) for name in names if self._complete(name)]
+
+    def _complete(self, name: str) -> bool:
+        if name not in self._whole and checkpoint_problem(self.where / name) is None:
+            self._whole.add(name)
+        return name in self._whole
 
     def latest(self, *, warn: bool = True) -> Kept | None:
         """The newest complete checkpoint (what ``--resume`` continues from), or None; each newer
@@ -96,6 +102,7 @@ class RunFolder:
         with target.staged(last=(META,)) as stage:
             for item in Path(checkpoint_dir).iterdir():
                 shutil.copy2(item, stage / item.name)
+        self._whole.discard(target.name)  # a folder of that name from before (a resumed epoch) was replaced
         self.prune()
         return target
 
@@ -117,6 +124,7 @@ class RunFolder:
                    if _epoch_of(name) < newest and name not in keep and checkpoint_problem(self.where / name)]
         for where in doomed:
             where.filesystem.delete_dir(where.path)
+            self._whole.discard(where.name)
         return [w.name for w in doomed]
 
     def _listed_by_ray(self) -> set[str]:
