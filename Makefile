@@ -8,15 +8,31 @@ BIN    := $(VENV)/bin
 CONSTRAINTS := constraints.txt
 TORCH_INDEX ?=
 
-.PHONY: install demo lint test test-fast test-deps clean bench bench-full bench-gpu
+# The platforms torch has wheels for at the pins in constraints.txt: Linux (x86_64, aarch64) and Apple silicon
+# Macs. An Intel Mac (or a shell under Rosetta, which reports x86_64) is refused before anything is installed.
+# UNAME_S / UNAME_M can be set to simulate another machine, e.g. `make -n UNAME_S=Darwin UNAME_M=x86_64 install`.
+UNAME_S ?= $(shell uname -s)
+UNAME_M ?= $(shell uname -m)
+ifeq ($(UNAME_S),Darwin)
+ifneq ($(UNAME_M),arm64)
+UNSUPPORTED_PLATFORM := alchemetric-ray needs an Apple silicon Mac (arm64): torch publishes no macOS x86_64 wheels since 2.2
+endif
+endif
 
-$(BIN)/.installed: pyproject.toml $(CONSTRAINTS)
+.PHONY: install demo lint test test-fast test-deps clean bench bench-full bench-gpu check-platform
+
+$(BIN)/.installed: pyproject.toml $(CONSTRAINTS) | check-platform
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e ".[dev]"
 	touch $@
 
 install: $(BIN)/.installed
+
+# Before any install: an order-only prerequisite of .installed, and phony, so it runs (and `make -n` expands it)
+# on every install, even when .venv is already up to date.
+check-platform:
+	$(if $(UNSUPPORTED_PLATFORM),$(error $(UNSUPPORTED_PLATFORM)))
 
 # The main job on the packaged stocknet prices: features -> train -> the held-back test segment vs the baselines.
 demo: install

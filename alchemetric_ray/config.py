@@ -45,6 +45,9 @@ TrialLoop = Literal["auto", "trainer"]
 # driver's own process (Ray Train's local mode); true = insist (refused for several workers or on a
 # joined cluster); false = always a Train worker group
 LocalMode = Literal["auto", "true", "false"]
+# train.shadow: auto = the in-run shadow check on MPS (a float32 CPU copy checks the gradients); true = on
+# any device (CUDA, or the CPU checking its own precision); false = never
+ShadowSetting = Literal["auto", "true", "false"]
 # The device kinds a user may name; hardware/ owns what each one means (its probes and rules).
 DeviceKind = Literal["cpu", "mps", "cuda", "xpu"]
 IndexedDeviceKind = Literal["cuda", "xpu"]  # kinds with several devices on a machine: cuda:N
@@ -241,6 +244,12 @@ class TrainConfig:
     device_cache_fraction: float = 0.5
     stop_after: int = 0  # stop after this many epochs in this session (resumable); 0 = run all epochs
     local_mode: LocalMode = "auto"  # the loop in the driver's process (one worker, a local Ray) or in a Train worker
+    # forward each step's batch in micro-batches of at most this many rows (one loss and one backward over the
+    # whole batch: the same gradient); 0 = whole batches, unless a known backend bug needs them
+    # (hardware/known_bugs.yaml), which sets them itself and says so
+    micro_batch_rows: int = 0
+    shadow: ShadowSetting = "auto"  # the in-run shadow check against a float32 CPU copy: auto (MPS), true, false
+    shadow_every: int = 0  # steps between shadow checks; 0 = adaptive (checks cost at most 5 % of the step time)
 
 
 @dataclass
@@ -555,6 +564,8 @@ def validate(cfg: RunConfig) -> None:
         _check(features.train_end < features.val_end, "features.val_end", features.val_end,
                f"a date after train_end ({features.train_end})")
 
+    _check(train.micro_batch_rows >= 0, "train.micro_batch_rows", train.micro_batch_rows, ">= 0 (0 = whole batches)")
+    _check(train.shadow_every >= 0, "train.shadow_every", train.shadow_every, ">= 0 (0 = adaptive)")
     _check(model.hidden >= 1, "model.hidden", model.hidden, ">= 1")
     _check(model.layers >= 1, "model.layers", model.layers, ">= 1")
     _check(0 <= model.dropout < 1, "model.dropout", model.dropout, "in [0, 1)")

@@ -1,12 +1,17 @@
-"""One torch pin, in one place: constraints.txt, and every install of the project reads it.
+"""The torch pins, in one place: constraints.txt, and every install of the project reads it.
 
 The three installs users run: ``make install`` (the Makefile, dry-run here with ``make -n``),
 k8s/Dockerfile (the KubeRay image) and cluster.yaml's setup commands (the ``ray up`` nodes).  Each
 must install with ``-c constraints.txt`` and none may name a torch version of its own.
+
+constraints.txt has one torch line per platform, told apart by environment markers: 2.13.0 on Linux,
+2.14.x on Apple silicon Macs (torch 2.13.0's MPS matmul bug, pytorch/pytorch#193487), and none on Intel
+Macs, which torch has no wheels for; ``make`` refuses those before installing anything.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -16,6 +21,7 @@ from pathlib import Path
 import yaml
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO / "constraints.txt"
@@ -24,6 +30,10 @@ PLATFORMS = {  # the platforms the project is installed on, as pip's markers see
     "linux-aarch64": {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "aarch64"},
     "macos-arm64": {"sys_platform": "darwin", "platform_system": "Darwin", "platform_machine": "arm64"},
 }
+INTEL_MAC = {"sys_platform": "darwin", "platform_system": "Darwin", "platform_machine": "x86_64"}  # refused
+UNAME = {  # `uname -s`, `uname -m` on each platform, for the Makefile's check
+    "linux-x86_64": ("Linux", "x86_64"), "linux-aarch64": ("Linux", "aarch64"), "macos-arm64": ("Darwin", "arm64"),
+}
 
 
 def _pins() -> list[Requirement]:
@@ -31,10 +41,15 @@ def _pins() -> list[Requirement]:
     return [Requirement(ln) for ln in lines if ln]
 
 
+def _torch_lines(markers: dict[str, str]) -> list[Requirement]:
+    """The torch lines of constraints.txt that pip applies in an environment with these marker values."""
+    env = {**default_environment(), **markers}
+    return [r for r in _pins() if r.name == "torch" and (r.marker is None or r.marker.evaluate(env))]
+
+
 def _torch_pin(platform: str) -> str:
     """The torch version constraints.txt gives ``platform``: exactly one ``==`` line must apply."""
-    env = {**default_environment(), **PLATFORMS[platform]}
-    found = [r for r in _pins() if r.name == "torch" and (r.marker is None or r.marker.evaluate(env))]
+    found = _torch_lines(PLATFORMS[platform])
     assert len(found) == 1, f"{platform}: {len(found)} torch lines apply in constraints.txt"
     (spec,) = found[0].specifier
     assert spec.operator == "==", f"{platform}: torch is not pinned exactly ({spec})"
@@ -49,9 +64,45 @@ def test_constraints_pin_one_torch_per_platform_within_the_packages_range():
         assert torch_range.specifier.contains(_torch_pin(platform)), platform
 
 
+def test_linux_keeps_2_13_0_and_apple_silicon_gets_2_14():
+    assert _torch_pin("linux-x86_64") == _torch_pin("linux-aarch64") == "2.13.0"
+    mac = Version(_torch_pin("macos-arm64"))
+    assert mac.release[:2] == (2, 14), mac  # 2.14.0 fixed the 2-D MPS matmul (pytorch/pytorch#183535)
+
+
+def test_no_torch_line_applies_to_an_intel_mac():
+    assert _torch_lines(INTEL_MAC) == []  # no wheels since torch 2.2: the Makefile refuses it instead
+
+
+def _make_dry(*args: str) -> subprocess.CompletedProcess[str]:
+    """``make -n ARGS`` in the checkout, free of the flags of a ``make test`` this may run under."""
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "UNAME_S", "UNAME_M"}}
+    return subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_make_refuses_an_intel_mac_with_one_line():
+    dry = _make_dry("UNAME_S=Darwin", "UNAME_M=x86_64", "install")  # refused even where .venv is up to date
+    assert dry.returncode != 0, dry.stdout
+    assert "pip install" not in dry.stdout, dry.stdout
+    (line,) = dry.stderr.strip().splitlines()
+    assert "Apple silicon" in line and "x86_64" in line, line
+
+
+def test_make_refuses_nothing_else_for_an_intel_mac():
+    dry = _make_dry("UNAME_S=Darwin", "UNAME_M=x86_64", "clean")  # only installs are refused
+    assert dry.returncode == 0, dry.stderr
+
+
+def test_make_installs_on_every_supported_platform():
+    for platform, (system, machine) in UNAME.items():
+        dry = _make_dry("-B", f"UNAME_S={system}", f"UNAME_M={machine}", "install")
+        assert dry.returncode == 0, (platform, dry.stderr)
+        assert "Apple silicon" not in dry.stderr, (platform, dry.stderr)
+        assert len(re.findall(r"\bpip install\b", dry.stdout)) == 2, (platform, dry.stdout)
+
+
 def test_make_install_reads_the_constraints_for_every_pip_install():
-    dry = subprocess.run(["make", "-n", "-B", ".venv/bin/.installed"], cwd=REPO, capture_output=True, text=True,
-                         timeout=60)
+    dry = _make_dry("-B", ".venv/bin/.installed")  # this machine's own uname: a Linux one
     assert dry.returncode == 0, dry.stderr
     pips = [shlex.split(ln) for ln in dry.stdout.splitlines() if re.search(r"\bpip install\b", ln)]
     assert len(pips) == 2 and pips[0][-1] == "torch" and pips[1][-1] == ".[dev]", pips  # torch first, then us

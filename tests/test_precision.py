@@ -106,7 +106,7 @@ def test_mps_bf16_needs_new_torch_and_macos(monkeypatch):
 
 
 def test_mps_fp16_refused_for_gradscaler_bugs():
-    with pytest.raises(PrecisionError, match=r"'fp16' on MPS is refused.*pytorch#184286"):
+    with pytest.raises(PrecisionError, match=r"'fp16' on MPS is refused.*pytorch/pytorch#184286"):
         resolve_precision("fp16", MPS)
 
 

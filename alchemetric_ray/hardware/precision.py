@@ -35,7 +35,17 @@ EXPLICIT_MODES = tuple(mode for mode in MODES if mode != "auto")  # what the doc
 # Device kinds where explicit mixed precision also needs a passing doctor record of the model
 # (records.require_doctor_checked_precision), with the name messages give them.
 DOCTOR_GATED_KINDS = {"mps": "MPS"}
-MPS_GRADSCALER_BUGS = "GradScaler on MPS had unscale and fused-Adam correctness bugs (pytorch#184286, #186360)"
+
+
+def refused_by_table(backend_kind: str, *, grad_scaler: bool = False, fused_optimizer: bool = False) -> list[str]:
+    """The known-bug table's entries (``known_bugs.yaml``) whose precision or optimizer rule a run with a
+    GradScaler / a fused optimizer on ``backend_kind`` meets, in this torch: ``"id (source)"`` each."""
+    from alchemetric_ray.hardware import known_bugs
+
+    backend = known_bugs.Backend(backend_kind, known_bugs._version(torch.__version__))
+    traits = known_bugs.RunTraits(grad_scaler=grad_scaler, fused_optimizer=fused_optimizer)
+    found = known_bugs.evaluate(None, backend, traits)
+    return [f"{m.entry.id} ({m.entry.reference})" for m in found.matched]
 
 
 class PrecisionError(UserError, ValueError):
@@ -161,9 +171,12 @@ def _mps(requested: str) -> Precision:
     if requested in ("auto", "fp32"):
         why = "requested" if requested == "fp32" else "mixed precision is automatic only on CUDA"
         return _fp32("mps", f"float32 on MPS ({why})")
-    if requested == "fp16":
-        raise PrecisionError(f"precision 'fp16' on MPS is refused: it needs a GradScaler, and {MPS_GRADSCALER_BUGS}; "
-                             "use bf16 or fp32")
+    bugs = refused_by_table("mps", grad_scaler=True) if requested == "fp16" else []
+    if bugs:
+        raise PrecisionError(f"precision 'fp16' on MPS is refused: it needs a GradScaler, which meets the known "
+                             f"backend bug(s) {', '.join(bugs)}; use bf16 or fp32")
+    if requested == "fp16":  # no entry applies to this torch: fp16 on MPS is still not offered
+        raise PrecisionError("precision 'fp16' on MPS is not supported here; use bf16 or fp32")
     tv = inventory.torch_version()
     if tv < (2, 6):
         raise PrecisionError(f"precision 'bf16' on MPS needs torch >= 2.6 (installed {tv[0]}.{tv[1]}); use fp32")
@@ -194,8 +207,8 @@ def _cpu(requested: str, model: ModelTraits | None) -> Precision:
 
 # ---- the optimizer step --------------------------------------------------------------------
 
-# Device kinds whose fused AdamW kernel the loop uses.  Not MPS: its fused Adam had correctness bugs
-# (MPS_GRADSCALER_BUGS), and with no GradScaler there, fusing buys MPS no sync.
+# Device kinds whose fused AdamW kernel the loop uses.  Not MPS: its fused Adam ignored found_inf
+# (known_bugs.yaml: mps-fused-adam-ignores-found-inf), and with no GradScaler there, fusing buys MPS no sync.
 FUSED_ADAMW_KINDS = ("cuda", "cpu")
 
 

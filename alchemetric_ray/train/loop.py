@@ -49,9 +49,11 @@ from alchemetric_ray.hardware import (
     resolve_precision,
 )
 from alchemetric_ray.hardware.inventory import cpu_count
+from alchemetric_ray.hardware.precision import fused_adamw_supported
 from alchemetric_ray.hardware.staging import HOST, gpu_sharers
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.storage import locate
+from alchemetric_ray.train.backend_check import BackendCheck, check_backend, forward
 from alchemetric_ray.train.checkpoint import (
     CheckpointMeta,
     LoopState,
@@ -72,6 +74,7 @@ from alchemetric_ray.train.phases import PhaseLog
 from alchemetric_ray.train.plan import ResourcePlan
 from alchemetric_ray.train.run_folder import RunFolder
 from alchemetric_ray.train.runtime import LocalRun, TrainGroup, TrialProcess
+from alchemetric_ray.train.shadow import ShadowCheck, shadow_wanted
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
@@ -102,6 +105,11 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
                         window=cfg.features.window)
     model = runtime.prepare_model(model, worker.device)
     core = model.module if hasattr(model, "module") else model  # checkpoints hold the plain module's keys
+    # the known-bug table against this run, here (the driver in local mode, each worker otherwise)
+    known = check_backend(cfg, len(manifest.features), manifest.outputs, worker.device, worker.precision,
+                          world=worker.world, fused_optimizer=fused_adamw_supported(list(core.parameters())))
+    for line in known.lines:
+        worker.say(line)
     loss = loss_of(cfg)
     data = WorkerBatches.open(runtime.shard("train"), runtime.shard("val"),
                               collate_for(model_spec(cfg.model).inputs, manifest.features),
@@ -112,8 +120,10 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
     phases.mark("read")
     worker.say(f"worker {worker.rank}: data path {data.path}", detail=data.path.kind == HOST)
     trainables = _trainables(core, train_cfg, worker, data.steps_per_epoch(manifest.rows["train"] // worker.world))
-    loss_fn = make_loss(loss, manifest.class_counts.get("train") if train_cfg.class_weights else None, worker.device)
+    class_counts = manifest.class_counts.get("train") if train_cfg.class_weights else None
+    loss_fn = make_loss(loss, class_counts, worker.device)
     metric, mode = selection_metric(cfg), selection_mode(cfg)
+    shadow = _shadow(cfg, core, worker, trainables, loss, class_counts, known)
 
     state = _resume(trainables, worker, runtime, train_cfg.epochs)
     start_epoch = state.epoch + 1
@@ -124,7 +134,7 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
     stopped_early = False
     for epoch in range(start_epoch, train_cfg.epochs):
         train_loss, samples_per_s, skipped = _train_epoch(model, trainables, loss_fn, data, epoch, train_cfg.seed,
-                                                          worker)
+                                                          worker, known.micro_rows, shadow)
         phases.mark("train", epoch)
         metrics, improved, stop = _validate_and_decide(core, data, state, train_cfg, worker, manifest, metric, mode,
                                                        cfg.signals.quantile)
@@ -132,7 +142,7 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
         state.epoch = epoch
         row = {"epoch": epoch, "train_loss": train_loss, **_scalars(metrics), "samples_per_s": samples_per_s,
                "skipped_steps": skipped, "lr": trainables.scheduler.get_last_lr()[0],
-               "improved": improved}
+               "improved": improved, **_shadow_row(shadow)}
         if worker.rank == 0:
             state.history.append(row)
         _report(row, trainables, meta.at(state, metrics), worker.rank, runtime)
@@ -153,7 +163,9 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
                            f"no {metric} improvement for {train_cfg.patience} epoch(s)")
             break
 
-    return _summary(worker, state, data, stopped_early, epochs_here=state.epoch + 1 - start_epoch, phases=phases)
+    summary = _summary(worker, state, data, stopped_early, epochs_here=state.epoch + 1 - start_epoch, phases=phases)
+    summary.update(known_bugs=known.as_dict(), shadow=shadow.stats.as_dict() if shadow else None)
+    return summary
 
 
 # ---- this worker --------------------------------------------------------------------------------
@@ -215,10 +227,35 @@ def _trainables(core: nn.Module, train_cfg: TrainConfig, worker: _Worker, steps_
     return Trainables(core, optimizer, scheduler, step_fn)
 
 
+def _shadow(cfg: RunConfig, core: nn.Module, worker: _Worker, trainables: Trainables, loss: str,
+            class_counts: list[int] | None, known: BackendCheck) -> ShadowCheck | None:
+    """The in-run shadow check (``train/shadow.py``) where ``train.shadow`` wants it on this device."""
+    if not shadow_wanted(cfg.train.shadow, worker.device):
+        return None
+    every = cfg.train.shadow_every
+    worker.say(f"shadow check on: {worker.device} {worker.precision.mode} against a float32 CPU copy, "
+               + (f"every {every} steps" if every else "adaptive (at most 5% of the step time)"))
+    return ShadowCheck(core, worker.precision, make_loss(loss, class_counts, worker.device),
+                       make_loss(loss, class_counts, torch.device("cpu")), worker.device, every=every,
+                       micro_rows=known.micro_rows, scaler=trainables.step.scaler, hint=known.hint(),
+                       world=worker.world, rank=worker.rank)
+
+
+def _shadow_row(shadow: ShadowCheck | None) -> dict[str, Any]:
+    """The epoch's shadow figures for its report row (and TensorBoard): checks so far, the epoch's largest error."""
+    if shadow is None:
+        return {}
+    row = {"shadow_checks": shadow.stats.checks, "shadow_max_error": shadow.stats.epoch_max_error}
+    shadow.stats.epoch_max_error = 0.0
+    return row
+
+
 def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: WorkerBatches, epoch: int,
-                 seed: int, worker: _Worker) -> tuple[float, float, int]:
+                 seed: int, worker: _Worker, micro_rows: int = 0,
+                 shadow: ShadowCheck | None = None) -> tuple[float, float, int]:
     """One pass over this rank's training batches: the mean loss over the ranks, samples per second,
-    and the steps a GradScaler skipped so far (this rank's).
+    and the steps a GradScaler skipped so far (this rank's).  ``micro_rows``: each batch forwarded in
+    micro-batches (``train/backend_check.py``); ``shadow``: the shadow check, run before the steps it picks.
 
     Nothing in the pass reads the device: the loss of the steps taken is summed there, and read
     with the step's verdicts in the epoch's last check, which raises (on every rank alike) if a
@@ -229,12 +266,15 @@ def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: 
     loss_sum = torch.zeros((), device=worker.device)
     taken = torch.zeros((), device=worker.device)
     seen, started = 0, time.perf_counter()
-    for step, ((x, y, date, _), date_rows) in enumerate(data.train_steps(epoch)):
-        x, y = x.to(worker.device, non_blocking=True), y.to(worker.device, non_blocking=True)
-        with worker.precision.autocast():
-            out = model(x)
+    for step, ((host_x, host_y, date, _), date_rows) in enumerate(data.train_steps(epoch)):
+        x, y = host_x.to(worker.device, non_blocking=True), host_y.to(worker.device, non_blocking=True)
         dates = (DateGroups.from_sizes(date_rows, worker.device) if date_rows is not None
                  else date.to(worker.device, non_blocking=True))
+        if shadow is not None and shadow.due():
+            cpu_dates = DateGroups.from_sizes(date_rows) if date_rows is not None else date.cpu()
+            shadow((x, y, dates), (host_x.cpu(), host_y.cpu(), cpu_dates), epoch=epoch + 1, step=step)
+        with worker.precision.autocast():
+            out = forward(model, x, micro_rows)
         loss = loss_fn(out, y, dates)  # float32, outside autocast
         outcome = trainables.step(loss, epoch=epoch + 1, step=step)  # epochs from 1 in its messages
         trainables.scheduler.step()

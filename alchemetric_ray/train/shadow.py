@@ -1,0 +1,263 @@
+"""The in-run shadow check: the backend's gradients against a float32 CPU copy, while it trains.
+
+At a check the loop runs an *extra* forward and backward of the plain module (not DDP) in eval mode
+(no dropout, so both sides compute one function) on its device, under the run's precision and
+micro-batches, and the same on a float32 CPU copy with the same weights and batch.  The loss and each
+parameter's gradient are compared by norm-relative error, ``|g_dev - g_cpu| / |g_cpu|`` (a scaler's
+gradients unscaled first); an error above the precision's tolerance stops the run with one line
+(epoch, step, the parameter with the largest error and its size, the table entry that could explain
+it, the remedy).  The checkpoints written before it stay.  The training step itself is untouched:
+the check's gradients never reach ``.grad``.
+
+Each check reads the device once (the loss, the gradients and the weights in one transfer); under DDP
+the verdict is then a collective (MAX over the ranks, a second read), so that every rank stops at
+the same check.  The device is synchronised before a check (no read), so that its cost is its own.
+
+How often: ``train.shadow_every`` steps when set; otherwise adaptive.  The first check runs at the
+first step, the second after :data:`FIRST_GAP` steps; from then on the gap is the smallest number of
+steps whose time is at least 1 / :data:`BUDGET` times the last check's cost, so that checks cost at
+most 5 % of the step time.
+
+Which runs: ``train.shadow=auto`` checks every backend but the reference (the CPU), i.e. MPS and
+CUDA... by default only MPS (:data:`AUTO_KINDS`); ``true`` checks any device, the CPU included
+(a CPU run then checks its own precision against float32).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from alchemetric_ray.errors import UserError
+from alchemetric_ray.hardware.device import synchronize
+from alchemetric_ray.hardware.precision import Precision
+from alchemetric_ray.train.backend_check import forward
+
+AUTO_KINDS = ("mps",)  # train.shadow=auto checks these device kinds
+BUDGET = 0.05  # adaptive checks cost at most this share of the step time
+FIRST_GAP = 10  # steps between the first check and the second (which measures the step time)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    loss: float  # the loss's relative error
+    gradient: float  # the whole gradient's norm-relative error
+    parameter: float  # any one parameter's (see _scale)
+
+
+# By precision.  bf16: on the CPU (2026-12-02, a check at every step of 10 epochs, bench/shadow.py's
+# models) bf16 autocast against float32 reached 5.5 % on the whole gradient, 23 % on one parameter
+# (a LayerNorm weight) and 0.01 % on the loss: these are 2-3x that.  fp16 has 3 more mantissa bits
+# (about 8x less rounding): bf16's divided by 3, not measured here (fp16 runs only on CUDA).  fp32:
+# a backend's float32 differs from the CPU's only in the order of its sums.
+TOLERANCE = {"fp32": Tolerance(loss=1e-3, gradient=1e-3, parameter=1e-2),
+             "bf16": Tolerance(loss=0.05, gradient=0.15, parameter=0.5),
+             "fp16": Tolerance(loss=0.02, gradient=0.05, parameter=0.2)}
+
+
+# A gradient's error is measured against its own norm, or, where that is tiny (a gradient that nearly
+# cancels), against this share of the norm it would have if the whole gradient were spread evenly over
+# the values: so a near-zero gradient's rounding is not read as a divergence.
+FLOOR = 0.1
+
+
+def _scale(reference: torch.Tensor, total: float, values: int) -> float:
+    even = total * math.sqrt(reference.numel() / max(values, 1))
+    return max(float(reference.norm()), FLOOR * even, 1e-12)
+
+
+class ShadowDivergence(UserError, RuntimeError):
+    """The backend's gradients left the float32 CPU copy's (one line)."""
+
+
+def shadow_wanted(setting: str, device: torch.device) -> bool:
+    """``train.shadow``: auto (the kinds in :data:`AUTO_KINDS`), true or false."""
+    return setting == "true" or (setting == "auto" and device.type in AUTO_KINDS)
+
+
+@dataclass
+class ShadowStats:
+    checks: int = 0
+    every: int = 0  # the gap in steps now (the fixed one, or the adaptive one)
+    max_error: float = 0.0  # the largest norm-relative error of the whole gradient seen
+    max_parameter_error: float = 0.0  # the largest of any one parameter's
+    max_error_param: str | None = None  # whose
+    max_loss_error: float = 0.0
+    seconds: float = 0.0  # spent in checks
+    skipped_overflow: int = 0  # checks whose device gradients were not finite under a GradScaler
+    epoch_max_error: float = 0.0  # the largest error of the current epoch (reset by the loop's row)
+
+    def as_dict(self) -> dict:
+        return {"checks": self.checks, "every": self.every, "max_error": self.max_error,
+                "max_parameter_error": self.max_parameter_error, "max_error_param": self.max_error_param,
+                "max_loss_error": self.max_loss_error,
+                "seconds": round(self.seconds, 4), "skipped_overflow": self.skipped_overflow}
+
+
+class ShadowCheck:
+    """The check for one worker's training (see the module docstring)."""
+
+    def __init__(self, core: nn.Module, precision: Precision, loss_fn, reference_loss_fn, device: torch.device, *,
+                 every: int = 0, micro_rows: int = 0, scaler: torch.amp.GradScaler | None = None,
+                 hint: str | None = None, world: int = 1, rank: int = 0):
+        self.core, self.precision, self.device = core, precision, device
+        self.loss_fn, self.reference_loss_fn = loss_fn, reference_loss_fn
+        self.fixed = every
+        self.micro_rows = micro_rows
+        self.scaler = scaler
+        self.hint = hint
+        self.world, self.rank = world, rank
+        self.tolerance = TOLERANCE[precision.mode]
+        self.names = [name for name, p in core.named_parameters() if p.requires_grad]
+        self.params = [p for p in core.parameters() if p.requires_grad]
+        self.reference = copy.deepcopy(core).to("cpu", torch.float32)
+        self.reference_params = [p for p in self.reference.parameters() if p.requires_grad]
+        self.stats = ShadowStats(every=every or FIRST_GAP)
+        self._until = 0  # steps to go before the next check (0: the first step checks)
+        self._steps_since = 0
+        self._since = None  # perf_counter at the end of the last check
+
+    # ---- when ---------------------------------------------------------------------------------
+
+    def due(self) -> bool:
+        """Called once per training step, before it: whether this step is checked."""
+        if self._until > 0:
+            self._until -= 1
+            self._steps_since += 1
+            return False
+        return True
+
+    def _schedule(self, cost: float, step_time: float | None) -> None:
+        if self.fixed:
+            gap = self.fixed
+        elif step_time is None or step_time <= 0:
+            gap = FIRST_GAP
+        else:
+            gap = max(1, math.ceil(cost / (BUDGET * step_time)))
+        self.stats.every = gap
+        self._until = gap - 1
+        self._steps_since = 0
+
+    # ---- the check ----------------------------------------------------------------------------
+
+    def __call__(self, batch: tuple, cpu_batch: tuple, *, epoch: int, step: int) -> None:
+        """Check at this step: ``batch`` = (x, y, dates) as the step has them on the device,
+        ``cpu_batch`` the same on the CPU.  ``epoch`` and ``step`` label the message (epochs from 1)."""
+        synchronize(self.device)
+        started = time.perf_counter()
+        step_time = (started - self._since) / self._steps_since if self._since and self._steps_since else None
+        found = self._compare(batch, cpu_batch)
+        ratio = found.ratio(self.tolerance)
+        if self.world > 1:  # the verdict is the group's: every rank stops at the same check
+            flag = torch.tensor([ratio], device=self.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            group_ratio = float(flag)
+        else:
+            group_ratio = ratio
+        self._record(found)
+        cost = time.perf_counter() - started
+        self.stats.seconds += cost
+        if group_ratio > 1:
+            raise ShadowDivergence(self._message(found, ratio, epoch, step))
+        self._since = time.perf_counter()
+        self._schedule(cost, step_time)
+
+    def _record(self, found: _Errors) -> None:
+        stats = self.stats
+        stats.checks += 1
+        if not found.finite:
+            stats.skipped_overflow += 1
+            return
+        worst = found.worst
+        stats.epoch_max_error = max(stats.epoch_max_error, found.gradient)
+        stats.max_error = max(stats.max_error, found.gradient)
+        if worst is not None and found.parameters[worst] >= stats.max_parameter_error:
+            stats.max_parameter_error, stats.max_error_param = found.parameters[worst], self.names[worst]
+        stats.max_loss_error = max(stats.max_loss_error, found.loss)
+
+    def _compare(self, batch: tuple, cpu_batch: tuple) -> _Errors:
+        x, y, dates = batch
+        was = self.core.training
+        self.core.eval()
+        try:
+            with self.precision.autocast():
+                out = forward(self.core, x, self.micro_rows)
+            loss = self.loss_fn(out, y, dates)
+            scaling = self.scaler is not None and self.scaler.is_enabled()
+            target = self.scaler.scale(loss) if scaling else loss
+            grads = torch.autograd.grad(target, self.params, allow_unused=True)
+            inverse = (1.0 / self.scaler._scale.float()) if scaling else None
+            grads = [torch.zeros_like(p) if g is None else (g.float() * inverse if scaling else g.float())
+                     for p, g in zip(self.params, grads)]
+            # the one read of the check: the loss, the gradients and the weights in one transfer
+            flat = torch.cat([loss.detach().float().reshape(1), *(g.reshape(-1) for g in grads),
+                              *(p.detach().float().reshape(-1) for p in self.params)]).cpu()
+        finally:
+            self.core.train(was)
+        sizes = [p.numel() for p in self.params]
+        n = sum(sizes)
+        device_loss, device_grads, weights = flat[0], flat[1:1 + n].split(sizes), flat[1 + n:].split(sizes)
+        with torch.no_grad():
+            for p, w in zip(self.reference_params, weights):
+                p.copy_(w.view_as(p))
+        self.reference.eval()
+        cx, cy, cdates = cpu_batch
+        reference_loss = self.reference_loss_fn(self.reference(cx.float()), cy, cdates)
+        reference_grads = torch.autograd.grad(reference_loss, self.reference_params, allow_unused=True)
+        references = [torch.zeros(g.shape) if r is None else r.reshape(-1)
+                      for g, r in zip(device_grads, reference_grads)]
+        total = float(torch.cat(references).norm()) if references else 0.0
+        differences = [g - r for g, r in zip(device_grads, references)]
+        reference_value = float(reference_loss.detach())
+        return _Errors(
+            loss=abs(float(device_loss) - reference_value) / max(abs(reference_value), 1e-6),
+            gradient=float(torch.cat(differences).norm()) / max(total, 1e-12) if differences else 0.0,
+            parameters=[float(d.norm()) / _scale(r, total, n) for d, r in zip(differences, references)],
+            finite=bool(torch.isfinite(flat).all()))
+
+    def _message(self, found: _Errors, ratio: float, epoch: int, step: int) -> str:
+        tol = self.tolerance
+        on = f"on {self.device.type} {self.precision.mode}"
+        if ratio <= 1:  # only another rank's check failed
+            what = "another rank's gradients left its float32 CPU copy's"
+        else:
+            worst = found.worst
+            p = self.params[worst] if worst is not None else None
+            shape = ("x".join(map(str, p.shape)) or "scalar") if p is not None else ""
+            largest = (f"; the largest is {self.names[worst]}'s ({shape}, {p.numel():,} values), off by "
+                       f"{found.parameters[worst]:.2%} (tolerance {tol.parameter:.1%})" if p is not None else "")
+            what = (f"the gradient {on} is off by {found.gradient:.2%} of its norm from a float32 CPU copy's "
+                    f"(tolerance {tol.gradient:.1%}), the loss by {found.loss:.2%} (tolerance {tol.loss:.1%}){largest}")
+        entry = f"known backend bugs that could explain it: {self.hint}" if self.hint else \
+            "no entry of the known-bug table matches this run"
+        return (f"shadow check failed at epoch {epoch} step {step}: {what}; {entry}; the checkpoints of earlier "
+                "epochs are kept; remedy: train on the CPU (--device cpu) or in precision.mode=fp32, and report it "
+                "with the run's summary and `alchemetric-ray env`'s output")
+
+
+@dataclass(frozen=True)
+class _Errors:
+    """One check's errors against the CPU copy: the loss's relative error, the whole gradient's
+    norm-relative error, each parameter's (see :func:`_scale`), and whether the device's were finite."""
+
+    loss: float
+    gradient: float
+    parameters: list[float]
+    finite: bool
+
+    @property
+    def worst(self) -> int | None:
+        return max(range(len(self.parameters)), key=self.parameters.__getitem__) if self.parameters else None
+
+    def ratio(self, tol: Tolerance) -> float:
+        """The largest error as a multiple of its tolerance (> 1: the check fails); 0 for a check whose
+        device gradients overflowed under a GradScaler (the step itself is skipped then)."""
+        if not self.finite:
+            return 0.0
+        return max(self.loss / tol.loss, self.gradient / tol.gradient,
+                   max(self.parameters, default=0.0) / tol.parameter)
