@@ -27,7 +27,7 @@ from alchemetric_ray.train.checkpoint import (
 
 # the keys of meta.json that the export, a resumed run and the sweep read
 META_KEYS = {"epoch", "config", "metrics", "device", "precision", "plan", "world_size", "environment", "manifest",
-             "loop", "state_file"}
+             "loop", "state_file", "known_bugs"}
 
 
 def _trainables(seed: int) -> Trainables:

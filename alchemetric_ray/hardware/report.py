@@ -12,6 +12,7 @@ import torch
 import alchemetric_ray
 from alchemetric_ray.hardware import device as dev
 from alchemetric_ray.hardware import inventory
+from alchemetric_ray.hardware import known_bugs as kb
 from alchemetric_ray.hardware.precision import (
     ModelTraits,
     PrecisionError,
@@ -64,6 +65,7 @@ def environment_report(device_name: str = "auto", precision_mode: str = "auto", 
                                         and not alchemetric_ray.TORCH_LOADED_BEFORE_US),
         },
     }
+    report["known_bugs"] = known_bugs_here()
     try:
         choice = dev.resolve_device(device_name)
         report["device"] = {"device": str(choice.device), "reason": choice.reason}
@@ -75,6 +77,21 @@ def environment_report(device_name: str = "auto", precision_mode: str = "auto", 
     except dev.DeviceError as exc:
         report["device"] = {"error": str(exc)}
     return report
+
+
+def known_bugs_here() -> dict[str, Any]:
+    """The entries of the known-bug table that apply to a backend of this machine (the CPU, and MPS or
+    CUDA where available), and how each is checked: by rule on every run, or not at all (listed only)."""
+    kinds = ["cpu"] + [kind for kind in ("mps", "cuda") if dev.device_kind_available(kind)]
+    backends = [kb.Backend.of(kind) for kind in kinds]
+    rows = []
+    for entry, backend, applies in kb.applicable_here(backends):
+        rows.append({"id": entry.id, "backend": str(backend), "source": entry.source, "reference": entry.reference,
+                     "versions": entry.versions, "silent": entry.silent, "rule": entry.kind,
+                     "checked": "listed only: no rule to evaluate" if entry.kind == "none"
+                     else "checked on every run by rule" + (" (worked around)" if entry.workaround else " (refused)"),
+                     "family_unknown": applies is None})
+    return {"entries": len(kb.entries()), "backends": [str(b) for b in backends], "apply": rows}
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -99,6 +116,13 @@ def format_report(report: dict[str, Any]) -> str:
     device = report["device"]
     lines.append(f"device            {device['device']} ({device['reason']})" if "device" in device
                  else f"device            ERROR: {device['error']}")
+    bugs = report["known_bugs"]
+    if not bugs["apply"]:
+        lines.append(f"known bugs        none of the table's {bugs['entries']} entries applies here "
+                     f"({'; '.join(bugs['backends'])})")
+    for row in bugs["apply"]:
+        maybe = " (GPU family unknown: may apply)" if row["family_unknown"] else ""
+        lines.append(f"known bug         {row['id']} ({row['reference']}), {row['versions']}{maybe}: {row['checked']}")
     precision = report.get("precision")
     if precision is not None:
         lines.append(f"precision         {precision['mode']} ({precision['reason']})" if "mode" in precision

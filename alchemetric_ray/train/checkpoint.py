@@ -252,6 +252,9 @@ class CheckpointMeta:
     metrics: dict[str, Any] = field(default_factory=dict)  # the epoch's validation metrics
     loop: dict[str, Any] = field(default_factory=dict)  # the LoopState less its epoch: best, bad_epochs, history
     environment: dict[str, Any] = field(default_factory=environment_meta)
+    # the known-bug table against this run (train/backend_check.py): matches, their workaround, unknowns;
+    # absent from checkpoints written before the table existed
+    known_bugs: dict[str, Any] = field(default_factory=dict)
 
     def at(self, state: LoopState, metrics: dict[str, Any]) -> CheckpointMeta:
         """This run's metadata for the epoch ``state`` has just finished."""
@@ -266,7 +269,9 @@ class CheckpointMeta:
 
     @classmethod
     def from_dict(cls, meta: dict[str, Any]) -> CheckpointMeta:
-        missing = [f.name for f in fields(cls) if f.name not in meta]
+        optional = {"known_bugs"}
+        missing = [f.name for f in fields(cls) if f.name not in meta and f.name not in optional]
         if missing:
             raise CheckpointError(f"checkpoint metadata without {', '.join(missing)} (not written by a training run)")
-        return cls(**{**{f.name: meta[f.name] for f in fields(cls)}, "manifest": Manifest.from_dict(meta["manifest"])})
+        return cls(**{**{f.name: meta[f.name] for f in fields(cls) if f.name in meta},
+                      "manifest": Manifest.from_dict(meta["manifest"])})

@@ -104,6 +104,7 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
     models = locate(cfg.storage.models_dir)
     target = models / safe_child(".", cfg.storage.name, "storage.name").name
     info = {k: meta[k] for k in ("device", "precision", "plan", "world_size", "environment", "epoch")}
+    info["known_bugs"] = meta.get("known_bugs") or {}
     # every file in memory first (the manifest's own writer is manifest.write): the space they need
     # is known before the stage is made, and each write is checked again (fsutil.atomic_write_bytes)
     files = {WEIGHTS: torch_bytes({"model": state["model"]}), CONFIG: json_bytes(cfg.to_dict()),
@@ -212,6 +213,31 @@ def certified_backends(model_dir: str | Path | Location) -> list[str] | None:
     return list(json.loads(path.read_text()).get("certified", []))
 
 
+def _backend_lines(known: dict, history: list[dict]) -> list[str]:
+    """The card's lines on trusting the backend: the known-bug table's findings for the run
+    (``train/backend_check.py``) and the shadow check's figures (``train/shadow.py``), where there are any."""
+    lines = []
+    if known:
+        matched = [f"{m['id']} ({m['source']})" for m in known.get("matched", [])]
+        unknown = sorted({f"{u['id']} ({u['source']})" for u in known.get("unknown", [])})
+        micro = known.get("micro_batch_rows") or 0
+        if matched:
+            lines.append(f"- known backend bugs met: {', '.join(matched)}; worked around with micro-batches of "
+                         f"{micro:,} rows (the same gradient)")
+        elif micro:
+            lines.append(f"- micro-batches of {micro:,} rows (train.micro_batch_rows)")
+        if unknown:
+            lines.append(f"- known backend bugs the trace could not decide (unknown: probe): {', '.join(unknown)}")
+        if not matched and not unknown:
+            lines.append(f"- known backend bugs: none of the table's entries matches this run on {known['backend']}")
+    checked = [row for row in history if "shadow_checks" in row]
+    if checked:
+        largest = max(row["shadow_max_error"] for row in checked)
+        lines.append(f"- shadow check against a float32 CPU copy: {checked[-1]['shadow_checks']} checks up to "
+                     f"epoch {checked[-1]['epoch'] + 1} (the exported one), largest whole-gradient error {largest:.2e}")
+    return lines
+
+
 def model_card(cfg: RunConfig, manifest: Manifest, metrics: dict, info: dict) -> str:
     n_tickers = len(manifest.tickers)
     splits = manifest.splits
@@ -233,6 +259,7 @@ def model_card(cfg: RunConfig, manifest: Manifest, metrics: dict, info: dict) ->
         f"- trained on: {info['device']['device']} ({info['device']['reason']}); precision {info['precision']['mode']} "
         f"({info['precision']['reason']})",
         f"- best epoch: {metrics['best_epoch'] + 1} by {metrics['selection_metric']}",
+        *_backend_lines(info.get("known_bugs") or {}, metrics["history"]),
         f"- torch {info['environment']['torch']}, ray {info['environment']['ray']}, "
         f"git {info['environment']['git_commit']}",
         "",

@@ -129,7 +129,8 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
     start_epoch = state.epoch + 1
     # The part of meta.json that stays the same every epoch (config, device, plan: what the tensors came from).
     meta = CheckpointMeta(config=cfg.to_dict(), manifest=manifest, device=worker.device_meta(),
-                          precision=worker.precision.as_dict(), plan=config["plan"].as_dict(), world_size=worker.world)
+                          precision=worker.precision.as_dict(), plan=config["plan"].as_dict(), world_size=worker.world,
+                          known_bugs=known.as_dict())
 
     stopped_early = False
     for epoch in range(start_epoch, train_cfg.epochs):
@@ -241,6 +242,11 @@ def _shadow(cfg: RunConfig, core: nn.Module, worker: _Worker, trainables: Traina
                        world=worker.world, rank=worker.rank)
 
 
+def _on_cpu(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in host memory (itself if it is there: the host-memory data path's batches)."""
+    return t if t.device.type == "cpu" else t.cpu()
+
+
 def _shadow_row(shadow: ShadowCheck | None) -> dict[str, Any]:
     """The epoch's shadow figures for its report row (and TensorBoard): checks so far, the epoch's largest error."""
     if shadow is None:
@@ -271,8 +277,8 @@ def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: 
         dates = (DateGroups.from_sizes(date_rows, worker.device) if date_rows is not None
                  else date.to(worker.device, non_blocking=True))
         if shadow is not None and shadow.due():
-            cpu_dates = DateGroups.from_sizes(date_rows) if date_rows is not None else date.cpu()
-            shadow((x, y, dates), (host_x.cpu(), host_y.cpu(), cpu_dates), epoch=epoch + 1, step=step)
+            cpu_dates = DateGroups.from_sizes(date_rows) if date_rows is not None else _on_cpu(date)
+            shadow((x, y, dates), (_on_cpu(host_x), _on_cpu(host_y), cpu_dates), epoch=epoch + 1, step=step)
         with worker.precision.autocast():
             out = forward(model, x, micro_rows)
         loss = loss_fn(out, y, dates)  # float32, outside autocast

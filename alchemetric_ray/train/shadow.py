@@ -3,8 +3,9 @@
 At a check the loop runs an *extra* forward and backward of the plain module (not DDP) in eval mode
 (no dropout, so both sides compute one function) on its device, under the run's precision and
 micro-batches, and the same on a float32 CPU copy with the same weights and batch.  The loss and each
-parameter's gradient are compared by norm-relative error, ``|g_dev - g_cpu| / |g_cpu|`` (a scaler's
-gradients unscaled first); an error above the precision's tolerance stops the run with one line
+whole gradient are compared by norm-relative error, ``|g_dev - g_cpu| / |g_cpu|``, and so is each
+parameter's (against a floor where its gradient nearly cancels: :func:`_scale`); a scaler's gradients
+are unscaled first.  An error above the precision's :data:`TOLERANCE` stops the run with one line
 (epoch, step, the parameter with the largest error and its size, the table entry that could explain
 it, the remedy).  The checkpoints written before it stay.  The training step itself is untouched:
 the check's gradients never reach ``.grad``.
@@ -18,9 +19,10 @@ first step, the second after :data:`FIRST_GAP` steps; from then on the gap is th
 steps whose time is at least 1 / :data:`BUDGET` times the last check's cost, so that checks cost at
 most 5 % of the step time.
 
-Which runs: ``train.shadow=auto`` checks every backend but the reference (the CPU), i.e. MPS and
-CUDA... by default only MPS (:data:`AUTO_KINDS`); ``true`` checks any device, the CPU included
-(a CPU run then checks its own precision against float32).
+Which runs: ``train.shadow=auto`` checks MPS (:data:`AUTO_KINDS`), the backend the seed rule does not
+trust until verified; ``true`` checks any device: CUDA, or the CPU (which then checks its own
+precision against float32); ``false`` none.  The CPU copy's modules carry ``shadow_reference = True``,
+so that a fault-injection test can model a bug of the device's kernels alone.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -66,9 +69,9 @@ TOLERANCE = {"fp32": Tolerance(loss=1e-3, gradient=1e-3, parameter=1e-2),
 FLOOR = 0.1
 
 
-def _scale(reference: torch.Tensor, total: float, values: int) -> float:
-    even = total * math.sqrt(reference.numel() / max(values, 1))
-    return max(float(reference.norm()), FLOOR * even, 1e-12)
+def _scale(reference: np.ndarray, total: float, values: int) -> float:
+    even = total * math.sqrt(reference.size / max(values, 1))
+    return max(float(np.linalg.norm(reference)), FLOOR * even, 1e-12)
 
 
 class ShadowDivergence(UserError, RuntimeError):
@@ -116,6 +119,8 @@ class ShadowCheck:
         self.names = [name for name, p in core.named_parameters() if p.requires_grad]
         self.params = [p for p in core.parameters() if p.requires_grad]
         self.reference = copy.deepcopy(core).to("cpu", torch.float32)
+        for module in self.reference.modules():  # marks the copy (a fault-injection test's model reads it)
+            module.shadow_reference = True
         self.reference_params = [p for p in self.reference.parameters() if p.requires_grad]
         self.stats = ShadowStats(every=every or FIRST_GAP)
         self._until = 0  # steps to go before the next check (0: the first step checks)
@@ -201,24 +206,27 @@ class ShadowCheck:
             self.core.train(was)
         sizes = [p.numel() for p in self.params]
         n = sum(sizes)
-        device_loss, device_grads, weights = flat[0], flat[1:1 + n].split(sizes), flat[1 + n:].split(sizes)
-        with torch.no_grad():
-            for p, w in zip(self.reference_params, weights):
+        with torch.no_grad():  # the CPU copy takes the device's weights, from the one transfer
+            for p, w in zip(self.reference_params, flat[1 + n:].split(sizes)):
                 p.copy_(w.view_as(p))
         self.reference.eval()
         cx, cy, cdates = cpu_batch
         reference_loss = self.reference_loss_fn(self.reference(cx.float()), cy, cdates)
         reference_grads = torch.autograd.grad(reference_loss, self.reference_params, allow_unused=True)
-        references = [torch.zeros(g.shape) if r is None else r.reshape(-1)
-                      for g, r in zip(device_grads, reference_grads)]
-        total = float(torch.cat(references).norm()) if references else 0.0
-        differences = [g - r for g, r in zip(device_grads, references)]
-        reference_value = float(reference_loss.detach())
+        # the comparison in numpy, on host memory only (nothing here reads the device again)
+        reference = torch.cat([reference_loss.detach().reshape(1)] + [
+            torch.zeros(p.numel()) if g is None else g.reshape(-1) for p, g in zip(self.reference_params,
+                                                                                 reference_grads)]).numpy()
+        device = flat[:1 + n].numpy()
+        bounds = np.cumsum([1, *sizes])
+        references = np.split(reference[1:], bounds[1:-1] - 1)
+        differences = np.split(device[1:] - reference[1:], bounds[1:-1] - 1)
+        total = float(np.linalg.norm(reference[1:]))
         return _Errors(
-            loss=abs(float(device_loss) - reference_value) / max(abs(reference_value), 1e-6),
-            gradient=float(torch.cat(differences).norm()) / max(total, 1e-12) if differences else 0.0,
-            parameters=[float(d.norm()) / _scale(r, total, n) for d, r in zip(differences, references)],
-            finite=bool(torch.isfinite(flat).all()))
+            loss=abs(float(device[0]) - float(reference[0])) / max(abs(float(reference[0])), 1e-6),
+            gradient=float(np.linalg.norm(device[1:] - reference[1:])) / max(total, 1e-12),
+            parameters=[float(np.linalg.norm(d)) / _scale(r, total, n) for d, r in zip(differences, references)],
+            finite=bool(np.isfinite(device).all()))
 
     def _message(self, found: _Errors, ratio: float, epoch: int, step: int) -> str:
         tol = self.tolerance
