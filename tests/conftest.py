@@ -49,6 +49,23 @@ for _name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DE
 # Logical CPUs for the session's Ray: enough that Train workers (fractional CPUs), Tune trial
 # drivers and Ray Data readers never wait on each other on this 2-core machine.
 RAY_LOGICAL_CPUS = 8
+TEST_MODEL_MODULES = ("tiny_model", "fault_model", "unsupported_model")  # ``model.module=`` files in tests/
+
+
+@pytest.fixture(autouse=True)
+def model_registry():
+    """The model registry as it was before each test: the models a test's ``model.module`` (or the
+    test itself) registers are dropped after it, so that no other test sees them in ``known: ...``."""
+    import sys
+
+    from alchemetric_ray.models import MODELS
+
+    before = dict(MODELS)
+    yield MODELS
+    MODELS.clear()
+    MODELS.update(before)
+    for name in TEST_MODEL_MODULES:
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,6 @@
 """Adding a model is one file: the registry's declarations, and a model from outside the package
 (``model.module``) trained through the CLI and Ray Train workers."""
 
-import sys
 
 import pytest
 import torch
@@ -13,16 +12,6 @@ from alchemetric_ray.models import MODELS, build_model, model_spec, register_mod
 from alchemetric_ray.models.registry import ModelModuleError
 
 
-@pytest.fixture
-def registry():
-    """The registry as it was before the test: models a test registers are dropped after it."""
-    before = dict(MODELS)
-    yield MODELS
-    MODELS.clear()
-    MODELS.update(before)
-    sys.modules.pop("tiny_model", None)
-
-
 def test_a_model_declares_its_inputs_hyperparameters_and_cpu_autocast():
     assert {name: spec.inputs for name, spec in MODELS.items()} == {
         "mlp": "tabular", "lstm": "sequence", "gru": "sequence", "tcn": "sequence", "transformer": "sequence"}
@@ -31,7 +20,7 @@ def test_a_model_declares_its_inputs_hyperparameters_and_cpu_autocast():
     assert "LSTM fails under CPU autocast" in model_spec("lstm").cpu_autocast_broken
 
 
-def test_build_model_passes_only_what_the_model_declares(registry):
+def test_build_model_passes_only_what_the_model_declares(model_registry):
     @register_model("strict", inputs="tabular", hyperparameters=("hidden",))
     class Strict(nn.Module):  # no **kwargs: any other keyword would be a TypeError
         def __init__(self, n_features: int, n_classes: int, hidden: int):
@@ -42,7 +31,7 @@ def test_build_model_passes_only_what_the_model_declares(registry):
     assert isinstance(model, Strict) and model.head.out_features == 5
 
 
-def test_a_model_declaration_is_checked_where_it_is_written(registry):
+def test_a_model_declaration_is_checked_where_it_is_written(model_registry):
     with pytest.raises(ValueError, match="unknown hyperparameter.*hidden_size"):
         register_model("bad", inputs="tabular", hyperparameters=("hidden_size",))
     with pytest.raises(ValueError, match="inputs must be one of tabular, sequence"):
@@ -51,7 +40,7 @@ def test_a_model_declaration_is_checked_where_it_is_written(registry):
         register_model("mlp", inputs="tabular")(type("Other", (nn.Module,), {}))
 
 
-def test_model_module_is_imported_before_the_lookup(registry):
+def test_model_module_is_imported_before_the_lookup(model_registry):
     assert "tiny" not in MODELS
     spec = model_spec(load_config(None, ["model.module=tiny_model", "model.name=tiny"]).model)
     assert spec.name == "tiny" and spec.inputs == "tabular"
@@ -61,7 +50,7 @@ def test_model_module_is_imported_before_the_lookup(registry):
 
 
 @pytest.mark.slow
-def test_a_model_from_outside_the_package_trains_through_the_cli(ray_session, registry, tmp_path, capsys):
+def test_a_model_from_outside_the_package_trains_through_the_cli(ray_session, model_registry, tmp_path, capsys):
     from alchemetric_ray.train.export import load_model
 
     rc = main(["train", "--device", "cpu", "model.module=tiny_model", "model.name=tiny", "model.hidden=4",

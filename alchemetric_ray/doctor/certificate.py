@@ -2,13 +2,15 @@
 
 The model's predictions on the same rows on each backend and precision are compared with its
 training backend (or CPU float32 when that backend is not here): rank correlation of the scores,
-the share of positions that flip, and the change in rank IC.  ``certificate.json`` is written into
+the share of positions that flip, and the change in rank IC.  A backend is certified when both stay
+within their limits (:func:`backend_verdict`).  ``certificate.json`` is written into
 the model folder (its name and reader are in ``train/export.py``, with the rest of the folder's
 layout); ``predict`` warns when it serves on a backend that was never certified.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,9 @@ from alchemetric_ray.storage import Location, locate
 from alchemetric_ray.train.export import CERTIFICATE, backend_key
 
 MAX_FLIP_SHARE = 0.01  # more than 1% of positions flipping blocks a backend
+# A rank IC that moves by more than this (absolute) blocks a backend: positions can all stay put while the
+# ranking inside the long and short books, which is what a quantile or size-weighted book trades, changes.
+MAX_RANK_IC_CHANGE = 0.005
 MAX_ROWS = 20_000  # every row of the test segment up to this many; beyond it, whole dates spread over the segment
 
 
@@ -75,6 +80,28 @@ def _rank_ic(rows: pd.DataFrame, score: np.ndarray) -> float:
     return float(ic.mean()) if len(ic) else float("nan")
 
 
+def backend_verdict(flips: float, rank_ic: float, reference_rank_ic: float) -> tuple[bool, list[str]]:
+    """Whether a backend passes, and why not (one line per failed criterion): at most
+    :data:`MAX_FLIP_SHARE` of the positions flip, and the rank IC moves by at most
+    :data:`MAX_RANK_IC_CHANGE` either way.
+
+    NaN rank IC: where the reference's is NaN the rows have no cross-section to rank (fewer than 3
+    names on every date), so the criterion cannot apply and the flip share decides alone; where only
+    the backend's is NaN its scores lost what the reference's had (NaN or constant scores): it fails."""
+    reasons = []
+    if not flips <= MAX_FLIP_SHARE:
+        reasons.append(f"{flips:.1%} of the saved model's positions flip (limit {MAX_FLIP_SHARE:.0%})")
+    if math.isnan(reference_rank_ic):
+        pass
+    elif math.isnan(rank_ic):
+        reasons.append(f"the rank IC cannot be computed from this backend's scores "
+                       f"(the reference's is {reference_rank_ic:+.4f})")
+    elif abs(rank_ic - reference_rank_ic) > MAX_RANK_IC_CHANGE:
+        reasons.append(f"the rank IC changes by {rank_ic - reference_rank_ic:+.4f} "
+                       f"(limit {MAX_RANK_IC_CHANGE:g} either way)")
+    return not reasons, reasons
+
+
 def certify(loaded, backends: list[tuple[Any, Any]], reference: tuple[Any, Any]) -> dict:
     """Compare every (device, precision) in ``backends`` with ``reference`` on the same rows."""
     from scipy.stats import spearmanr
@@ -92,14 +119,15 @@ def certify(loaded, backends: list[tuple[Any, Any]], reference: tuple[Any, Any])
         flips = float((pos != ref_pos).mean()) if len(pos) else 0.0
         corr = float(spearmanr(score, ref_score).statistic) if len(score) > 2 else float("nan")
         ic = _rank_ic(rows, score)
+        passed, reasons = backend_verdict(flips, ic, ref_ic)
         results[backend_key(device.type, precision.mode)] = {
             "rows": int(len(score)), "score_rank_corr": corr, "flipped_positions": flips,
             "rank_ic": ic, "rank_ic_change": ic - ref_ic,
             "max_abs_score_diff": float(np.abs(score - ref_score).max()) if len(score) else 0.0,
-            "passed": bool(flips <= MAX_FLIP_SHARE),
+            "passed": passed, "reasons": reasons,
         }
     return {"reference": backend_key(ref_dev.type, ref_prec.mode), "reference_rank_ic": ref_ic,
-            "max_flip_share": MAX_FLIP_SHARE, "backends": results,
+            "max_flip_share": MAX_FLIP_SHARE, "max_rank_ic_change": MAX_RANK_IC_CHANGE, "backends": results,
             "certified": sorted(k for k, v in results.items() if v["passed"]),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 

@@ -37,6 +37,7 @@ ENV_VAR = "ALCHEMETRIC_DEVICE"
 DEVICE_KINDS: tuple[str, ...] = typing.get_args(DeviceKind)
 REFERENCE_KIND = "cpu"  # the device every other one is checked against (the doctor's reference)
 _CHECKED_KINDS = ("cuda", "mps", "cpu")  # the kinds the doctor examines, in its order
+_SHADOWED_KINDS = ("mps",)  # the kinds train.shadow=auto checks in the run (see shadowed_by_default)
 log = logging.getLogger("alchemetric_ray.hardware")
 _logged: set[str] = set()
 
@@ -268,6 +269,17 @@ def reference_device() -> torch.device:
 
 def is_reference(device_type: str) -> bool:
     return device_type == REFERENCE_KIND
+
+
+def on_reference(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the reference device (itself if it is there already, as host-memory batches are)."""
+    return t if is_reference(t.device.type) else t.to(REFERENCE_KIND)
+
+
+def shadowed_by_default(device: torch.device) -> bool:
+    """Whether ``train.shadow=auto`` checks a run on ``device`` against a float32 CPU copy: MPS, the
+    backend the seed rule does not trust until verified (its silent bugs: hardware/known_bugs.yaml)."""
+    return device.type in _SHADOWED_KINDS
 
 
 def synchronize(device: torch.device) -> None:

@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from alchemetric_ray.errors import UserError
+from alchemetric_ray.hardware import device as device_probes
 from alchemetric_ray.hardware import inventory
 
 TABLE = Path(__file__).with_name("known_bugs.yaml")
@@ -156,11 +157,9 @@ class Backend:
             chip = inventory.cpu_model()
             return cls(kind, version, apple_gpu_family(chip), chip)
         if kind == "cuda":
-            from alchemetric_ray.hardware.device import cuda_capability, cuda_name
-
             index = torch.device(device).index or 0
-            major, minor = cuda_capability(index)
-            return cls(kind, version, f"sm_{major}{minor}", cuda_name(index))
+            major, minor = device_probes.cuda_capability(index)
+            return cls(kind, version, f"sm_{major}{minor}", device_probes.cuda_name(index))
         return cls(kind, version, None, inventory.cpu_model())
 
     def __str__(self) -> str:
@@ -384,3 +383,13 @@ def applicable_here(backends: list[Backend]) -> list[tuple[Entry, Backend, bool 
             if applies is not False:
                 out.append((e, b, applies))
     return out
+
+
+def cuda_worker_bugs() -> dict:
+    """The table's entries for this process's first CUDA GPU and torch (the GPU preflight adds them to
+    :func:`~alchemetric_ray.hardware.device.gpu_worker_report`); empty where torch has no CUDA here."""
+    if not (device_probes.cuda_available() and device_probes.cuda_count() > 0):
+        return {}
+    backend = Backend.of(torch.device("cuda", 0))
+    return {"backend": str(backend),
+            "known_bugs": [f"{e.id} ({e.reference})" for e, _, _ in applicable_here([backend])]}

@@ -256,8 +256,9 @@ def _gpu_probe() -> dict:
     import ray
 
     from alchemetric_ray.hardware.device import gpu_worker_report
+    from alchemetric_ray.hardware.known_bugs import cuda_worker_bugs
 
-    report = gpu_worker_report()
+    report = gpu_worker_report() | cuda_worker_bugs()
     context = ray.get_runtime_context()
     report.update(node_ip=ray.util.get_node_ip_address(), node_id=context.get_node_id(),
                   gpu_ids=[str(i) for i in ray.get_gpu_ids()])
@@ -290,3 +291,6 @@ def _check_probe(report: dict) -> None:
     problem = gpu_worker_problem(report, where)
     if problem:
         raise GpuPreflightError(problem)
+    if report.get("known_bugs"):  # the workers check each against the run's own step before training
+        print(f"GPU preflight: {where}, {report['backend']}: known backend bug(s) that apply there: "
+              f"{', '.join(report['known_bugs'])} (checked against the run's step on each worker)", flush=True)

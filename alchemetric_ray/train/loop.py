@@ -48,6 +48,7 @@ from alchemetric_ray.hardware import (
     device_for_worker,
     resolve_precision,
 )
+from alchemetric_ray.hardware.device import on_reference
 from alchemetric_ray.hardware.inventory import cpu_count
 from alchemetric_ray.hardware.precision import fused_adamw_supported
 from alchemetric_ray.hardware.staging import HOST, gpu_sharers
@@ -242,11 +243,6 @@ def _shadow(cfg: RunConfig, core: nn.Module, worker: _Worker, trainables: Traina
                        world=worker.world, rank=worker.rank)
 
 
-def _on_cpu(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in host memory (itself if it is there: the host-memory data path's batches)."""
-    return t if t.device.type == "cpu" else t.cpu()
-
-
 def _shadow_row(shadow: ShadowCheck | None) -> dict[str, Any]:
     """The epoch's shadow figures for its report row (and TensorBoard): checks so far, the epoch's largest error."""
     if shadow is None:
@@ -277,8 +273,8 @@ def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: 
         dates = (DateGroups.from_sizes(date_rows, worker.device) if date_rows is not None
                  else date.to(worker.device, non_blocking=True))
         if shadow is not None and shadow.due():
-            cpu_dates = DateGroups.from_sizes(date_rows) if date_rows is not None else _on_cpu(date)
-            shadow((x, y, dates), (_on_cpu(host_x), _on_cpu(host_y), cpu_dates), epoch=epoch + 1, step=step)
+            cpu_dates = DateGroups.from_sizes(date_rows) if date_rows is not None else on_reference(date)
+            shadow((x, y, dates), (on_reference(host_x), on_reference(host_y), cpu_dates), epoch=epoch + 1, step=step)
         with worker.precision.autocast():
             out = forward(model, x, micro_rows)
         loss = loss_fn(out, y, dates)  # float32, outside autocast

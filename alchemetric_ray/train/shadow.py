@@ -19,8 +19,8 @@ first step, the second after :data:`FIRST_GAP` steps; from then on the gap is th
 steps whose time is at least 1 / :data:`BUDGET` times the last check's cost, so that checks cost at
 most 5 % of the step time.
 
-Which runs: ``train.shadow=auto`` checks MPS (:data:`AUTO_KINDS`), the backend the seed rule does not
-trust until verified; ``true`` checks any device: CUDA, or the CPU (which then checks its own
+Which runs: ``train.shadow=auto`` checks MPS (``hardware.device.shadowed_by_default``), the backend the seed rule
+does not trust until verified; ``true`` checks any device: CUDA, or the CPU (which then checks its own
 precision against float32); ``false`` none.  The CPU copy's modules carry ``shadow_reference = True``,
 so that a fault-injection test can model a bug of the device's kernels alone.
 """
@@ -37,11 +37,10 @@ import torch
 from torch import nn
 
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.hardware.device import synchronize
+from alchemetric_ray.hardware.device import shadowed_by_default, synchronize
 from alchemetric_ray.hardware.precision import Precision
 from alchemetric_ray.train.backend_check import forward
 
-AUTO_KINDS = ("mps",)  # train.shadow=auto checks these device kinds
 BUDGET = 0.05  # adaptive checks cost at most this share of the step time
 FIRST_GAP = 10  # steps between the first check and the second (which measures the step time)
 
@@ -79,8 +78,8 @@ class ShadowDivergence(UserError, RuntimeError):
 
 
 def shadow_wanted(setting: str, device: torch.device) -> bool:
-    """``train.shadow``: auto (the kinds in :data:`AUTO_KINDS`), true or false."""
-    return setting == "true" or (setting == "auto" and device.type in AUTO_KINDS)
+    """``train.shadow``: auto (the device kinds :func:`shadowed_by_default` names), true or false."""
+    return setting == "true" or (setting == "auto" and shadowed_by_default(device))
 
 
 @dataclass
