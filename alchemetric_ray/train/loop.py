@@ -268,6 +268,8 @@ def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: 
     loss_sum = torch.zeros((), device=worker.device)
     taken = torch.zeros((), device=worker.device)
     seen, started = 0, time.perf_counter()
+    if shadow is not None:
+        shadow.epoch_started()
     for step, ((host_x, host_y, date, _), date_rows) in enumerate(data.train_steps(epoch)):
         x, y = host_x.to(worker.device, non_blocking=True), host_y.to(worker.device, non_blocking=True)
         dates = (DateGroups.from_sizes(date_rows, worker.device) if date_rows is not None

@@ -124,9 +124,16 @@ class ShadowCheck:
         self.stats = ShadowStats(every=every or FIRST_GAP)
         self._until = 0  # steps to go before the next check (0: the first step checks)
         self._steps_since = 0
-        self._since = None  # perf_counter at the end of the last check
+        self._since = None  # perf_counter at the end of the last check, or at the epoch's start
+        self._step_time = None  # seconds per training step, as last measured between checks
 
     # ---- when ---------------------------------------------------------------------------------
+
+    def epoch_started(self) -> None:
+        """Called by the loop before an epoch's first step: the step time is measured over training
+        steps only, never over the validation, checkpoint and report between two epochs."""
+        self._since = time.perf_counter()
+        self._steps_since = 0
 
     def due(self) -> bool:
         """Called once per training step, before it: whether this step is checked."""
@@ -154,7 +161,8 @@ class ShadowCheck:
         ``cpu_batch`` the same on the CPU.  ``epoch`` and ``step`` label the message (epochs from 1)."""
         synchronize(self.device)
         started = time.perf_counter()
-        step_time = (started - self._since) / self._steps_since if self._since and self._steps_since else None
+        if self._since is not None and self._steps_since:
+            self._step_time = (started - self._since) / self._steps_since
         found = self._compare(batch, cpu_batch)
         ratio = found.ratio(self.tolerance)
         if self.world > 1:  # the verdict is the group's: every rank stops at the same check
@@ -169,7 +177,7 @@ class ShadowCheck:
         if group_ratio > 1:
             raise ShadowDivergence(self._message(found, ratio, epoch, step))
         self._since = time.perf_counter()
-        self._schedule(cost, step_time)
+        self._schedule(cost, self._step_time)
 
     def _record(self, found: _Errors) -> None:
         stats = self.stats
