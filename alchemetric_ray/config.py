@@ -26,6 +26,10 @@ from alchemetric_ray.errors import UserError
 # --------------------------------------------------------------------------------------------
 
 DataSource = Literal["stocknet", "builtin", "synthetic", "files"]
+# data.on_duplicate: what ingest does with two rows of one ticker and date whose values differ (an
+# exact copy of a row is always dropped and counted): refuse = stop with both rows named; first /
+# last = keep the ticker's first / last such row in file order; skip_ticker = leave the ticker out
+DuplicatePolicy = Literal["refuse", "first", "last", "skip_ticker"]
 LabelScheme = Literal["three_class", "binary", "triple_barrier", "cs_rank", "cs_zscore"]
 CrossSectionNorm = Literal["none", "zscore", "rank"]
 ThresholdMode = Literal["fixed", "vol"]
@@ -176,6 +180,10 @@ class DataConfig:
     # 2000-2013, from bokeh-sampledata; kept because saved models name it) | "synthetic" | "files"
     source: DataSource = "stocknet"
     tickers: list[str] | None = None  # restrict to these tickers
+    # Default "last": public daily files get corrections appended after the bar they revise (the
+    # 2017-10-30 pair of one S&P 500 name differed by 22 shares of volume), so the later row is the
+    # vendor's revised bar; builtin.py already keeps the last of a date.  "refuse" is the strict choice.
+    on_duplicate: DuplicatePolicy = "last"
     synthetic_tickers: int = 50
     synthetic_days: int = 1000
     synthetic_effect: float = 0.0  # strength of the planted momentum effect; 0 = null market

@@ -271,11 +271,33 @@ def test_date_beyond_datetime64_range(stocknet_dir, tmp_path):
     raises_one_line(write_csv(tmp_path, raw), "AAPL.csv", "line 2", "1492-10-12", "out of range")
 
 
-def test_duplicate_dates(stocknet_dir, tmp_path):
+def test_duplicate_dates_refused_when_asked(stocknet_dir, tmp_path):
+    """Two dates each held by two differing rows: data.on_duplicate=refuse names the earliest's rows."""
     raw = raw_copy(stocknet_dir)
     raw.loc[[100, 700], "Date"] = raw.loc[[99, 699], "Date"].to_numpy()
     first = raw.loc[99, "Date"]
-    raises_one_line(write_csv(tmp_path, raw), "AAPL.csv", "duplicate date", first, "line 101", "line 102")
+    message = raises_one_line(write_csv(tmp_path, raw), "AAPL.csv", "duplicate date", first, "line 101", "line 102",
+                              "2 dates with differing rows", "set data.on_duplicate=first|last|skip_ticker to keep one",
+                              on_duplicate="refuse")
+    assert "with different values (column 'Open':" in message
+
+
+def test_duplicate_dates_resolved_by_default(stocknet_dir, tmp_path):
+    """The same file without the option: the later row of each date is kept (the default, last)."""
+    raw = raw_copy(stocknet_dir)
+    raw.loc[[100, 700], "Date"] = raw.loc[[99, 699], "Date"].to_numpy()
+    bars, report = ingest(write_csv(tmp_path, raw))
+    got = bars["AAPL"].set_index("date")
+    assert len(got) == len(raw) - 2 and got.index.is_unique
+    day = pd.Timestamp(raw.loc[99, "Date"])
+    assert got.loc[day, "volume"] == raw.loc[100, "Volume"]  # line 102, the later one, is the bar
+    assert report.dropped["duplicate_date"] == 2 and report.duplicates()["conflicting_dates"] == 2
+
+
+def test_unknown_on_duplicate_is_refused_before_reading(stocknet_dir):
+    message = raises_one_line(stocknet_dir, "on_duplicate 'newest'", "refuse, first, last, skip_ticker",
+                              on_duplicate="newest")
+    assert "data.on_duplicate" in message
 
 
 def test_unsorted_rows_are_sorted(stocknet_dir, tmp_path):

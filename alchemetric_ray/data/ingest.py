@@ -20,6 +20,17 @@ naming the file, the column and the date(s):
 ``empty_cell``
     a missing value (blank, ``null``, ``NA``, ``N/A``, ``None``, ``-``) in Date, Open, High, Low,
     Close, Volume or Adj Close (when that column exists): the row is dropped.
+``duplicate_row``
+    a later exact copy of a row (same date and the same value in every column ingest reads, for
+    the same ticker): dropped, always.  Public daily files repeat rows when a vendor's pages or
+    snapshots overlap; a copy says nothing new, so refusing the file for it helps nobody.
+``duplicate_date``
+    rows of one date whose values differ (a revised bar next to the original: one S&P 500 name's
+    two 2017-10-30 rows differed by 22 shares of volume) follow ``on_duplicate``
+    (``data.on_duplicate``): ``last`` (the default) / ``first`` keep the ticker's last / first
+    such row in file order and count the others here; ``skip_ticker`` leaves the ticker out (a
+    reason in ``IngestReport.skipped_tickers``); ``refuse`` is a :class:`DataError` naming both
+    rows.  Rows already dropped as ``empty_cell`` take no part: they were never a candidate bar.
 ``nonfinite_price`` / ``nonpositive_price`` / ``nonfinite_volume`` / ``negative_volume``
     a price (Adj Close included) that is ``inf``/``nan`` *written as a value*, or ``<= 0``; a
     volume that is non-finite or ``< 0``.  At most ``max(2, 1% of the ticker's rows)`` such rows
@@ -41,7 +52,8 @@ naming the file, the column and the date(s):
 
 Errors (:class:`DataError`, one line naming the file and the column, date, row or value): a
 path that does not exist or holds no data files, an unreadable file, a missing required column,
-an unparseable date or number, duplicate dates, too many bad values (above), an unsafe ticker
+an unparseable date or number, differing rows for one date (with ``on_duplicate="refuse"``),
+too many bad values (above), an unsafe ticker
 name, an unknown requested ticker, or no ticker left at all.  Unsorted rows are sorted, with a
 warning.  A ticker with fewer than ``min_history`` clean rows (or none at all) is skipped with a
 warning and a reason in ``IngestReport.skipped_tickers``.
@@ -53,6 +65,7 @@ in a folder) are raised when :func:`iter_bars` is called; problems inside files 
 from __future__ import annotations
 
 import re
+import typing
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +74,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from alchemetric_ray.config import DataConfig, DuplicatePolicy
 from alchemetric_ray.errors import UserError
 
 DATA_SUFFIXES = (".csv", ".parquet", ".pq")
@@ -91,8 +105,11 @@ OHLC_TOLERANCE = 1e-6  # relative slack for Open/Close against [Low, High]
 ZERO_VOLUME_RUN = 2  # consecutive zero-volume days that are dropped (a single one is kept)
 STALE_RUN = 5  # consecutive identical closes that are dropped
 
-RULES = ("empty_cell", "nonfinite_price", "nonpositive_price", "nonfinite_volume", "negative_volume",
-         "high_below_low", "ohlc_inconsistent", "zero_volume", "stale_price")
+RULES = ("empty_cell", "duplicate_row", "duplicate_date", "nonfinite_price", "nonpositive_price", "nonfinite_volume",
+         "negative_volume", "high_below_low", "ohlc_inconsistent", "zero_volume", "stale_price")
+DUPLICATE_POLICIES = typing.get_args(DuplicatePolicy)
+# Written once, in config.py: a caller of iter_bars without a config gets what the CLI gets.
+ON_DUPLICATE_DEFAULT: str = DataConfig().on_duplicate
 
 _SAFE_TICKER = re.compile(r"[A-Za-z0-9._^=-]+")
 _LIST_MAX = 5  # dates / runs / names shown in one message
@@ -116,6 +133,20 @@ class IngestReport:
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RULES, 0))
     skipped_tickers: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    on_duplicate: str = ON_DUPLICATE_DEFAULT  # how dates with differing rows were resolved
+    conflicting_dates: int = 0  # (ticker, date) pairs with differing rows, under any policy
+    duplicate_skipped: list[str] = field(default_factory=list)  # tickers left out by skip_ticker
+
+    def duplicates(self) -> dict:
+        """The duplicate counts as the manifest (``ingest.duplicates``) and an evaluation of new
+        data carry them: kept apart from ``dropped`` as well as counted there, because a reader
+        deciding whether to trust the bars wants to see how conflicts were resolved, not only how
+        many rows went."""
+        return {"exact_rows_dropped": self.dropped.get("duplicate_row", 0),
+                "conflicting_dates": self.conflicting_dates,
+                "conflicting_rows_dropped": self.dropped.get("duplicate_date", 0),
+                "resolved_by": self.on_duplicate,
+                "tickers_skipped": list(self.duplicate_skipped)}
 
     def summary(self) -> str:
         lines = [f"ingested {self.tickers} ticker{'s' if self.tickers != 1 else ''} from {self.files} "
@@ -124,6 +155,12 @@ class IngestReport:
         drops = [f"{rule} {n:,}" for rule, n in self.dropped.items() if n]
         if drops:
             lines.append("dropped rows: " + ", ".join(drops))
+        dup = self.duplicates()
+        if dup["exact_rows_dropped"] or dup["conflicting_dates"]:
+            lines.append(f"duplicates: {_rows(dup['exact_rows_dropped'])} repeating another exactly dropped; "
+                         f"{dup['conflicting_dates']} date(s) with differing rows, resolved by "
+                         f"data.on_duplicate={self.on_duplicate}"
+                         + (f" ({len(self.duplicate_skipped)} ticker(s) skipped)" if self.duplicate_skipped else ""))
         if self.skipped_tickers:
             shown = [f"{t} ({why})" for t, why in list(self.skipped_tickers.items())[:_LIST_MAX]]
             more = len(self.skipped_tickers) - len(shown)
@@ -140,16 +177,21 @@ class IngestReport:
 
 
 def iter_bars(path: str | Path, *, tickers: list[str] | None = None, min_history: int = 0,
-              report: IngestReport | None = None) -> Iterator[tuple[str, pd.DataFrame]]:
+              report: IngestReport | None = None,
+              on_duplicate: str = ON_DUPLICATE_DEFAULT) -> Iterator[tuple[str, pd.DataFrame]]:
     """Yield (ticker, bars) one ticker at a time (bounded memory), validated.
 
     ``tickers`` restricts to those tickers (case-insensitive; an empty list means all).  Tickers
     left with fewer than ``min_history`` clean rows are skipped; if none is left at the end of
     the iteration, :class:`DataError` is raised.  ``report`` (if given) is filled in as it goes.
+    ``on_duplicate`` says what a date with differing rows becomes (module docstring,
+    ``duplicate_date``); it is checked here, before any file is read.
     """
     if min_history < 0:
         raise DataError(f"min_history must be >= 0, got {min_history}")
+    _check_policy(on_duplicate)
     report = IngestReport() if report is None else report
+    report.on_duplicate = on_duplicate
     root = Path(path)
     wanted = _wanted(tickers)
     if not root.exists():
@@ -164,13 +206,20 @@ def iter_bars(path: str | Path, *, tickers: list[str] | None = None, min_history
         pairs = _single_file(root, wanted, report)
     else:
         raise DataError(f"data path {root}: not a file or folder")
-    return _validated(pairs, root, min_history, report)
+    return _validated(pairs, root, min_history, report, on_duplicate)
 
 
-def _validated(pairs, root: Path, min_history: int, report: IngestReport):
+def _check_policy(on_duplicate: str) -> None:
+    if on_duplicate not in DUPLICATE_POLICIES:
+        raise DataError(f"on_duplicate {on_duplicate!r} is not one of {', '.join(DUPLICATE_POLICIES)} "
+                        "(data.on_duplicate)")
+
+
+def _validated(pairs, root: Path, min_history: int, report: IngestReport, on_duplicate: str):
     yielded = 0
     for ticker, raw, source in pairs:
-        bars = validate_bars(raw, ticker=ticker, source=source, report=report, min_history=min_history)
+        bars = validate_bars(raw, ticker=ticker, source=source, report=report, min_history=min_history,
+                             on_duplicate=on_duplicate)
         del raw
         if bars is not None:
             yielded += 1
@@ -342,22 +391,28 @@ def _first_line(exc: BaseException) -> str:
 
 
 def validate_bars(raw: pd.DataFrame, *, ticker: str, source: str, report: IngestReport,
-                  min_history: int = 0) -> pd.DataFrame | None:
+                  min_history: int = 0, on_duplicate: str = ON_DUPLICATE_DEFAULT) -> pd.DataFrame | None:
     """Turn one ticker's raw table into canonical bars, or None if the ticker is skipped.
 
     ``source`` names the file in messages (row references are file lines for CSV sources).  The
     report is updated only when this returns: a :class:`DataError` leaves it untouched.
     """
+    _check_policy(on_duplicate)
     raw, cols = _required_columns(raw, source)
     table = _Table.parse(raw, cols, source)
     # Each pass drops what it must from the rows the previous one kept, counting and saying why.
     kept = table.drop_empty_cells()
-    kept = table.in_date_order(kept)
-    kept = table.drop_bad_values(kept)
-    kept = table.drop_inconsistent_ohlc(kept)
-    kept = table.drop_placeholder_runs(kept)
-    bars = table.bars(kept, adjusted="adj_close" in cols)
-    skip_reason = table.skip_reason(len(bars), min_history)
+    kept = table.resolve_duplicates(kept, on_duplicate)
+    skipped_for_duplicates = bool(table.conflicts) and on_duplicate == "skip_ticker"
+    if skipped_for_duplicates:  # the other passes would only count drops of rows that all go anyway
+        bars, skip_reason = None, f"{table.conflict_text()} (data.on_duplicate=skip_ticker)"
+    else:
+        kept = table.in_date_order(kept)
+        kept = table.drop_bad_values(kept)
+        kept = table.drop_inconsistent_ohlc(kept)
+        kept = table.drop_placeholder_runs(kept)
+        bars = table.bars(kept, adjusted="adj_close" in cols)
+        skip_reason = table.skip_reason(len(bars), min_history)
     if skip_reason is not None:
         table.warns.append(f"{source}: skipped ticker {ticker}: {skip_reason}")
     # committed to the report only now: a DataError above leaves it as it was
@@ -365,8 +420,12 @@ def validate_bars(raw: pd.DataFrame, *, ticker: str, source: str, report: Ingest
     for rule, count in table.drops.items():
         report.dropped[rule] = report.dropped.get(rule, 0) + count
     report.warnings.extend(table.warns)
+    report.on_duplicate = on_duplicate
+    report.conflicting_dates += table.conflicts
     if skip_reason is not None:
         report.skipped_tickers[ticker] = skip_reason
+        if skipped_for_duplicates:
+            report.duplicate_skipped.append(ticker)
         return None
     report.tickers += 1
     report.rows_kept += len(bars)
@@ -402,6 +461,8 @@ class _Table:
     numeric: list[str]
     drops: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RULES, 0))
     warns: list[str] = field(default_factory=list)
+    conflicts: int = 0  # dates with differing rows
+    first_conflict: tuple[int, int] | None = None  # positions of the earliest such date's first two rows
 
     @classmethod
     def parse(cls, raw: pd.DataFrame, cols: dict, source: str) -> _Table:
@@ -413,7 +474,6 @@ class _Table:
         for name in numeric:
             values[name], empty[name] = _to_float(raw[cols[name]], source, cols[name], labels)
         values["date"], empty["date"] = _to_dates(raw[cols["date"]], source, cols["date"], labels)
-        _check_duplicates(values["date"], empty["date"], labels, source)
         return cls(source, n, labels, {c: str(cols[c]) for c in cols}, values, empty, numeric)
 
     @property
@@ -436,6 +496,53 @@ class _Table:
             self.warns.append(f"{self.source}: dropped {_rows(len(gone))} with empty cells in column(s) "
                               f"{', '.join(in_cols)} ({_more(where, len(gone))})")
         return np.flatnonzero(~is_empty)
+
+    def resolve_duplicates(self, kept: np.ndarray, on_duplicate: str) -> np.ndarray:
+        """Exact copies of a row go (``duplicate_row``); a date left with differing rows keeps one
+        row by file order or is refused, per ``on_duplicate`` (``skip_ticker``: the caller skips).
+
+        ``kept`` is in file order here (before any sorting), so "first" and "last" are the file's:
+        a vendor's correction appended after its bar is the last row of that date."""
+        if len(kept) < 2:
+            return kept
+        columns = ("date", *self.numeric)
+        frame = pd.DataFrame({c: self.values[c][kept] for c in columns})
+        copies = frame.duplicated(keep="first").to_numpy()  # NaN equals NaN here: a copy is a copy
+        if copies.any():
+            self.drops["duplicate_row"] = int(copies.sum())
+            self.warns.append(f"{self.source}: dropped {_rows(int(copies.sum()))} that repeat an earlier row "
+                              f"exactly ({_dates_text(np.unique(self.dates[kept[copies]]))})")
+            kept, frame = kept[~copies], frame[~copies]
+        dates = frame["date"]
+        differing = dates.duplicated(keep=False).to_numpy()
+        if not differing.any():
+            return kept
+        days = np.unique(self.dates[kept[differing]])
+        self.conflicts = len(days)
+        rows = kept[differing & (self.dates[kept] == days[0])]
+        self.first_conflict = (int(rows[0]), int(rows[1]))
+        if on_duplicate == "refuse":
+            raise DataError(f"{self.source}: {self.conflict_text()}; set data.on_duplicate=first|last|skip_ticker "
+                            "to keep one")
+        if on_duplicate == "skip_ticker":
+            return kept
+        keep = ~dates.duplicated(keep=on_duplicate).to_numpy()
+        self.drops["duplicate_date"] = int((~keep).sum())
+        self.warns.append(f"{self.source}: kept the {on_duplicate} row of each of {self.conflicts} date(s) with "
+                          f"differing rows, dropped {_rows(self.drops['duplicate_date'])} "
+                          f"(data.on_duplicate={on_duplicate}); first: {self.conflict_text()}")
+        return kept[keep]
+
+    def conflict_text(self) -> str:
+        """The earliest date with differing rows: both rows and the first column where they differ."""
+        a, b = self.first_conflict
+        col = next(c for c in self.numeric
+                   if not (self.values[c][a] == self.values[c][b]
+                           or (np.isnan(self.values[c][a]) and np.isnan(self.values[c][b]))))
+        more = f" ({self.conflicts} dates with differing rows)" if self.conflicts > 1 else ""
+        return (f"duplicate date {_day(self.dates[a])} at {_row_ref(self.source, self.labels[a])} and "
+                f"{_row_ref(self.source, self.labels[b])} with different values (column '{self.names[col]}': "
+                f"{_value(self.values[col][a])} vs {_value(self.values[col][b])}){more}")
 
     def in_date_order(self, kept: np.ndarray) -> np.ndarray:
         if len(kept) > 1 and (np.diff(self.dates[kept]) < np.timedelta64(0)).any():
@@ -628,18 +735,6 @@ def _parse_dates(text: pd.Series, fmt: str | None) -> pd.Series:
     return parsed
 
 
-def _check_duplicates(dates: np.ndarray, empty: np.ndarray, labels: np.ndarray, source: str) -> None:
-    pos = np.flatnonzero(~empty)
-    order = pos[np.argsort(dates[pos], kind="stable")]
-    same = dates[order][1:] == dates[order][:-1]
-    if not same.any():
-        return
-    k = np.flatnonzero(same)[0]  # the earliest duplicated date, and the first two rows holding it
-    first, second = sorted((labels[order[k]], labels[order[k + 1]]))
-    raise DataError(f"{source}: duplicate date {_day(dates[order[k]])} at {_row_ref(source, first)} and "
-                    f"{_row_ref(source, second)}")
-
-
 def _runs(mask: np.ndarray, min_len: int) -> np.ndarray:
     """Mask of the True elements that lie in runs of at least ``min_len`` consecutive Trues."""
     if not mask.any():
@@ -659,6 +754,12 @@ def _run_lengths(values: np.ndarray) -> np.ndarray:
     starts = np.r_[True, values[1:] != values[:-1]]
     ids = np.cumsum(starts) - 1
     return np.bincount(ids)[ids]
+
+
+def _value(v: float) -> str:
+    """A number as a file would write it: 1022 for a volume, 170.5 for a price."""
+    v = float(v)
+    return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
 
 
 def _day(value) -> str:

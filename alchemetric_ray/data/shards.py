@@ -363,6 +363,7 @@ def _ingest_summary(report) -> dict | None:
         return None
     return {"files": report.files, "tickers": report.tickers, "rows_read": report.rows_read,
             "rows_kept": report.rows_kept, "dropped": dict(report.dropped),
-            "skipped_tickers": dict(report.skipped_tickers), "warnings": len(report.warnings)}
+            "skipped_tickers": dict(report.skipped_tickers), "warnings": len(report.warnings),
+            "duplicates": report.duplicates()}
 
 

@@ -35,8 +35,9 @@ def open_source(data: DataConfig, *, min_history: int = 0) -> Source:
         else:
             path, description = data.path, f"OHLCV files from {data.path}"
         report = IngestReport()
-        return Source(kind, description, iter_bars(path, tickers=data.tickers, min_history=min_history, report=report),
-                      report)
+        bars = iter_bars(path, tickers=data.tickers, min_history=min_history, report=report,
+                         on_duplicate=data.on_duplicate)
+        return Source(kind, description, bars, report)
     if kind == "synthetic":
         from alchemetric_ray.data.synthetic import SyntheticMarket, synthetic_bars
 

@@ -169,8 +169,10 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
     metrics = json.loads((model_dir / "metrics.json").read_text()) if (model_dir / "metrics.json").is_file() else {}
     with out_dir.staged() as tmp:
         signals = predict(model_dir, data, tmp / "signals.parquet", cfg)
-        inputs = inputs_frame(loaded, data)
+        inputs = inputs_frame(loaded, data, on_duplicate=cfg.data.on_duplicate if data else None)
         result = evaluate_signals(signals, inputs, loaded.manifest, cfg, sweep=metrics.get("sweep"))
+        if data:  # new data: where it came from and how its duplicated bars were treated
+            result["data"] = {"path": str(data), "duplicates": inputs.attrs.get("duplicates")}
         if cfg.signals.folds:
             result["walk_forward"] = walk_forward(cfg, data, loaded, cfg.signals.folds, tmp)
         result["model"] = {"dir": str(model_dir), "id": signals["model_id"].iloc[0] if len(signals) else None,
@@ -297,6 +299,12 @@ def render_report(result: dict) -> str:
              "the paired daily difference to be above 0.", "",
              f"Test segment {seg['start']}..{seg['end']}, {result['tickers']} tickers; returns are earned from the "
              "open after each signal; costs are included in the portfolio figures.", ""]
+    dup = (result.get("data") or {}).get("duplicates")
+    if dup:
+        lines += [f"Data {result['data']['path']}: {dup['exact_rows_dropped']} exact duplicate row(s) dropped; "
+                  f"{dup['conflicting_dates']} date(s) with differing rows, resolved by data.on_duplicate="
+                  f"{dup['resolved_by']}" + (f" (tickers skipped: {', '.join(dup['tickers_skipped'])})"
+                                             if dup["tickers_skipped"] else "") + ".", ""]
     if not v.get("cross_section_meaningful", True):
         lines += [f"> With only {result['tickers']} tickers the cross-sectional numbers (IC, rank IC, long-short) are "
                   "not meaningful; read the position returns instead.", ""]

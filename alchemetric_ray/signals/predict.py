@@ -13,6 +13,7 @@ precision it was computed on.  The file is written beside its final name and ren
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
 import tempfile
@@ -97,34 +98,42 @@ def _check_paths(data: str | None, out: Location) -> None:
             raise SignalError(f"signals output {out} is inside the input folder {data}; write it somewhere else")
 
 
-def stage_inputs(loaded, data: str | None, staging: Path) -> dict:
+def stage_inputs(loaded, data: str | None, staging: Path, *, on_duplicate: str | None = None) -> dict:
     """Features for every bar of the data, normalized with the model's training statistics.
 
     ``data`` is an OHLCV folder/file (local, or on object storage: read from a temporary copy);
     None means the data the model was trained on (its config's data section: the built-in sample,
-    the same synthetic market, or the same files)."""
+    the same synthetic market, or the same files).  ``on_duplicate`` is the caller's
+    data.on_duplicate (None: the model's own): new data gets a fresh data config, which would
+    otherwise drop a ``data.on_duplicate=...`` given to predict or evaluate.  Returns the staged
+    tickers and ingest's duplicate counts (None where nothing was read from files)."""
     if data and is_uri(data):
         with local_copy(data) as raw:
-            return _stage_inputs(loaded, str(raw), staging)
-    return _stage_inputs(loaded, data, staging)
+            return _stage_inputs(loaded, str(raw), staging, on_duplicate)
+    return _stage_inputs(loaded, data, staging, on_duplicate)
 
 
-def inputs_frame(loaded, data: str | None) -> pd.DataFrame:
+def inputs_frame(loaded, data: str | None, *, on_duplicate: str | None = None) -> pd.DataFrame:
     """Every bar of ``data`` (None: the model's own data) with features normalized by ``loaded``'s
-    statistics, its label and forward return, in memory."""
+    statistics, its label and forward return, in memory.  ``frame.attrs["duplicates"]`` holds
+    ingest's duplicate counts for that data (stage_inputs), for the evaluation to report."""
     with tempfile.TemporaryDirectory(prefix="alchemetric-eval-") as staging:
-        stage_inputs(loaded, data, Path(staging))
+        staged = stage_inputs(loaded, data, Path(staging), on_duplicate=on_duplicate)
         frame = pd.read_parquet(staging)
     frame["date"] = np.asarray(pd.to_datetime(frame["date"]).to_numpy(), dtype="datetime64[ns]")
+    frame.attrs["duplicates"] = staged["duplicates"]
     return frame
 
 
-def _stage_inputs(loaded, data: str | None, staging: Path) -> dict:
+def _stage_inputs(loaded, data: str | None, staging: Path, on_duplicate: str | None = None) -> dict:
     from alchemetric_ray.data.sources import open_source
 
     manifest = loaded.manifest
     names = manifest.features
-    source_cfg = DataConfig(path=data, source="files") if data else loaded.config.data
+    own = loaded.config.data
+    on_duplicate = on_duplicate or own.on_duplicate
+    source_cfg = (DataConfig(path=data, source="files", on_duplicate=on_duplicate) if data
+                  else dataclasses.replace(own, on_duplicate=on_duplicate))
     if source_cfg.path and (Path(source_cfg.path) / MANIFEST).is_file():
         shard_manifest = Manifest.read(source_cfg.path)
         if shard_manifest.features != names:
@@ -170,7 +179,7 @@ def _stage_inputs(loaded, data: str | None, staging: Path) -> dict:
             part = path.with_name(path.name + ".tmp")
             pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), part)
             part.replace(path)
-    return {"tickers": tickers}
+    return {"tickers": tickers, "duplicates": source.report.duplicates() if source.report is not None else None}
 
 
 def _normalized(frame: pd.DataFrame, norm: Normalizer, names: list[str], regression: bool) -> pd.DataFrame:
@@ -200,7 +209,7 @@ def predict(model_dir: str | Path | Location, data: str | None, out: str | Path 
     ensure_ray(cfg)
     with tempfile.TemporaryDirectory(prefix="alchemetric-predict-") as tmp:
         staging = Path(tmp)
-        stage_inputs(loaded, data, staging)
+        stage_inputs(loaded, data, staging, on_duplicate=cfg.data.on_duplicate)
         names = loaded.manifest.features
         # a file per ticker: a sequence model's windows are built as each file is read
         ds = read_parquet_folder(staging, windows=(names, loaded.config.features.window)
