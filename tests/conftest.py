@@ -115,6 +115,26 @@ def stocknet_dir(tmp_path_factory) -> Path:
     return write_csvs(tmp_path_factory.mktemp("stocknet"))
 
 
+@pytest.fixture(scope="session")
+def stocknet_shards(stocknet_dir, tmp_path_factory):
+    """``stocknet_shards("AAPL,MSFT", "features.window=8")``: feature shards of some packaged tickers
+    (read from their CSVs), built once per session for each distinct set of tickers and overrides."""
+    from alchemetric_ray.config import load_config
+    from alchemetric_ray.data.shards import build_shards
+
+    built: dict[tuple, Path] = {}
+
+    def shards(tickers: str, *overrides: str) -> Path:
+        key = (tickers, *overrides)
+        if key not in built:
+            cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", f"data.tickers={tickers}",
+                                     *overrides])
+            built[key] = build_shards(cfg, tmp_path_factory.mktemp("shards") / "shards").out
+        return built[key]
+
+    return shards
+
+
 STOCK_MODEL_TICKERS = ("AAPL", "MSFT", "XOM")
 
 

@@ -166,15 +166,18 @@ def test_a_few_bad_prices_are_dropped_not_refused(capsys, tmp_path, stocknet_dir
     assert manifest["ingest"]["dropped"]["nonfinite_price"] == 3
 
 
-def test_duplicate_dates(capsys, tmp_path, stocknet_dir):
+def test_duplicate_dates_under_refuse(capsys, tmp_path, stocknet_dir):
     def dup(t, lines):
-        if t == "MSFT":
-            lines[21] = lines[20]  # data rows 20 and 21 (file lines 21 and 22) share a date
+        if t == "MSFT":  # data rows 20 and 21 (file lines 21 and 22) share a date, with another volume
+            cells = lines[20].split(",")
+            cells[-1] = str(int(float(cells[-1])) + 22)
+            lines[21] = ",".join(cells)
         return lines
 
     data = csv_folder(tmp_path, stocknet_dir, edit=dup)
     day = (data / "MSFT.csv").read_text().splitlines()[20].split(",")[0]
-    fails(capsys, features(data, tmp_path / "shards"), "MSFT.csv", f"duplicate date {day}", under=tmp_path)
+    fails(capsys, features(data, tmp_path / "shards", "data.on_duplicate=refuse"), "MSFT.csv",
+          f"duplicate date {day}", "line 21", "line 22", "data.on_duplicate", under=tmp_path)
 
 
 def test_single_class_in_the_train_split(capsys, tmp_path, stocknet_dir):

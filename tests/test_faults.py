@@ -19,7 +19,6 @@ import torch
 
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.train.checkpoint import load_state
 from alchemetric_ray.train.export import load_model
 from alchemetric_ray.train.trainer import run_training
@@ -29,11 +28,8 @@ WINDOW = 8
 
 
 @pytest.fixture(scope="module")
-def shards(stocknet_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("faults") / "shards"
-    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files",
-                             "data.tickers=AAPL,MSFT,XOM,JPM,GE,WMT", f"features.window={WINDOW}"])
-    return build_shards(cfg, out).out
+def shards(stocknet_shards):
+    return stocknet_shards("AAPL,MSFT,XOM,JPM,GE,WMT", f"features.window={WINDOW}")
 
 
 def _cfg(shards, tmp_path, *overrides):

@@ -5,7 +5,6 @@ import pandas as pd
 import pytest
 import torch
 
-from alchemetric_ray.config import load_config
 from alchemetric_ray.data.loaders import (
     arrow_to_xy,
     build_datasets,
@@ -14,16 +13,14 @@ from alchemetric_ray.data.loaders import (
     make_windows,
 )
 from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.data.shards import build_shards, split_dir
+from alchemetric_ray.data.shards import split_dir
 
 WINDOW = 8
 
 
 @pytest.fixture(scope="module")
-def shards(stocknet_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("loaders") / "shards"
-    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM,GE"])
-    return build_shards(cfg, out).out
+def shards(stocknet_shards):
+    return stocknet_shards("AAPL,MSFT,XOM,GE")
 
 
 def _all_batches(ds, mode, features, **kw):

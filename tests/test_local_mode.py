@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from alchemetric_ray.config import ConfigError, load_config
-from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.train.plan import plan_resources
 from alchemetric_ray.train.trainer import run_training, runs_locally
 
@@ -34,11 +33,8 @@ TRAIN = ["model.name=lstm", "model.hidden=16", "features.window=8", "train.batch
 
 
 @pytest.fixture(scope="module")
-def shards(stocknet_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("local") / "shards"
-    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM",
-                             "features.window=8"])
-    return build_shards(cfg, out).out
+def shards(stocknet_shards):
+    return stocknet_shards("AAPL,MSFT,XOM", "features.window=8")
 
 
 def _cfg(shards, tmp_path, *overrides):

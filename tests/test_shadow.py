@@ -21,7 +21,6 @@ import torch
 
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware import resolve_precision
 from alchemetric_ray.train import shadow as shadow_module
@@ -37,10 +36,8 @@ BATCH = 64
 
 
 @pytest.fixture(scope="module")
-def shards(stocknet_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("shadow") / "shards"
-    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM"])
-    return build_shards(cfg, out).out
+def shards(stocknet_shards):
+    return stocknet_shards("AAPL,MSFT,XOM")
 
 
 def _cfg(shards, tmp_path, *overrides):

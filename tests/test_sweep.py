@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from alchemetric_ray.config import ConfigError, load_config
-from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.train.plan import plan_resources
 from alchemetric_ray.tune.sweep import build_space, concurrency
 
@@ -21,12 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def shards(stocknet_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("sweep") / "shards"
+def shards(stocknet_shards):
     # six stocks: enough for a validation long-short book (5 or more a date), whose moments the
     # deflated Sharpe ratio of the chosen trial needs
-    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM,JPM,GE,WMT"])
-    return build_shards(cfg, out).out
+    return stocknet_shards("AAPL,MSFT,XOM,JPM,GE,WMT")
 
 
 def _sweep_args(shards, tmp_path, *extra):

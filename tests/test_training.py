@@ -24,11 +24,8 @@ WINDOW = 8
 
 
 @pytest.fixture(scope="module")
-def shards(stocknet_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("train") / "shards"
-    cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM",
-                             f"features.window={WINDOW}"])
-    return build_shards(cfg, out).out
+def shards(stocknet_shards):
+    return stocknet_shards("AAPL,MSFT,XOM", f"features.window={WINDOW}")
 
 
 def _cfg(shards, tmp_path, *overrides):
