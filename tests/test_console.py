@@ -26,7 +26,7 @@ def run_cli(args: list[str], ray_session, tmp_path: Path, *,
     env = {k: v for k, v in os.environ.items() if k != console.VERBOSE_ENV}
     env.update(RAY_ADDRESS=ray_session.get_runtime_context().gcs_address, **(extra_env or {}))
     base = [f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
-            f"data.tickers={TICKERS}", "model.hidden=16", "train.batch_size=1024", "signals.n_boot=200"]
+            f"data.tickers={TICKERS}", "model.hidden=16", "train.batch_size=1024"]
     command, *rest = args
     flags = [a for a in rest if a.startswith("--")]
     overrides = [a for a in rest if not a.startswith("--")]

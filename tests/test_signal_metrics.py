@@ -1,4 +1,4 @@
-"""Known answers for the signal metrics: IC, bootstrap CI, long-short and per-name P&L, PSR/DSR, verdict."""
+"""Known answers for the signal metrics: IC, its t interval, long-short and per-name P&L, PSR/DSR, verdict."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ def test_daily_ic_drops_small_and_constant_dates():
 
 
 def test_pure_noise_ic_is_zero_with_ci_containing_zero():
-    st = ic_stats(panel(600, 50, seed=3), n_boot=1000, block=10, seed=0)
+    st = ic_stats(panel(600, 50, seed=3))
     assert st.n_days == 600
     assert abs(st.mean) < 0.015
     assert st.ci_low < 0.0 < st.ci_high
@@ -119,7 +119,7 @@ def test_pure_noise_ic_is_zero_with_ci_containing_zero():
 
 def test_weak_planted_signal_ci_excludes_zero_and_stats_formulas():
     df = panel(1000, 50, seed=4, noise=30.0)  # true corr 1/sqrt(901) ~ 0.033 per day
-    st = ic_stats(df, rank=True, n_boot=1000, block=10, seed=0, annualization=252)
+    st = ic_stats(df, rank=True, annualization=252)
     assert 0.015 < st.mean < 0.06
     assert st.ci_low > 0.0 and st.ci_high > st.mean > st.ci_low
     v = st.daily.to_numpy()
@@ -129,17 +129,23 @@ def test_weak_planted_signal_ci_excludes_zero_and_stats_formulas():
     assert ic_stats(df, rank=True, annualization=52).icir == pytest.approx(st.icir * math.sqrt(52 / 252))
 
 
-def test_bootstrap_is_seeded_and_blocks_widen_ci_for_autocorrelated_ic():
+def test_the_interval_is_the_t_interval_at_lag_0_and_newey_west_widens_it_for_autocorrelated_ic():
+    from scipy.stats import t as student_t
+
     df = panel(400, 30, seed=5, noise=10.0)
-    a = ic_stats(df, seed=7)
-    b = ic_stats(df, seed=7)
-    c = ic_stats(df, seed=8)
-    assert (a.ci_low, a.ci_high) == (b.ci_low, b.ci_high)
-    assert (a.ci_low, a.ci_high) != (c.ci_low, c.ci_high)
-    # block = 1 is the iid bootstrap: CI ~ mean +- 1.96 * std / sqrt(n)
-    iid = ic_stats(df, block=1, n_boot=4000, seed=0)
-    half = 1.96 * iid.std / math.sqrt(iid.n_days)
-    assert (iid.ci_high - iid.ci_low) / 2 == pytest.approx(half, rel=0.1)
+    a = ic_stats(df)
+    assert (a.ci_low, a.ci_high) == (ic_stats(df).ci_low, ic_stats(df).ci_high)  # no random draws
+    # lag 0 is the textbook t interval: mean +- t(n - 1) * std / sqrt(n), and t_stat = mean / (std / sqrt(n))
+    half = student_t.ppf(0.975, a.n_days - 1) * a.std / math.sqrt(a.n_days)
+    assert (a.ci_low, a.ci_high) == pytest.approx((a.mean - half, a.mean + half), rel=1e-12)
+    assert a.t_stat == pytest.approx(a.mean / a.std * math.sqrt(a.n_days))
+    # lag 1 by hand: long-run variance = (sum x^2 + 2 * 0.5 * sum x_t x_t+1) / (n - 1)
+    v = a.daily.to_numpy()
+    x = v - v.mean()
+    se = math.sqrt((x @ x + x[:-1] @ x[1:]) / (len(v) - 1) / len(v))
+    one = ic_stats(df, lag=1)
+    assert one.ci_high - one.mean == pytest.approx(student_t.ppf(0.975, len(v) - 1) * se, rel=1e-12)
+    assert one.t_stat == pytest.approx(v.mean() / se)
 
     # persistent signal strength (AR(1) in the planted weight) -> serially correlated daily IC
     rng = np.random.default_rng(9)
@@ -154,9 +160,11 @@ def test_bootstrap_is_seeded_and_blocks_widen_ci_for_autocorrelated_ic():
         {"date": np.repeat(dates, n_names), "ticker": np.tile(np.arange(n_names).astype(str), n_days),
          "score": score.ravel(), "fwd_ret": fwd.ravel() * 0.01}
     )
-    narrow = ic_stats(ar, block=1, seed=0)
-    wide = ic_stats(ar, block=50, seed=0)
+    narrow = ic_stats(ar)
+    wide = ic_stats(ar, lag=50)
     assert (wide.ci_high - wide.ci_low) > 2 * (narrow.ci_high - narrow.ci_low)
+    with pytest.raises(ValueError, match="lag"):
+        ic_stats(ar, lag=-1)
 
 
 def test_ic_stats_degenerate_inputs():
@@ -475,7 +483,7 @@ def test_equity_plot_draws_buy_and_hold_as_the_equal_weight_long_only_book():
     from alchemetric_ray.config import load_config
     from alchemetric_ray.signals.evaluate import BUY_AND_HOLD, contender_stats, equity_curves
 
-    cfg = load_config(None, ["signals.n_boot=100"])
+    cfg = load_config(None)
     frame = panel(40, 12, seed=5, noise=1.0).assign(fwd_ret=lambda f: f["fwd_ret"] + 0.001)  # a rising market
     model = contender_stats("deep model", frame.assign(position=np.sign(frame["score"])), cfg)
     hold = contender_stats(BUY_AND_HOLD, frame.assign(score=1.0, position=1), cfg)
@@ -596,3 +604,20 @@ def test_a_workers_validation_metrics_do_not_import_scikit_learn():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_retired_key_is_read_from_a_saved_config_and_refused_as_input(tmp_path):
+    """signals.n_boot (the bootstrap's resamples) is gone: a model saved with it still loads; a user
+    who sets it is told in one line why."""
+    from alchemetric_ray.config import ConfigError, RunConfig, load_config
+
+    saved = RunConfig().to_dict()
+    saved["signals"]["n_boot"] = 1000
+    assert RunConfig.from_dict(saved) == RunConfig()
+    with pytest.raises(ConfigError, match=r"^override: config key 'signals.n_boot' was retired: the rank-IC "
+                                          r"intervals are t intervals"):
+        load_config(None, ["signals.n_boot=100"])
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text("signals:\n  n_boot: 100\n")
+    with pytest.raises(ConfigError, match=rf"^{yaml}: config key 'signals.n_boot' was retired"):
+        load_config(yaml)

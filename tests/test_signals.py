@@ -98,7 +98,7 @@ def test_known_answer_a_sequence_model_ranks_what_the_row_features_cannot_see(ra
                              "train.loss=ic", "model.name=tcn", "model.hidden=32", "features.window=6",
                              "train.epochs=5", "train.batch_size=400", "train.deterministic=true",
                              f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
-                             "storage.name=known", "signals.n_boot=500"])
+                             "storage.name=known"])
     result = evaluate(run_training(cfg, progress=False).model_dir, None, tmp_path / "report")
     rows = {r["name"]: r["rank_ic"] for r in result["rows"]}
     assert rows["deep model"]["ci_low"] > 0, rows["deep model"]
@@ -120,7 +120,7 @@ def test_known_answer_the_null_market_gives_no_signal(ray_session, tmp_path, see
                              "data.synthetic_effect=0.0", *_THREE_DAYS_AGO, f"data.seed={seed}",
                              "features.label=cs_rank", "model.hidden=16", "train.epochs=1",
                              f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
-                             "storage.name=null-market", "signals.n_boot=500"])
+                             "storage.name=null-market"])
     verdict = evaluate(run_training(cfg, progress=False).model_dir, None, tmp_path / "report")["verdict"]
     assert not verdict["signal"] and not verdict["edge"], verdict["line"]
 
@@ -166,8 +166,7 @@ def test_evaluate_cli_with_walk_forward_folds(ray_session, stock_model, tmp_path
     """`evaluate` of the session's model (conftest.py) with two walk-forward folds, each retrained."""
     from alchemetric_ray.cli import main
 
-    rc = main(["evaluate", "--model", str(stock_model), "--out", str(tmp_path / "eval"), "signals.folds=2",
-               "signals.n_boot=200"])
+    rc = main(["evaluate", "--model", str(stock_model), "--out", str(tmp_path / "eval"), "signals.folds=2"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "edge over the best baseline:" in out and "report:" in out

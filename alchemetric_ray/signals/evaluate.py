@@ -2,7 +2,7 @@
 
 On the model's test segment (its own split dates, never seen in training or selection):
 classification metrics (class targets), daily IC and rank IC of the score vs the realised forward
-return (mean, ICIR, bootstrap interval), a top-minus-bottom quantile long-short portfolio with
+return (mean, ICIR, t interval with a Newey-West standard error), a top-minus-bottom quantile long-short portfolio with
 costs, the positions' returns (thresholded P(up) - P(down), or per-date quantiles of a regression
 target's score) and hit rate, the probabilistic Sharpe ratio and, for a model chosen by a sweep,
 the Sharpe ratio deflated for the number of configurations tried.  The same numbers for the
@@ -61,8 +61,8 @@ def contender_stats(name: str, signals: pd.DataFrame, cfg: RunConfig, *, horizon
     valid = signals.dropna(subset=["fwd_ret"])
     n_tickers = valid["ticker"].nunique()
     row: dict[str, Any] = {"name": name, "rows": len(valid), "tickers": int(n_tickers)}
-    ic_stats = sm.ic_stats(valid, rank=False, n_boot=signal_cfg.n_boot, seed=cfg.train.seed)
-    rank_ic_stats = sm.ic_stats(valid, rank=True, n_boot=signal_cfg.n_boot, seed=cfg.train.seed)
+    ic_stats = sm.ic_stats(valid, rank=False, lag=horizon - 1)  # days whose forward returns overlap
+    rank_ic_stats = sm.ic_stats(valid, rank=True, lag=horizon - 1)
     row["ic"] = _ic_dict(ic_stats)
     row["rank_ic"] = _ic_dict(rank_ic_stats)
     long_short_stats = sm.long_short(valid, quantile=signal_cfg.quantile, cost_bps=signal_cfg.cost_bps, horizon=horizon)
@@ -151,8 +151,7 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     baselines_with_ic = [r for r in rows[1:] if r["name"] != BUY_AND_HOLD and r["_ic"].n_days > 0]
     best = max(baselines_with_ic, key=lambda r: r["_ic"].mean if not math.isnan(r["_ic"].mean) else -1, default=None)
     verdict = sm.edge_verdict(rows[0]["_ic"], best["_ic"] if best else None, n_tickers=n_tickers,
-                              few_tickers=FEW_TICKERS, baseline_name=best["name"] if best else "best baseline",
-                              n_boot=cfg.signals.n_boot, seed=cfg.train.seed)
+                              few_tickers=FEW_TICKERS, baseline_name=best["name"] if best else "best baseline")
     return {"segment": {"start": start, "end": end}, "tickers": n_tickers, "rows": rows,
             "best_baseline": best["name"] if best else None, "verdict": verdict,
             "n_trials": int((sweep or {}).get("num_trials", 1))}

@@ -18,9 +18,19 @@ Conventions (shared by every function here):
   would silently double a name's weight.
 * Simple returns are ``exp(fwd_ret) - 1``: weights multiply simple returns, never log returns.
 * Everything is vectorised numpy (``bincount``/``lexsort``), no per-date Python loop, and
-  deterministic given ``seed``.
+  deterministic.
 
-Literature: moving-block bootstrap (Kuensch 1989; Liu & Singh 1992); Probabilistic and Deflated
+Intervals of a mean daily IC (:func:`mean_interval`): a t interval (n - 1 degrees of freedom) with
+the Newey-West (1987) standard error over ``lag`` autocovariances, ``lag = horizon - 1``: the ICs of
+consecutive days share ``horizon - 1`` days of their forward returns, so they are correlated that
+far; at horizon 1 the daily ICs are serially uncorrelated (on the packaged stocknet prices,
+2012-2017, the daily rank ICs of 1-, 5- and 20-day momentum and reversal scores have lag-1..10
+autocorrelations within +-0.08 and 10-day variance ratios of 0.8-0.98), and the interval is the
+plain t interval.  It replaces a moving-block bootstrap with 10-day blocks, whose 180-day intervals
+(18 blocks) varied 15 % in width from sample to sample and excluded 0 in 7-8 % of null samples
+(tests/test_signal_power.py).
+
+Literature: Newey & West (1987); Probabilistic and Deflated
 Sharpe Ratio (Bailey & Lopez de Prado, "The Sharpe Ratio Efficient Frontier", J. of Risk 2012, and
 "The Deflated Sharpe Ratio", J. of Portfolio Management 2014); the skew/kurtosis-adjusted variance of
 the Sharpe estimator is from Mertens (2002) as used by Bailey & Lopez de Prado.
@@ -67,9 +77,9 @@ _PORTFOLIO_COLUMNS = ["date", "gross", "cost", "net", "equity"]
 class ICStats:
     """Summary of the daily information coefficient (IC) series.
 
-    ``icir`` is annualised: mean / std * sqrt(annualization).  ``t_stat`` is mean / std * sqrt(n_days)
-    (iid t-statistic; the bootstrap CI is the autocorrelation-robust one).  ``ci_low``/``ci_high``
-    are the moving-block bootstrap percentile interval of the mean daily IC at ``confidence``.
+    ``icir`` is annualised: mean / std * sqrt(annualization).  ``t_stat`` is the mean over its
+    Newey-West standard error with ``lag`` autocovariances (mean / std * sqrt(n_days) at lag 0).
+    ``ci_low``/``ci_high``: the t interval of the mean daily IC at ``confidence`` (:func:`mean_interval`).
     ``daily`` is the per-date IC (index: date).  ``rank`` says whether it is a Spearman (rank) IC.
     """
 
@@ -83,6 +93,7 @@ class ICStats:
     daily: pd.Series
     rank: bool = False
     confidence: float = 0.95
+    lag: int = 0
 
 
 @dataclass
@@ -207,41 +218,47 @@ def daily_ic(signals: pd.DataFrame, *, rank: bool = False, min_names: int = 3) -
     return pd.Series(corr[keep], index=pd.Index(dates[keep], name="date"), name=name)
 
 
-def _block_bootstrap_means(v: np.ndarray, *, n_boot: int, block: int, seed: int) -> np.ndarray:
-    """Moving-block bootstrap (Kuensch 1989) of the mean of ``v``: overlapping blocks of length
-    ``block`` with uniform random starts, concatenated and cut to len(v).  Vectorised through a
-    cumulative sum (each block's sum is a difference of two prefix sums)."""
-    n = v.size
-    L = int(min(max(int(block), 1), n))
-    k = -(-n // L)  # blocks per resample
-    last = n - (k - 1) * L  # length of the (truncated) final block
-    rng = np.random.default_rng(seed)
-    starts = rng.integers(0, n - L + 1, size=(int(n_boot), k))
-    cs = np.concatenate(([0.0], np.cumsum(v)))
-    total = (cs[starts[:, :-1] + L] - cs[starts[:, :-1]]).sum(axis=1)
-    total += cs[starts[:, -1] + last] - cs[starts[:, -1]]
-    return total / n
+def mean_interval(v: np.ndarray, *, lag: int = 0, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(standard error, low, high) of the mean of the daily series ``v``: a t interval with n - 1
+    degrees of freedom around the mean, whose standard error is Newey and West's: the long-run
+    variance with Bartlett weights 1 - j / (lag + 1) on the first ``lag`` autocovariances, scaled by
+    n / (n - 1) so that lag 0 gives the sample variance.  NaN for fewer than 2 values."""
+    from scipy.stats import t as student_t
+
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    if int(lag) != lag or lag < 0:
+        raise ValueError(f"lag must be an integer >= 0, got {lag}")
+    n = int(v.size)
+    nan = float("nan")
+    if n < 2:
+        return nan, nan, nan
+    x = v - v.mean()
+    long_run = float(x @ x)
+    for j in range(1, min(int(lag), n - 1) + 1):
+        long_run += 2.0 * (1.0 - j / (lag + 1)) * float(x[:-j] @ x[j:])
+    se = math.sqrt(max(long_run, 0.0) / (n - 1) / n)
+    half = float(student_t.ppf(0.5 + confidence / 2.0, n - 1)) * se
+    mean = float(v.mean())
+    return se, mean - half, mean + half
 
 
 def ic_stats(
     signals: pd.DataFrame,
     *,
     rank: bool = False,
-    n_boot: int = 1000,
-    block: int = 10,
-    seed: int = 0,
+    lag: int = 0,
     confidence: float = 0.95,
     annualization: int = 252,
     min_names: int = 3,
 ) -> ICStats:
-    """Daily IC summary with a moving-block bootstrap CI of its mean.
+    """Daily IC summary with a confidence interval of its mean.
 
     * mean, std (ddof=1) of the daily IC (see :func:`daily_ic`),
     * ICIR = mean / std * sqrt(annualization)  (ANNUALISED: a daily IR of 0.1 is 1.59 at 252),
-    * t_stat = mean / std * sqrt(n_days),
-    * [ci_low, ci_high]: percentile interval at ``confidence`` of ``n_boot`` moving-block bootstrap
-      means (blocks of ``block`` consecutive days keep the IC's serial correlation; ``seed``
-      fixes the draws).
+    * t_stat = mean / its Newey-West standard error over ``lag`` autocovariances (``horizon - 1``
+      for ``horizon``-day forward returns),
+    * [ci_low, ci_high]: the t interval of the mean at ``confidence`` (:func:`mean_interval`).
 
     Fewer than 2 days gives NaN std/icir/t_stat/CI (mean is NaN with 0 days).
     """
@@ -253,17 +270,10 @@ def ic_stats(
     nan = float("nan")
     mean = float(v.mean()) if n else nan
     std = float(v.std(ddof=1)) if n >= 2 else nan
-    if n >= 2 and std > 0:
-        icir = mean / std * math.sqrt(annualization)
-        t_stat = mean / std * math.sqrt(n)
-    else:
-        icir = t_stat = nan
-    ci_low = ci_high = nan
-    if n >= 2 and n_boot > 0:
-        means = _block_bootstrap_means(v, n_boot=n_boot, block=block, seed=seed)
-        alpha = (1.0 - confidence) / 2.0
-        ci_low, ci_high = (float(q) for q in np.quantile(means, [alpha, 1.0 - alpha]))
-    return ICStats(mean, std, icir, t_stat, n, ci_low, ci_high, daily, rank=rank, confidence=confidence)
+    se, ci_low, ci_high = mean_interval(v, lag=lag, confidence=confidence)
+    icir = mean / std * math.sqrt(annualization) if n >= 2 and std > 0 else nan
+    t_stat = mean / se if n >= 2 and se > 0 else nan
+    return ICStats(mean, std, icir, t_stat, n, ci_low, ci_high, daily, rank=rank, confidence=confidence, lag=lag)
 
 
 # --------------------------------------------------------------------------------------------
@@ -554,19 +564,14 @@ def deflated_sharpe(sr: float, skew: float, kurtosis: float, n_obs: int, n_trial
 # verdict
 
 
-def ic_difference(model_ic: ICStats, baseline_ic: ICStats, *, n_boot: int = 1000, block: int = 10,
-                  seed: int = 0) -> tuple[float, float, float, int]:
-    """Mean daily (model - baseline) IC on the dates both have, with a moving-block bootstrap CI
-    at the model's confidence level: (mean, ci_low, ci_high, n_days).  Pairing by date removes
-    the market-wide day-to-day noise both signals share."""
+def ic_difference(model_ic: ICStats, baseline_ic: ICStats) -> tuple[float, float, float, int]:
+    """Mean daily (model - baseline) IC on the dates both have, with its t interval at the model's
+    confidence and lag (:func:`mean_interval`): (mean, ci_low, ci_high, n_days).  Pairing by date
+    removes the market-wide day-to-day noise both signals share."""
     both = pd.concat([model_ic.daily.rename("m"), baseline_ic.daily.rename("b")], axis=1, join="inner").dropna()
     diff = (both["m"] - both["b"]).to_numpy(dtype=np.float64)
-    if diff.size < 2:
-        return float("nan"), float("nan"), float("nan"), int(diff.size)
-    means = _block_bootstrap_means(diff, n_boot=n_boot, block=block, seed=seed)
-    tail = (1.0 - model_ic.confidence) / 2.0
-    lo, hi = np.quantile(means, [tail, 1.0 - tail])
-    return float(diff.mean()), float(lo), float(hi), int(diff.size)
+    _, lo, hi = mean_interval(diff, lag=model_ic.lag, confidence=model_ic.confidence)
+    return float(diff.mean()) if diff.size else float("nan"), lo, hi, int(diff.size)
 
 
 def edge_verdict(
@@ -576,8 +581,6 @@ def edge_verdict(
     n_tickers: int,
     few_tickers: int = 10,
     baseline_name: str = "best baseline",
-    n_boot: int = 1000,
-    seed: int = 0,
 ) -> dict:
     """One-line answer to "does the model beat its best baseline on the cross-section?".
 
@@ -600,7 +603,7 @@ def edge_verdict(
     if best_baseline_ic is None:
         line = f"edge (no baseline given): {'yes' if signal else 'no'} ({detail})"
         return {"edge": signal, "signal": signal, "line": line, "cross_section_meaningful": True, "difference": None}
-    d_mean, d_lo, d_hi, d_n = ic_difference(model_ic, best_baseline_ic, n_boot=n_boot, seed=seed)
+    d_mean, d_lo, d_hi, d_n = ic_difference(model_ic, best_baseline_ic)
     beats = bool(np.isfinite(d_lo) and d_lo > 0)
     edge = signal and beats
     line = (f"edge over the best baseline: {'yes' if edge else 'no'} ({detail}; {baseline_name} "
