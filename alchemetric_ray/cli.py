@@ -201,6 +201,12 @@ def _evaluate(args: argparse.Namespace, cfg: RunConfig) -> int:
     from alchemetric_ray.signals.evaluate import evaluate
 
     result = evaluate(args.model_dir, args.data, args.out, _model_config(args, cfg))
+    window = (result.get("data") or {}).get("window")
+    if window:
+        print(f"scored window {window['start']}..{window['end']}: {window['days']} days, {window['names']} names "
+              f"(from the model's test-segment start {window['model_test_start']} to the data's last labelled date)")
+    if result.get("baselines_note"):
+        print(f"baselines: {result['baselines_note']}")
     print(result["verdict"]["line"])
     print(f"report: {args.out}/report.md")
     return 0

@@ -274,8 +274,8 @@ def test_evaluate_new_data_reports_the_counts_in_evaluation_json_and_the_report(
     assert main(["evaluate", "--device", "cpu", "--model", str(stock_model), "--data", str(path),
                  "--out", str(out)]) == 0
     written = json.loads((out / "evaluation.json").read_text())
-    assert written["data"] == {"path": str(path), "duplicates": {
+    assert written["data"]["path"] == str(path) and written["data"]["duplicates"] == {
         "exact_rows_dropped": 1, "conflicting_dates": 1, "conflicting_rows_dropped": 1, "resolved_by": "last",
-        "tickers_skipped": []}}
+        "tickers_skipped": []}
     assert (f"Data {path}: 1 exact duplicate row(s) dropped; 1 date(s) with differing rows, resolved by "
             "data.on_duplicate=last.") in (out / "report.md").read_text()

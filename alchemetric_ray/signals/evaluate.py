@@ -130,11 +130,11 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
                             proba=model_rows[proba_cols].to_numpy() if classes else None,
                             labels=model_rows["label"].to_numpy())]
 
-    known = np.isfinite(inputs["label"]) if manifest.regression else inputs["label"] >= 0
-    train = inputs[(inputs["date"] <= pd.Timestamp(splits["train_end"])) & known]
+    train, baselines_note = _baseline_rows(inputs, manifest, start)
     if len(train) > 200_000:
         train = train.sample(200_000, random_state=cfg.train.seed)
-    for name, model in baseline_models(cfg.train.seed, manifest.regression).items():
+    learned = baseline_models(cfg.train.seed, manifest.regression) if len(train) else {}
+    for name, model in learned.items():
         fit_baseline(model, train[names].to_numpy(), train["label"].to_numpy())
         p = predict_baseline(model, test[names].to_numpy(), len(classes))
         name = name.replace("_", " ")
@@ -154,7 +154,52 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
                               few_tickers=FEW_TICKERS, baseline_name=best["name"] if best else "best baseline")
     return {"segment": {"start": start, "end": end}, "tickers": n_tickers, "rows": rows,
             "best_baseline": best["name"] if best else None, "verdict": verdict,
-            "n_trials": int((sweep or {}).get("num_trials", 1))}
+            "n_trials": int((sweep or {}).get("num_trials", 1)), "baselines_note": baselines_note}
+
+
+def _baseline_rows(inputs: pd.DataFrame, manifest: Manifest, start: str) -> tuple[pd.DataFrame, str | None]:
+    """The labelled rows the learned baselines are fitted on, and a line where they are not the
+    model's own training period: the rows up to the model's ``train_end``; where the data has none
+    (new data that begins later), its own rows before the scored window whose labels end before it
+    (``reach`` bars of embargo); where it has neither, none, and the line says why."""
+    known = np.isfinite(inputs["label"]) if manifest.regression else inputs["label"] >= 0
+    train_end = manifest.splits["train_end"]
+    train = inputs[(inputs["date"] <= pd.Timestamp(train_end)) & known]
+    if len(train):
+        return train, None
+    days = np.unique(inputs["date"].to_numpy())
+    before = days[days < np.datetime64(pd.Timestamp(start))]
+    reach = int(manifest.label.get("reach") or manifest.label.get("horizon") or 1)
+    if len(before) > reach:
+        last = before[-reach - 1]
+        early = inputs[(inputs["date"] <= last) & known]
+        if len(early):
+            return early, (f"the learned baselines were fitted on the data's own rows {_day(before[0])}..{_day(last)} "
+                           f"(before the scored window, {reach} bar(s) of embargo): it has none up to the model's "
+                           f"training end {train_end}")
+    return inputs.iloc[:0], (f"no learned baselines: the data has no labelled rows up to the model's training end "
+                             f"{train_end}, nor before the scored window ({start}), to fit them on")
+
+
+def _day(value) -> str:
+    return str(np.datetime64(value, "D"))
+
+
+def new_data_window(inputs: pd.DataFrame, manifest: Manifest) -> dict[str, Any]:
+    """The dates ``evaluate --data`` scores: from the model's test-segment start (earlier dates'
+    labels took part in training or model selection) or the data's first date, whichever is later,
+    to the data's last date with a realised forward return; with its days and names."""
+    test_start = manifest.splits["test_start"]
+    labelled = inputs[np.isfinite(inputs["fwd_ret"].to_numpy(dtype=np.float64))]
+    first = max(pd.Timestamp(test_start), labelled["date"].min()) if len(labelled) else pd.Timestamp(test_start)
+    if not len(labelled) or labelled["date"].max() < first:
+        raise EvaluationError(f"the data has no labelled rows from the model's test-segment start {test_start} on "
+                              f"(its last date with a forward return: "
+                              f"{_day(labelled['date'].max()) if len(labelled) else 'none'})")
+    scored = labelled[labelled["date"] >= first]
+    return {"start": _day(first), "end": _day(scored["date"].max()), "days": int(scored["date"].nunique()),
+            "names": int(scored["ticker"].nunique()), "model_test_start": test_start,
+            "model_test_end": manifest.splits["test_end"]}
 
 
 def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | Path | Location,
@@ -169,9 +214,11 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
     with out_dir.staged() as tmp:
         signals = predict(model_dir, data, tmp / "signals.parquet", cfg)
         inputs = inputs_frame(loaded, data, on_duplicate=cfg.data.on_duplicate if data else None)
-        result = evaluate_signals(signals, inputs, loaded.manifest, cfg, sweep=metrics.get("sweep"))
-        if data:  # new data: where it came from and how its duplicated bars were treated
-            result["data"] = {"path": str(data), "duplicates": inputs.attrs.get("duplicates")}
+        window = new_data_window(inputs, loaded.manifest) if data else None
+        result = evaluate_signals(signals, inputs, loaded.manifest, cfg, sweep=metrics.get("sweep"),
+                                  segment=(window["start"], window["end"]) if window else None)
+        if data:  # new data: where it came from, the window scored, how its duplicated bars were treated
+            result["data"] = {"path": str(data), "window": window, "duplicates": inputs.attrs.get("duplicates")}
         if cfg.signals.folds:
             result["walk_forward"] = walk_forward(cfg, data, loaded, cfg.signals.folds, tmp)
         result["model"] = {"dir": str(model_dir), "id": signals["model_id"].iloc[0] if len(signals) else None,
@@ -275,7 +322,8 @@ def _f(value, fmt="{:.4f}") -> str:
 def verdict_table(result: dict) -> str:
     """The verdict and the side-by-side table for a terminal: one row per contender."""
     seg = result["segment"]
-    header = (f"{'test ' + seg['start'] + '..' + seg['end']:<26s} {'rank IC [95% CI]':>26s} {'L/S Sharpe':>10s} "
+    scored = "new " if result.get("data") else "test "
+    header = (f"{scored + seg['start'] + '..' + seg['end']:<26s} {'rank IC [95% CI]':>26s} {'L/S Sharpe':>10s} "
               f"{'L/S return':>10s} {'bal. acc':>8s}")
     lines = [header]
     for r in result["rows"]:
@@ -296,8 +344,18 @@ def render_report(result: dict) -> str:
              f"signal: {'yes' if v.get('signal') else 'no'} (the model's rank-IC interval "
              f"{'excludes' if v.get('signal') else 'does not exclude'} 0); an edge over the best baseline also needs "
              "the paired daily difference to be above 0.", "",
-             f"Test segment {seg['start']}..{seg['end']}, {result['tickers']} tickers; returns are earned from the "
+             f"{'Scored window' if result.get('data') else 'Test segment'} {seg['start']}..{seg['end']}, "
+             f"{result['tickers']} tickers; returns are earned from the "
              "open after each signal; costs are included in the portfolio figures.", ""]
+    window = (result.get("data") or {}).get("window")
+    if window:
+        lines += [f"Scored window {window['start']}..{window['end']}: {window['days']} days, "
+                  f"{window['names']} names of the new data, from the model's test-segment start "
+                  f"{window['model_test_start']} (earlier dates' labels took part in training and model selection) "
+                  "to the data's last date with a realised return (the model's own test segment ended "
+                  f"{window['model_test_end']}).", ""]
+    if result.get("baselines_note"):
+        lines += [f"> Baselines: {result['baselines_note']}.", ""]
     dup = (result.get("data") or {}).get("duplicates")
     if dup:
         lines += [f"Data {result['data']['path']}: {dup['exact_rows_dropped']} exact duplicate row(s) dropped; "
