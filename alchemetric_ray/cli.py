@@ -194,13 +194,16 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="OHLCV folder/file; default: the packaged stocknet prices (data.source)")
     p.add_argument("--out", required=True,
                    help="report folder (report.md, equity.png, evaluation.json, signals.parquet)")
+    p.add_argument("--walk-forward", action="store_true",
+                   help="also refit every signals.refit_every trading days and score the pooled out-of-sample "
+                        "predictions of the whole history")
 
 
 @command("evaluate", "the model vs baselines on its test segment: IC, long-short, Sharpe, verdict", _evaluate_args)
 def _evaluate(args: argparse.Namespace, cfg: RunConfig) -> int:
     from alchemetric_ray.signals.evaluate import evaluate
 
-    result = evaluate(args.model_dir, args.data, args.out, _model_config(args, cfg))
+    result = evaluate(args.model_dir, args.data, args.out, _model_config(args, cfg), pooled=args.walk_forward)
     window = (result.get("data") or {}).get("window")
     if window:
         print(f"scored window {window['start']}..{window['end']}: {window['days']} days, {window['names']} names "
@@ -208,6 +211,12 @@ def _evaluate(args: argparse.Namespace, cfg: RunConfig) -> int:
     if result.get("baselines_note"):
         print(f"baselines: {result['baselines_note']}")
     print(result["verdict"]["line"])
+    wf = result.get("walk_forward") or {}
+    if "pooled" in wf:
+        seg, model = wf["pooled"]["segment"], wf["pooled"]["rows"][0]["rank_ic"]
+        print(f"walk-forward, pooled out of sample {seg['start']}..{seg['end']} ({model['n_days']} days, "
+              f"{wf['refits']} refits every {wf['refit_every']} days, {wf['seconds']:.0f} s): "
+              f"{wf['pooled']['verdict']['line']}")
     print(f"report: {args.out}/report.md")
     return 0
 

@@ -310,6 +310,8 @@ class SignalsConfig:
     quantile: float = 0.2  # long-short portfolio: top and bottom quantile of scores each day
     cost_bps: float = 5.0  # transaction cost per unit of turnover, in basis points
     folds: int = 0  # walk-forward folds for `evaluate` (retrain per fold); 0 = the model's own test split only
+    # `evaluate --walk-forward`: refit every this many trading days (expanding window), pool the blocks
+    refit_every: int = 126
     actors: int = 0  # batch-inference actors; 0 = one per GPU, else one
 
 
@@ -641,6 +643,7 @@ def validate(cfg: RunConfig) -> None:
     _check(0 < signals.quantile <= 0.5, "signals.quantile", signals.quantile, "in (0, 0.5]")
     _check(signals.cost_bps >= 0, "signals.cost_bps", signals.cost_bps, ">= 0")
     _check(signals.folds >= 0, "signals.folds", signals.folds, ">= 0")
+    _check(signals.refit_every >= 2, "signals.refit_every", signals.refit_every, ">= 2")
     _check(signals.actors >= 0, "signals.actors", signals.actors, ">= 0")
 
     storage = cfg.storage

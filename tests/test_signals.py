@@ -179,3 +179,56 @@ def test_evaluate_cli_with_walk_forward_folds(ray_session, stock_model, tmp_path
     assert np.isfinite(wf["rank_ic_mean"]) and np.isfinite(wf["rank_ic_std"])
     assert "## Walk-forward (2 folds, retrained per fold)" in (tmp_path / "eval" / "report.md").read_text()
     assert (tmp_path / "eval" / "signals.parquet").is_file()
+
+
+def test_evaluate_walk_forward_pools_every_out_of_sample_block_and_scores_it_once(ray_session, stock_model,
+                                                                                   tmp_path, capsys):
+    """`evaluate --walk-forward` (issue 32 item 1) on the session's model: refits every 250 trading days
+    over the packaged history, each block predicted by a model and baselines fitted only before it,
+    the blocks pooled end to end and scored once, with per-year and per-fold rows."""
+    from alchemetric_ray.cli import main
+    from alchemetric_ray.train.export import load_model
+
+    out = tmp_path / "eval"
+    capsys.readouterr()
+    assert main(["evaluate", "--device", "cpu", "--model", str(stock_model), "--out", str(out), "--walk-forward",
+                 "signals.refit_every=250"]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((out / "evaluation.json").read_text())
+    wf = result["walk_forward"]
+    folds, pooled = wf["folds"], wf["pooled"]
+    assert wf["refits"] == len(folds) >= 2 and wf["refit_every"] == 250 and wf["window"] == "expanding"
+    # the blocks tile the out-of-sample span, each trained only on dates before it (embargo included)
+    for before, after in zip(folds, folds[1:]):
+        assert before["test_end"] < after["test_start"] and before["train_end"] < after["train_end"]
+    assert all(f["train_end"] < f["test_start"] for f in folds)
+    assert pooled["segment"] == {"start": folds[0]["test_start"], "end": folds[-1]["test_end"]}
+    model = pooled["rows"][0]
+    assert model["name"] == "deep model" and model["rank_ic"]["n_days"] == sum(f["days"] for f in folds)
+    # far more out-of-sample days than the model's own test segment, so a narrower interval
+    own = result["rows"][0]["rank_ic"]
+    assert model["rank_ic"]["n_days"] > 2 * own["n_days"]
+    assert {r["name"] for r in pooled["rows"]} >= {"logistic regression", "momentum 20d", "buy and hold"}
+    assert pooled["verdict"]["line"].startswith("edge over the best baseline:")
+    # the per-year table is the pooled daily rank IC cut by calendar year
+    years = wf["years"]
+    assert sum(y["days"] for y in years) == model["rank_ic"]["n_days"]
+    assert years == sorted(years, key=lambda y: y["year"]) and len(years) >= 2
+    assert load_model(stock_model).manifest.splits["test_start"] == result["segment"]["start"]  # untouched
+    assert wf["seconds"] > 0 and wf["refits_per_minute"] == pytest.approx(60 * wf["refits"] / wf["seconds"], rel=0.02)
+    report = (out / "report.md").read_text()
+    assert f"## Walk-forward, pooled out of sample ({wf['refits']} refits every 250 trading days, expanding window)" \
+        in report
+    assert f"| {years[0]['year']} | {years[0]['days']} |" in report
+    assert f"walk-forward, pooled out of sample {pooled['segment']['start']}..{pooled['segment']['end']}" in printed
+    assert sum(1 for line in printed.splitlines() if line.startswith("walk-forward refit ")) == wf["refits"]
+
+
+def test_walk_forward_and_signals_folds_together_are_refused_in_one_line(stock_model, tmp_path, capsys):
+    from alchemetric_ray.cli import main
+
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(stock_model), "--out", str(tmp_path / "eval"), "--walk-forward",
+                 "signals.folds=2"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("alchemetric-ray")]
+    assert len(err) == 1 and "--walk-forward and signals.folds=2 are two walk-forward evaluations" in err[0]

@@ -104,6 +104,36 @@ def walk_forward_folds(calendar: np.ndarray, n_folds: int, *, embargo: int, min_
     return folds
 
 
+def refit_folds(calendar: np.ndarray, refit_every: int, *, embargo: int, min_train_frac: float = 0.4,
+                val_frac: float = 0.15) -> list[SplitPlan]:
+    """Walk-forward refits every ``refit_every`` trading dates: the first test block starts after
+    ``min_train_frac`` of the calendar, each block is ``refit_every`` dates (the last one whatever is
+    left), and each fold trains on everything before its block (an expanding window: its last
+    ``val_frac`` for validation), with ``embargo`` dates between train, val and test."""
+    dates = np.unique(np.asarray(calendar).astype("datetime64[D]"))
+    n = len(dates)
+    first_test = int(round(min_train_frac * n))
+    if refit_every < 2 * embargo + 2 or first_test + refit_every > n:
+        raise SplitError(f"signals.refit_every={refit_every}: blocks of that many trading dates do not fit in the "
+                         f"{n - first_test} dates after the first {min_train_frac:.0%} of {n} "
+                         f"(embargo {embargo}); use a smaller value or more data")
+    starts = list(range(first_test, n, refit_every))
+    if n - starts[-1] < 2 * embargo + 2 and len(starts) > 1:  # a last block too short to score joins the one before
+        starts.pop()
+    folds = []
+    for k, test_lo in enumerate(starts):
+        test_hi = starts[k + 1] if k + 1 < len(starts) else n
+        train_n = test_lo - embargo
+        val_lo = int(round(train_n * (1 - val_frac)))
+        folds.append(SplitPlan(
+            train_start=_d(dates[0]), train_end=_d(dates[val_lo - embargo - 1]),
+            val_start=_d(dates[val_lo]), val_end=_d(dates[test_lo - embargo - 1]),
+            test_start=_d(dates[test_lo]), test_end=_d(dates[test_hi - 1]),
+            embargo=embargo,
+        ))
+    return folds
+
+
 def boundaries(calendar: np.ndarray, plan: SplitPlan) -> tuple[str, str]:
     """``features.train_end`` and ``features.val_end`` for which :func:`plan_splits` rebuilds ``plan``
     on ``calendar``: the last dates before its val and its test segments.  ``plan_splits`` takes the

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,42 @@ def deflated_validation_sharpe(sweep: dict | None) -> float | None:
 def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest: Manifest, cfg: RunConfig,
                      *, sweep: dict | None = None, segment: tuple[str, str] | None = None) -> dict[str, Any]:
     """The model and every baseline on the test segment of ``inputs`` (rows with features and labels)."""
+    contenders = contender_frames(model_signals, inputs, manifest, cfg, segment=segment)
+    return score_contenders(contenders, manifest, cfg, sweep=sweep)
+
+
+@dataclass
+class Contenders:
+    """What each contender scored on one segment, before any statistic: its (date, ticker, score,
+    position, fwd_ret) frame, with class probabilities and labels where it has them."""
+
+    start: str
+    end: str
+    frames: dict[str, pd.DataFrame]
+    proba: dict[str, np.ndarray | None]
+    labels: dict[str, np.ndarray | None]
+    baselines_note: str | None
+
+    @staticmethod
+    def pooled(parts: list[Contenders]) -> Contenders:
+        """Blocks of consecutive segments as one: each contender's rows of every block, in order (a
+        contender missing from a block, a learned baseline with nothing to fit on, is left out)."""
+        names = [n for n in parts[0].frames if all(n in p.frames for p in parts)]
+
+        def joined(field: str, name: str):
+            values = [getattr(p, field)[name] for p in parts]
+            return None if any(v is None for v in values) else np.concatenate(values)
+
+        return Contenders(parts[0].start, parts[-1].end,
+                          {n: pd.concat([p.frames[n] for p in parts], ignore_index=True) for n in names},
+                          {n: joined("proba", n) for n in names}, {n: joined("labels", n) for n in names},
+                          "; ".join(dict.fromkeys(p.baselines_note for p in parts if p.baselines_note)) or None)
+
+
+def contender_frames(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest: Manifest, cfg: RunConfig,
+                     *, segment: tuple[str, str] | None = None) -> Contenders:
+    """The model's signals and every baseline's on the segment (default: the manifest's test
+    segment); the learned baselines are fitted on the rows :func:`_baseline_rows` gives."""
     from alchemetric_ray.train.baselines import (
         baseline_models,
         fit_baseline,
@@ -118,17 +156,15 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     splits = manifest.splits
     start, end = segment or (splits["test_start"], splits["test_end"])
     names, classes = manifest.features, manifest.classes
-    horizon = manifest.label["horizon"]
     test = _segment(inputs, start, end)
     if test.empty:
         raise EvaluationError(f"no rows of the data fall in the test segment {start}..{end}")
     model_signals = model_signals.assign(date=np.asarray(model_signals["date"], dtype="datetime64[ns]"))
     model_rows = model_signals.merge(test[["date", "ticker", "label"]], on=["date", "ticker"], how="inner")
     proba_cols = [f"p_{c}" for c in classes]  # none for a regression target: its score is the model's output
-    rows = [contender_stats("deep model", model_rows[["date", "ticker", "score", "position", "fwd_ret"]], cfg,
-                            horizon=horizon,
-                            proba=model_rows[proba_cols].to_numpy() if classes else None,
-                            labels=model_rows["label"].to_numpy())]
+    frames = {"deep model": model_rows[["date", "ticker", "score", "position", "fwd_ret"]].reset_index(drop=True)}
+    proba = {"deep model": model_rows[proba_cols].to_numpy() if classes else None}
+    labels = {"deep model": model_rows["label"].to_numpy()}
 
     train, baselines_note = _baseline_rows(inputs, manifest, start)
     if len(train) > 200_000:
@@ -140,21 +176,31 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
         name = name.replace("_", " ")
         score = direction_score(p, classes)
         pos = signal_positions(score, test["date"].to_numpy(), classes, cfg)
-        rows.append(contender_stats(name, _scored(test, score, pos), cfg, horizon=horizon,
-                                    proba=p if classes else None, labels=test["label"].to_numpy()))
+        frames[name], proba[name], labels[name] = _scored(test, score, pos), p if classes else None, \
+            test["label"].to_numpy()
     mom = test["mom_20"].to_numpy()
-    rows.append(contender_stats("momentum 20d", _scored(test, mom, np.sign(mom).astype(np.int8)), cfg, horizon=horizon))
-    rows.append(contender_stats(BUY_AND_HOLD, _scored(test, np.ones(len(test)), np.ones(len(test), np.int8)), cfg,
-                                horizon=horizon))
+    frames["momentum 20d"] = _scored(test, mom, np.sign(mom).astype(np.int8))
+    frames[BUY_AND_HOLD] = _scored(test, np.ones(len(test)), np.ones(len(test), np.int8))
+    for name in ("momentum 20d", BUY_AND_HOLD):
+        proba[name] = labels[name] = None
+    return Contenders(start, end, frames, proba, labels, baselines_note)
+
+
+def score_contenders(contenders: Contenders, manifest: Manifest, cfg: RunConfig, *,
+                     sweep: dict | None = None) -> dict[str, Any]:
+    """Every contender's row, the best baseline and the verdict, on what :func:`contender_frames` scored."""
+    horizon = manifest.label["horizon"]
+    rows = [contender_stats(name, frame, cfg, horizon=horizon, proba=contenders.proba[name],
+                            labels=contenders.labels[name]) for name, frame in contenders.frames.items()]
     rows[0]["dsr"] = deflated_validation_sharpe(sweep)  # beside the test-period Sharpe, which is not deflated
-    n_tickers = int(test["ticker"].nunique())
+    n_tickers = int(contenders.frames["deep model"]["ticker"].nunique())
     baselines_with_ic = [r for r in rows[1:] if r["name"] != BUY_AND_HOLD and r["_ic"].n_days > 0]
     best = max(baselines_with_ic, key=lambda r: r["_ic"].mean if not math.isnan(r["_ic"].mean) else -1, default=None)
     verdict = sm.edge_verdict(rows[0]["_ic"], best["_ic"] if best else None, n_tickers=n_tickers,
                               few_tickers=FEW_TICKERS, baseline_name=best["name"] if best else "best baseline")
-    return {"segment": {"start": start, "end": end}, "tickers": n_tickers, "rows": rows,
+    return {"segment": {"start": contenders.start, "end": contenders.end}, "tickers": n_tickers, "rows": rows,
             "best_baseline": best["name"] if best else None, "verdict": verdict,
-            "n_trials": int((sweep or {}).get("num_trials", 1)), "baselines_note": baselines_note}
+            "n_trials": int((sweep or {}).get("num_trials", 1)), "baselines_note": contenders.baselines_note}
 
 
 def _baseline_rows(inputs: pd.DataFrame, manifest: Manifest, start: str) -> tuple[pd.DataFrame, str | None]:
@@ -203,13 +249,17 @@ def new_data_window(inputs: pd.DataFrame, manifest: Manifest) -> dict[str, Any]:
 
 
 def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | Path | Location,
-             cfg: RunConfig | None = None) -> dict:
-    """Predict, score the test segment against the baselines, and write the report to ``out_dir``."""
+             cfg: RunConfig | None = None, *, pooled: bool = False) -> dict:
+    """Predict, score the test segment against the baselines, and write the report to ``out_dir``;
+    ``pooled`` adds the pooled walk-forward evaluation (:func:`pooled_walk_forward`)."""
     from alchemetric_ray.train.export import load_model
 
     model_dir, out_dir = locate(model_dir), locate(out_dir)
     loaded = load_model(model_dir)
     cfg = cfg or loaded.config
+    if pooled and cfg.signals.folds:
+        raise EvaluationError(f"--walk-forward and signals.folds={cfg.signals.folds} are two walk-forward "
+                              "evaluations; choose one (signals.refit_every sets the pooled one's refits)")
     metrics = json.loads((model_dir / "metrics.json").read_text()) if (model_dir / "metrics.json").is_file() else {}
     with out_dir.staged() as tmp:
         signals = predict(model_dir, data, tmp / "signals.parquet", cfg)
@@ -219,7 +269,9 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
                                   segment=(window["start"], window["end"]) if window else None)
         if data:  # new data: where it came from, the window scored, how its duplicated bars were treated
             result["data"] = {"path": str(data), "window": window, "duplicates": inputs.attrs.get("duplicates")}
-        if cfg.signals.folds:
+        if pooled:
+            result["walk_forward"] = pooled_walk_forward(cfg, data, loaded, tmp)
+        elif cfg.signals.folds:
             result["walk_forward"] = walk_forward(cfg, data, loaded, cfg.signals.folds, tmp)
         result["model"] = {"dir": str(model_dir), "id": signals["model_id"].iloc[0] if len(signals) else None,
                            "name": loaded.config.model.name, "device": loaded.meta.get("device"),
@@ -231,20 +283,18 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
     return result
 
 
-def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: Path) -> dict:
-    """Retrain per fold (expanding window) and score each fold's test block against baselines fitted
-    on the fold's train rows, in the fold's normalization; mean and spread."""
-    from alchemetric_ray.data.labels import LabelSpec
-    from alchemetric_ray.data.splits import boundaries, walk_forward_folds
+def _refits(cfg: RunConfig, data: str | None, loaded, folds: list, calendar: np.ndarray, work: Path):
+    """Retrain the model's config on each fold (``features.train_end``/``val_end`` at the fold's
+    boundaries, in this Ray session: local mode where one worker serves) and yield, per fold, its
+    model and what every contender scored on the fold's test block; the learned baselines are fitted
+    on the fold's train rows, in the fold's normalization (the main model's was fitted on a train
+    split that can reach into the fold's block)."""
+    from alchemetric_ray.data.splits import boundaries
     from alchemetric_ray.train.export import load_model as load
     from alchemetric_ray.train.trainer import run_training
 
-    reach = LabelSpec.from_config(loaded.config.features).reach
-    calendar = inputs_frame(loaded, data)["date"].to_numpy()
-    folds = walk_forward_folds(calendar, n_folds, embargo=reach)
     base = loaded.config
     storage = cfg.storage.path if is_uri(cfg.storage.path) else str(Path(cfg.storage.path).resolve())
-    results = []
     for k, fold in enumerate(folds):
         train_end, val_end = boundaries(calendar, fold)  # the embargo once: plan_splits takes it off these
         fold_cfg = base.replace(f"features.train_end={train_end}", f"features.val_end={val_end}",
@@ -258,25 +308,87 @@ def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: P
             raise EvaluationError(f"walk-forward fold {k}: training produced no checkpoint")
         fold_model = load(outcome.model_dir)
         sig = predict(outcome.model_dir, data, work / "folds" / f"signals-{k}.parquet", fold_cfg)
-        # the baselines see the fold's own normalization, fitted on the fold's train rows: the main
-        # model's was fitted on a train split that can reach into this fold's test block
-        res = evaluate_signals(sig, inputs_frame(fold_model, data), fold_model.manifest, fold_cfg,
-                               segment=(fold.test_start, fold.test_end))
-        model = res["rows"][0]
-        results.append({"fold": k, "test_start": fold.test_start, "test_end": fold.test_end,
-                        "normalized_through": fold_model.manifest.splits["train_end"],  # the baselines' inputs
-                        "rank_ic": model["rank_ic"]["mean"], "sharpe": model["long_short"]["sharpe"],
-                        "best_baseline_rank_ic": max((r["rank_ic"]["mean"] for r in res["rows"][1:]
-                                                      if not math.isnan(r["rank_ic"]["mean"])), default=float("nan"))})
+        contenders = contender_frames(sig, inputs_frame(fold_model, data), fold_model.manifest, fold_cfg,
+                                      segment=(fold.test_start, fold.test_end))
+        yield k, fold, fold_model, fold_cfg, contenders
+
+
+def _fold_row(k: int, fold, fold_model, res: dict) -> dict:
+    model = res["rows"][0]
+    return {"fold": k, "test_start": fold.test_start, "test_end": fold.test_end,
+            "train_end": fold_model.manifest.splits["train_end"],  # the model's and the baselines' last train date
+            "normalized_through": fold_model.manifest.splits["train_end"],
+            "days": model["rank_ic"]["n_days"], "rank_ic": model["rank_ic"]["mean"],
+            "sharpe": model["long_short"]["sharpe"],
+            "best_baseline_rank_ic": max((r["rank_ic"]["mean"] for r in res["rows"][1:]
+                                          if not math.isnan(r["rank_ic"]["mean"])), default=float("nan"))}
+
+
+def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: Path) -> dict:
+    """``signals.folds``: retrain per fold (expanding window) and score each fold's test block
+    against baselines fitted on the fold's train rows, in the fold's normalization; mean and spread."""
+    from alchemetric_ray.data.labels import LabelSpec
+    from alchemetric_ray.data.splits import walk_forward_folds
+
+    reach = LabelSpec.from_config(loaded.config.features).reach
+    calendar = inputs_frame(loaded, data)["date"].to_numpy()
+    folds = walk_forward_folds(calendar, n_folds, embargo=reach)
+    results = []
+    for k, fold, fold_model, fold_cfg, contenders in _refits(cfg, data, loaded, folds, calendar, work):
+        results.append(_fold_row(k, fold, fold_model, score_contenders(contenders, fold_model.manifest, fold_cfg)))
     ics = np.array([r["rank_ic"] for r in results], dtype=float)
     sharpes = np.array([r["sharpe"] for r in results], dtype=float)
     return {"folds": results, "rank_ic_mean": float(np.nanmean(ics)), "rank_ic_std": float(np.nanstd(ics)),
             "sharpe_mean": float(np.nanmean(sharpes)), "sharpe_std": float(np.nanstd(sharpes))}
 
 
+def pooled_walk_forward(cfg: RunConfig, data: str | None, loaded, work: Path) -> dict:
+    """``evaluate --walk-forward``: refit every ``signals.refit_every`` trading days (expanding window,
+    the splits' embargo and purge), predict each next block, pool every out-of-sample prediction
+    (the model's and each baseline's, refit per block) and score the pool once: the rank IC with its
+    interval over all out-of-sample days, the baselines, the paired difference, long-short, a
+    per-year table; and per-fold rows.  Also the time the refits took."""
+    from alchemetric_ray.data.labels import LabelSpec
+    from alchemetric_ray.data.splits import refit_folds
+
+    started = time.monotonic()
+    reach = LabelSpec.from_config(loaded.config.features).reach
+    calendar = inputs_frame(loaded, data)["date"].to_numpy()
+    folds = refit_folds(calendar, cfg.signals.refit_every, embargo=reach)
+    parts, rows = [], []
+    for k, fold, fold_model, fold_cfg, contenders in _refits(cfg, data, loaded, folds, calendar, work):
+        rows.append(_fold_row(k, fold, fold_model, score_contenders(contenders, fold_model.manifest, fold_cfg)))
+        parts.append(contenders)
+        print(f"walk-forward refit {k + 1}/{len(folds)}: trained through {rows[-1]['train_end']}, scored "
+              f"{fold.test_start}..{fold.test_end}: rank IC {rows[-1]['rank_ic']:+.4f}", flush=True)
+    pooled = score_contenders(Contenders.pooled(parts), loaded.manifest, cfg)
+    seconds = time.monotonic() - started
+    return {"refit_every": cfg.signals.refit_every, "window": "expanding", "refits": len(folds),
+            "seconds": round(seconds, 1), "refits_per_minute": round(60 * len(folds) / seconds, 2),
+            "pooled": pooled, "years": _per_year(pooled), "folds": rows}
+
+
+def _per_year(result: dict) -> list[dict]:
+    """The model's and the best baseline's mean daily rank IC per calendar year of the pool, with
+    the model's interval (:func:`~alchemetric_ray.signals.metrics.mean_interval`) and its days."""
+    model = result["rows"][0]["_ic"]
+    best = next((r["_ic"] for r in result["rows"] if r["name"] == result["best_baseline"]), None)
+    years = []
+    for year, daily in model.daily.groupby(pd.DatetimeIndex(model.daily.index).year):
+        v = daily.to_numpy(dtype=np.float64)
+        _, lo, hi = sm.mean_interval(v, lag=model.lag, confidence=model.confidence)
+        other = best.daily[pd.DatetimeIndex(best.daily.index).year == year] if best is not None else None
+        years.append({"year": int(year), "days": int(v.size), "rank_ic": float(v.mean()), "ci_low": lo, "ci_high": hi,
+                      "best_baseline_rank_ic": float(other.mean()) if other is not None and len(other) else None})
+    return years
+
+
 def _public(result: dict) -> dict:
+    """``result`` without the rows' private keys (their ICStats and equity frames), for JSON."""
     out = dict(result)
     out["rows"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in result["rows"]]
+    if "pooled" in (result.get("walk_forward") or {}):
+        out["walk_forward"] = {**result["walk_forward"], "pooled": _public(result["walk_forward"]["pooled"])}
     return out
 
 
@@ -336,6 +448,47 @@ def verdict_table(result: dict) -> str:
     return "\n".join([*lines, result["verdict"]["line"]])
 
 
+def _contender_table(rows: list[dict]) -> list[str]:
+    lines = ["| contender | rank IC [CI] | IC | ICIR | L/S Sharpe | L/S ann. return | max DD | turnover | "
+             "positions Sharpe | hit rate | PSR | DSR | bal. acc |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        rank_ic, long_short = row["rank_ic"], row["long_short"]
+        cells = [row["name"], f"{_f(rank_ic['mean'])} [{_f(rank_ic['ci_low'])}, {_f(rank_ic['ci_high'])}]",
+                 _f(row["ic"]["mean"]), _f(rank_ic["icir"], "{:.2f}"),
+                 _f(long_short["sharpe"], "{:.2f}"), _f(long_short["annual_return"], "{:.2%}"),
+                 _f(long_short["max_drawdown"], "{:.2%}"), _f(long_short["turnover"], "{:.2f}"),
+                 _f(row["positions"]["sharpe"], "{:.2f}"), _f(row["hit_rate"], "{:.3f}"), _f(row["psr"], "{:.3f}"),
+                 _f(row["dsr"], "{:.3f}"), _f(row.get("classification", {}).get("balanced_accuracy"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _pooled_section(wf: dict) -> list[str]:
+    pooled, seg = wf["pooled"], wf["pooled"]["segment"]
+    days = pooled["rows"][0]["rank_ic"]["n_days"]
+    lines = [f"## Walk-forward, pooled out of sample ({wf['refits']} refits every {wf['refit_every']} trading days, "
+             f"{wf['window']} window)", "",
+             f"Every out-of-sample prediction of {seg['start']}..{seg['end']} ({days} days, {pooled['tickers']} "
+             f"tickers), scored once; each block was predicted by a model (and baselines) fitted only on the dates "
+             f"before it. {wf['refits']} refits took {wf['seconds']:.0f} s ({wf['refits_per_minute']:.2f} a minute).",
+             "", f"**{pooled['verdict']['line']}**", ""]
+    if pooled.get("baselines_note"):
+        lines += [f"> Baselines: {pooled['baselines_note']}.", ""]
+    lines += _contender_table(pooled["rows"])
+    lines += ["", "| year | days | rank IC [CI] | best baseline rank IC |", "|---|---|---|---|"]
+    for year in wf["years"]:
+        lines.append(f"| {year['year']} | {year['days']} | {_f(year['rank_ic'])} [{_f(year['ci_low'])}, "
+                     f"{_f(year['ci_high'])}] | {_f(year['best_baseline_rank_ic'])} |")
+    lines += ["", "| fold | trained through | scored | days | rank IC | Sharpe | best baseline rank IC |",
+              "|---|---|---|---|---|---|---|"]
+    for fold in wf["folds"]:
+        lines.append(f"| {fold['fold']} | {fold['train_end']} | {fold['test_start']}..{fold['test_end']} | "
+                     f"{fold['days']} | {_f(fold['rank_ic'])} | {_f(fold['sharpe'], '{:.2f}')} | "
+                     f"{_f(fold['best_baseline_rank_ic'])} |")
+    return [*lines, ""]
+
+
 def render_report(result: dict) -> str:
     seg = result["segment"]
     v = result["verdict"]
@@ -374,21 +527,12 @@ def render_report(result: dict) -> str:
                   "ratio of its *validation* long-short returns, against the best of that many unskilled trials "
                   "whose Sharpe ratios vary as the sweep's did (Bailey and López de Prado, 2014); the L/S Sharpe "
                   "beside it is the test period's, not deflated: the out-of-sample check.", ""]
-    lines += ["| contender | rank IC [CI] | IC | ICIR | L/S Sharpe | L/S ann. return | max DD | turnover | "
-              "positions Sharpe | hit rate | PSR | DSR | bal. acc |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in result["rows"]:
-        rank_ic, long_short = row["rank_ic"], row["long_short"]
-        cells = [row["name"], f"{_f(rank_ic['mean'])} [{_f(rank_ic['ci_low'])}, {_f(rank_ic['ci_high'])}]",
-                 _f(row["ic"]["mean"]), _f(rank_ic["icir"], "{:.2f}"),
-                 _f(long_short["sharpe"], "{:.2f}"), _f(long_short["annual_return"], "{:.2%}"),
-                 _f(long_short["max_drawdown"], "{:.2%}"), _f(long_short["turnover"], "{:.2f}"),
-                 _f(row["positions"]["sharpe"], "{:.2f}"), _f(row["hit_rate"], "{:.3f}"), _f(row["psr"], "{:.3f}"),
-                 _f(row["dsr"], "{:.3f}"), _f(row.get("classification", {}).get("balanced_accuracy"))]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += _contender_table(result["rows"])
     lines += ["", "![equity curves](equity.png)", ""]
     wf = result.get("walk_forward")
-    if wf:
+    if wf and "pooled" in wf:
+        lines += _pooled_section(wf)
+    elif wf:
         lines += [f"## Walk-forward ({len(wf['folds'])} folds, retrained per fold)", "",
                   f"rank IC {wf['rank_ic_mean']:.4f} ± {wf['rank_ic_std']:.4f}; long-short Sharpe "
                   f"{wf['sharpe_mean']:.2f} ± {wf['sharpe_std']:.2f}", "",
