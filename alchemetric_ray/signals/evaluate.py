@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,8 @@ from alchemetric_ray.signals.predict import (
     inputs_frame,
     predict,
     signal_positions,
+    stage_inputs,
+    staged_frame,
 )
 from alchemetric_ray.storage import Location, locate
 from alchemetric_ray.train.metrics import classification_metrics
@@ -307,8 +310,12 @@ def _refits(cfg: RunConfig, data: str | None, loaded, folds: list, calendar: np.
         if outcome.model_dir is None:
             raise EvaluationError(f"walk-forward fold {k}: training produced no checkpoint")
         fold_model = load(outcome.model_dir)
-        sig = predict(outcome.model_dir, data, work / "folds" / f"signals-{k}.parquet", fold_cfg)
-        contenders = contender_frames(sig, inputs_frame(fold_model, data), fold_model.manifest, fold_cfg,
+        with tempfile.TemporaryDirectory(prefix="alchemetric-refit-") as tmp:  # the fold's inputs, staged once
+            staging = Path(tmp)
+            staged = stage_inputs(fold_model, data, staging, on_duplicate=fold_cfg.data.on_duplicate)
+            sig = predict(outcome.model_dir, data, work / "folds" / f"signals-{k}.parquet", fold_cfg, staged=staging)
+            inputs = staged_frame(staging, staged)
+        contenders = contender_frames(sig, inputs, fold_model.manifest, fold_cfg,
                                       segment=(fold.test_start, fold.test_end))
         yield k, fold, fold_model, fold_cfg, contenders
 

@@ -119,7 +119,12 @@ def inputs_frame(loaded, data: str | None, *, on_duplicate: str | None = None) -
     ingest's duplicate counts for that data (stage_inputs), for the evaluation to report."""
     with tempfile.TemporaryDirectory(prefix="alchemetric-eval-") as staging:
         staged = stage_inputs(loaded, data, Path(staging), on_duplicate=on_duplicate)
-        frame = pd.read_parquet(staging)
+        return staged_frame(Path(staging), staged)
+
+
+def staged_frame(staging: Path, staged: dict) -> pd.DataFrame:
+    """What :func:`stage_inputs` wrote to ``staging`` (and returned: ``staged``) as one frame in memory."""
+    frame = pd.read_parquet(staging)
     frame["date"] = np.asarray(pd.to_datetime(frame["date"]).to_numpy(), dtype="datetime64[ns]")
     frame.attrs["duplicates"] = staged["duplicates"]
     return frame
@@ -192,8 +197,10 @@ def _normalized(frame: pd.DataFrame, norm: Normalizer, names: list[str], regress
 
 
 def predict(model_dir: str | Path | Location, data: str | None, out: str | Path | Location,
-            cfg: RunConfig | None = None) -> pd.DataFrame:
-    """Score ``data`` (OHLCV folder/file; None = the model's training data) with a saved model into ``out``."""
+            cfg: RunConfig | None = None, *, staged: Path | None = None) -> pd.DataFrame:
+    """Score ``data`` (OHLCV folder/file; None = the model's training data) with a saved model into
+    ``out``.  ``staged``: a folder :func:`stage_inputs` already filled for this model and data (a
+    caller that also needs the inputs in memory stages them once)."""
     import ray
 
     from alchemetric_ray.data.loaders import read_parquet_folder
@@ -208,8 +215,9 @@ def predict(model_dir: str | Path | Location, data: str | None, out: str | Path 
     _check_paths(data, out)
     ensure_ray(cfg)
     with tempfile.TemporaryDirectory(prefix="alchemetric-predict-") as tmp:
-        staging = Path(tmp)
-        stage_inputs(loaded, data, staging, on_duplicate=cfg.data.on_duplicate)
+        staging = staged or Path(tmp)
+        if staged is None:
+            stage_inputs(loaded, data, staging, on_duplicate=cfg.data.on_duplicate)
         names = loaded.manifest.features
         # a file per ticker: a sequence model's windows are built as each file is read
         ds = read_parquet_folder(staging, windows=(names, loaded.config.features.window)
