@@ -209,6 +209,7 @@ class FeaturesConfig:
     val_frac: float = 0.15
     train_end: str | None = None  # explicit split dates (YYYY-MM-DD) override fractions
     val_end: str | None = None
+    train_start: str | None = None  # rows before this date take no part (a rolling window); None: from the first
     embargo: int | None = None  # bars between segments; None = the label's reach
     # each feature normalized across the stocks of its date (nothing fitted) before the train-fitted normalization
     cs_normalize: CrossSectionNorm = "none"
@@ -310,8 +311,9 @@ class SignalsConfig:
     quantile: float = 0.2  # long-short portfolio: top and bottom quantile of scores each day
     cost_bps: float = 5.0  # transaction cost per unit of turnover, in basis points
     folds: int = 0  # walk-forward folds for `evaluate` (retrain per fold); 0 = the model's own test split only
-    # `evaluate --walk-forward`: refit every this many trading days (expanding window), pool the blocks
+    # `evaluate --walk-forward`: refit every this many trading days, pool the blocks
     refit_every: int = 126
+    train_window: int = 0  # each refit's train + validation span in trading days; 0 = expanding (all before)
     actors: int = 0  # batch-inference actors; 0 = one per GPU, else one
 
 
@@ -573,13 +575,16 @@ def validate(cfg: RunConfig) -> None:
            f"train_frac + val_frac < 1 (train_frac is {features.train_frac})")
     _check(features.embargo is None or features.embargo >= 0, "features.embargo", features.embargo, ">= 0")
     _check(features.min_cross_section >= 2, "features.min_cross_section", features.min_cross_section, ">= 2")
-    for key in ("train_end", "val_end"):
+    for key in ("train_end", "val_end", "train_start"):
         value = getattr(features, key)
         if value is not None:
             _check(_is_date(value), f"features.{key}", value, "a date YYYY-MM-DD")
     if features.train_end and features.val_end:
         _check(features.train_end < features.val_end, "features.val_end", features.val_end,
                f"a date after train_end ({features.train_end})")
+    if features.train_start and features.train_end:
+        _check(features.train_start < features.train_end, "features.train_start", features.train_start,
+               f"a date before train_end ({features.train_end})")
 
     _check(train.micro_batch_rows >= 0, "train.micro_batch_rows", train.micro_batch_rows, ">= 0 (0 = whole batches)")
     _check(train.shadow_every >= 0, "train.shadow_every", train.shadow_every, ">= 0 (0 = adaptive)")
@@ -644,6 +649,7 @@ def validate(cfg: RunConfig) -> None:
     _check(signals.cost_bps >= 0, "signals.cost_bps", signals.cost_bps, ">= 0")
     _check(signals.folds >= 0, "signals.folds", signals.folds, ">= 0")
     _check(signals.refit_every >= 2, "signals.refit_every", signals.refit_every, ">= 2")
+    _check(signals.train_window >= 0, "signals.train_window", signals.train_window, ">= 0 (0 = expanding)")
     _check(signals.actors >= 0, "signals.actors", signals.actors, ">= 0")
 
     storage = cfg.storage

@@ -181,27 +181,32 @@ def test_evaluate_cli_with_walk_forward_folds(ray_session, stock_model, tmp_path
     assert (tmp_path / "eval" / "signals.parquet").is_file()
 
 
+@pytest.mark.parametrize("train_window, window", [(0, "expanding"), (400, "rolling 400-day")])
 def test_evaluate_walk_forward_pools_every_out_of_sample_block_and_scores_it_once(ray_session, stock_model,
-                                                                                   tmp_path, capsys):
+                                                                                   tmp_path, capsys, train_window,
+                                                                                   window):
     """`evaluate --walk-forward` (issue 32 item 1) on the session's model: refits every 250 trading days
-    over the packaged history, each block predicted by a model and baselines fitted only before it,
-    the blocks pooled end to end and scored once, with per-year and per-fold rows."""
+    over the packaged history (on all the dates before each block, or the last 400), each block
+    predicted by a model and baselines fitted only before it, the blocks pooled end to end and scored
+    once, with per-year and per-fold rows."""
     from alchemetric_ray.cli import main
     from alchemetric_ray.train.export import load_model
 
     out = tmp_path / "eval"
     capsys.readouterr()
     assert main(["evaluate", "--device", "cpu", "--model", str(stock_model), "--out", str(out), "--walk-forward",
-                 "signals.refit_every=250"]) == 0
+                 "signals.refit_every=250", f"signals.train_window={train_window}"]) == 0
     printed = capsys.readouterr().out
     result = json.loads((out / "evaluation.json").read_text())
     wf = result["walk_forward"]
     folds, pooled = wf["folds"], wf["pooled"]
-    assert wf["refits"] == len(folds) >= 2 and wf["refit_every"] == 250 and wf["window"] == "expanding"
+    assert wf["refits"] == len(folds) >= 2 and wf["refit_every"] == 250 and wf["window"] == window
     # the blocks tile the out-of-sample span, each trained only on dates before it (embargo included)
     for before, after in zip(folds, folds[1:]):
         assert before["test_end"] < after["test_start"] and before["train_end"] < after["train_end"]
     assert all(f["train_end"] < f["test_start"] for f in folds)
+    starts = {f["train_start"] for f in folds}
+    assert len(starts) == (1 if train_window == 0 else len(folds))  # expanding: all from the first date
     assert pooled["segment"] == {"start": folds[0]["test_start"], "end": folds[-1]["test_end"]}
     model = pooled["rows"][0]
     assert model["name"] == "deep model" and model["rank_ic"]["n_days"] == sum(f["days"] for f in folds)
@@ -217,7 +222,7 @@ def test_evaluate_walk_forward_pools_every_out_of_sample_block_and_scores_it_onc
     assert load_model(stock_model).manifest.splits["test_start"] == result["segment"]["start"]  # untouched
     assert wf["seconds"] > 0 and wf["refits_per_minute"] == pytest.approx(60 * wf["refits"] / wf["seconds"], rel=0.02)
     report = (out / "report.md").read_text()
-    assert f"## Walk-forward, pooled out of sample ({wf['refits']} refits every 250 trading days, expanding window)" \
+    assert f"## Walk-forward, pooled out of sample ({wf['refits']} refits every 250 trading days, {window} window)" \
         in report
     assert f"| {years[0]['year']} | {years[0]['days']} |" in report
     assert f"walk-forward, pooled out of sample {pooled['segment']['start']}..{pooled['segment']['end']}" in printed

@@ -1,5 +1,7 @@
 """Splits with an embargo, purging, walk-forward folds, and train-only normalization."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,6 +12,7 @@ from alchemetric_ray.data.splits import (
     boundaries,
     label_end_dates,
     plan_splits,
+    refit_folds,
     walk_forward_folds,
 )
 
@@ -119,3 +122,65 @@ def test_a_walk_forward_fold_retrained_through_plan_splits_keeps_its_segments_wi
             fold.train_end, fold.val_start, fold.val_end, fold.test_start)
         dates = list(np.unique(CAL.astype("datetime64[D]")).astype(str))
         assert dates.index(fold.val_start) - dates.index(fold.train_end) == 3 + 1  # 3 dates between: one embargo
+
+
+def _at(day: str) -> int:
+    return pd.DatetimeIndex(CAL).get_loc(pd.Timestamp(day))
+
+
+def test_refit_folds_tile_the_history_after_40_percent_in_blocks_with_one_embargo():
+    folds = refit_folds(CAL, 150, embargo=5)
+    assert [_at(f.test_start) for f in folds] == [400, 550, 700, 850]  # 1000 dates: 400 + 150 k
+    assert [_at(f.test_end) for f in folds] == [549, 699, 849, 999]  # the last block: whatever is left
+    for f in folds:
+        assert f.train_start == str(pd.Timestamp(CAL[0]).date())  # expanding
+        assert _at(f.test_start) - _at(f.val_end) - 1 == 5 and _at(f.val_start) - _at(f.train_end) - 1 == 5
+    # a remainder too short to score joins the block before it
+    assert [_at(f.test_end) for f in refit_folds(CAL, 199, embargo=5)][-1] == 999
+    assert len(refit_folds(CAL, 199, embargo=5)) == 3  # 400, 599, 798 (the 4 dates after 997 join the last)
+    with pytest.raises(SplitError, match="signals.refit_every=700"):
+        refit_folds(CAL, 700, embargo=5)
+
+
+def test_a_rolling_window_trains_on_the_last_train_window_dates_before_each_block():
+    folds = refit_folds(CAL, 150, embargo=5, train_window=300)
+    for f in folds:
+        assert _at(f.test_start) - _at(f.train_start) == 300 + 5  # train + val + their embargo: 300 dates
+        assert _at(f.test_start) - _at(f.val_end) - 1 == 5
+    # plan_splits rebuilds each fold on the full calendar from its boundaries and its start
+    f = folds[1]
+    train_end, val_end = boundaries(CAL, f)
+    rebuilt = plan_splits(CAL, train_frac=0.7, val_frac=0.15, embargo=5, train_end=train_end, val_end=val_end,
+                          train_start=f.train_start)
+    assert rebuilt.test_end == str(pd.Timestamp(CAL[-1]).date())  # the run's test split: to the end, scored by block
+    assert dataclasses.replace(rebuilt, test_end=f.test_end) == f
+    with pytest.raises(SplitError, match="signals.train_window=10"):
+        refit_folds(CAL, 150, embargo=5, train_window=10)
+
+
+def test_train_start_is_a_config_date_before_train_end():
+    from alchemetric_ray.config import ConfigError, load_config
+
+    assert load_config(None, ["features.train_start=2014-01-02"]).features.train_start == "2014-01-02"
+    with pytest.raises(ConfigError, match="features.train_start"):
+        load_config(None, ["features.train_start=soon"])
+    with pytest.raises(ConfigError, match=r"features.train_start.*before train_end"):
+        load_config(None, ["features.train_start=2016-01-04", "features.train_end=2015-06-01",
+                           "features.val_end=2016-06-01"])
+    with pytest.raises(ConfigError, match="signals.train_window"):
+        load_config(None, ["signals.train_window=-1"])
+
+
+def test_shards_with_a_train_start_hold_no_row_before_it(stocknet_shards):
+    """What a rolling-window refit builds: ``features.train_start`` drops the earlier dates from every
+    split, so the normalization and the training see the window only."""
+    from alchemetric_ray.data.manifest import Manifest
+    from alchemetric_ray.data.shards import split_dir
+
+    whole = Manifest.read(stocknet_shards("AAPL,MSFT,XOM"))
+    out = stocknet_shards("AAPL,MSFT,XOM", "features.train_start=2014-01-02")
+    rolled = Manifest.read(out)
+    assert whole.splits["train_start"] < "2014-01-02" == rolled.splits["train_start"]
+    train = pd.concat(pd.read_parquet(p) for p in split_dir(out, "train").glob("*.parquet"))
+    assert pd.to_datetime(train["date"]).min() == pd.Timestamp("2014-01-02")
+    assert rolled.rows["train"] < whole.rows["train"]

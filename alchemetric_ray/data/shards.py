@@ -136,7 +136,8 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
             stats = _pass_features(bars, names, spec, staging, min_history(cfg), bar)
             cross_section = _pass_cross_section(staging, names, spec, cfg, stats, source_description)
             plan = plan_splits(stats["calendar"], train_frac=cfg.features.train_frac, val_frac=cfg.features.val_frac,
-                               embargo=embargo, train_end=cfg.features.train_end, val_end=cfg.features.val_end)
+                               embargo=embargo, train_end=cfg.features.train_end, val_end=cfg.features.val_end,
+                               train_start=cfg.features.train_start)
             normalizer = _fit_normalizer(staging, names, plan, cfg)
             counts = _write_shards(staging, tmp, names, plan, normalizer, spec)
             shutil.rmtree(staging)

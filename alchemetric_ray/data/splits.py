@@ -53,9 +53,13 @@ class SplitPlan:
 
 
 def plan_splits(calendar: np.ndarray, *, train_frac: float, val_frac: float, embargo: int,
-                train_end: str | None = None, val_end: str | None = None) -> SplitPlan:
-    """Segment boundaries on the shared calendar (sorted unique dates)."""
+                train_end: str | None = None, val_end: str | None = None,
+                train_start: str | None = None) -> SplitPlan:
+    """Segment boundaries on the shared calendar (sorted unique dates); ``train_start`` drops the
+    dates before it from the calendar (a rolling window's start)."""
     dates = np.unique(np.asarray(calendar).astype("datetime64[D]"))
+    if train_start:
+        dates = dates[dates >= np.datetime64(train_start, "D")]
     n = len(dates)
     if train_end or val_end:
         if not (train_end and val_end):
@@ -104,12 +108,13 @@ def walk_forward_folds(calendar: np.ndarray, n_folds: int, *, embargo: int, min_
     return folds
 
 
-def refit_folds(calendar: np.ndarray, refit_every: int, *, embargo: int, min_train_frac: float = 0.4,
-                val_frac: float = 0.15) -> list[SplitPlan]:
+def refit_folds(calendar: np.ndarray, refit_every: int, *, embargo: int, train_window: int = 0,
+                min_train_frac: float = 0.4, val_frac: float = 0.15) -> list[SplitPlan]:
     """Walk-forward refits every ``refit_every`` trading dates: the first test block starts after
     ``min_train_frac`` of the calendar, each block is ``refit_every`` dates (the last one whatever is
-    left), and each fold trains on everything before its block (an expanding window: its last
-    ``val_frac`` for validation), with ``embargo`` dates between train, val and test."""
+    left), and each fold trains on the dates before its block: all of them (``train_window=0``, an
+    expanding window) or the last ``train_window`` (a rolling one), its last ``val_frac`` for
+    validation, with ``embargo`` dates between train, val and test."""
     dates = np.unique(np.asarray(calendar).astype("datetime64[D]"))
     n = len(dates)
     first_test = int(round(min_train_frac * n))
@@ -121,12 +126,16 @@ def refit_folds(calendar: np.ndarray, refit_every: int, *, embargo: int, min_tra
     if n - starts[-1] < 2 * embargo + 2 and len(starts) > 1:  # a last block too short to score joins the one before
         starts.pop()
     folds = []
+    if train_window and train_window < 2 * (2 * embargo + 2):
+        raise SplitError(f"signals.train_window={train_window}: too few trading dates for a train and a validation "
+                         f"segment with an embargo of {embargo}")
     for k, test_lo in enumerate(starts):
         test_hi = starts[k + 1] if k + 1 < len(starts) else n
-        train_n = test_lo - embargo
-        val_lo = int(round(train_n * (1 - val_frac)))
+        lo = max(0, test_lo - embargo - train_window) if train_window else 0
+        train_n = test_lo - embargo - lo
+        val_lo = lo + int(round(train_n * (1 - val_frac)))
         folds.append(SplitPlan(
-            train_start=_d(dates[0]), train_end=_d(dates[val_lo - embargo - 1]),
+            train_start=_d(dates[lo]), train_end=_d(dates[val_lo - embargo - 1]),
             val_start=_d(dates[val_lo]), val_end=_d(dates[test_lo - embargo - 1]),
             test_start=_d(dates[test_lo]), test_end=_d(dates[test_hi - 1]),
             embargo=embargo,

@@ -301,6 +301,7 @@ def _refits(cfg: RunConfig, data: str | None, loaded, folds: list, calendar: np.
     for k, fold in enumerate(folds):
         train_end, val_end = boundaries(calendar, fold)  # the embargo once: plan_splits takes it off these
         fold_cfg = base.replace(f"features.train_end={train_end}", f"features.val_end={val_end}",
+                                f"features.train_start={fold.train_start}",
                                 f"storage.name={base.storage.name}-fold{k}", f"storage.models_dir={work / 'folds'}",
                                 f"storage.path={storage}", "storage.run=null",
                                 "storage.resume=false")
@@ -323,6 +324,7 @@ def _refits(cfg: RunConfig, data: str | None, loaded, folds: list, calendar: np.
 def _fold_row(k: int, fold, fold_model, res: dict) -> dict:
     model = res["rows"][0]
     return {"fold": k, "test_start": fold.test_start, "test_end": fold.test_end,
+            "train_start": fold_model.manifest.splits["train_start"],
             "train_end": fold_model.manifest.splits["train_end"],  # the model's and the baselines' last train date
             "normalized_through": fold_model.manifest.splits["train_end"],
             "days": model["rank_ic"]["n_days"], "rank_ic": model["rank_ic"]["mean"],
@@ -361,7 +363,7 @@ def pooled_walk_forward(cfg: RunConfig, data: str | None, loaded, work: Path) ->
     started = time.monotonic()
     reach = LabelSpec.from_config(loaded.config.features).reach
     calendar = inputs_frame(loaded, data)["date"].to_numpy()
-    folds = refit_folds(calendar, cfg.signals.refit_every, embargo=reach)
+    folds = refit_folds(calendar, cfg.signals.refit_every, embargo=reach, train_window=cfg.signals.train_window)
     parts, rows = [], []
     for k, fold, fold_model, fold_cfg, contenders in _refits(cfg, data, loaded, folds, calendar, work):
         rows.append(_fold_row(k, fold, fold_model, score_contenders(contenders, fold_model.manifest, fold_cfg)))
@@ -370,7 +372,8 @@ def pooled_walk_forward(cfg: RunConfig, data: str | None, loaded, work: Path) ->
               f"{fold.test_start}..{fold.test_end}: rank IC {rows[-1]['rank_ic']:+.4f}", flush=True)
     pooled = score_contenders(Contenders.pooled(parts), loaded.manifest, cfg)
     seconds = time.monotonic() - started
-    return {"refit_every": cfg.signals.refit_every, "window": "expanding", "refits": len(folds),
+    window = f"rolling {cfg.signals.train_window}-day" if cfg.signals.train_window else "expanding"
+    return {"refit_every": cfg.signals.refit_every, "window": window, "refits": len(folds),
             "seconds": round(seconds, 1), "refits_per_minute": round(60 * len(folds) / seconds, 2),
             "pooled": pooled, "years": _per_year(pooled), "folds": rows}
 
