@@ -205,6 +205,8 @@ def test_evaluate_walk_forward_pools_every_out_of_sample_block_and_scores_it_onc
     for before, after in zip(folds, folds[1:]):
         assert before["test_end"] < after["test_start"] and before["train_end"] < after["train_end"]
     assert all(f["train_end"] < f["test_start"] for f in folds)
+    assert all(set(f["seconds"]) == {"train", "stage", "predict", "baselines"} for f in folds)
+    assert all(f["seconds"]["train"] > 0 for f in folds)
     starts = {f["train_start"] for f in folds}
     assert len(starts) == (1 if train_window == 0 else len(folds))  # expanding: all from the first date
     assert pooled["segment"] == {"start": folds[0]["test_start"], "end": folds[-1]["test_end"]}

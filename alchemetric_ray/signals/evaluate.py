@@ -129,6 +129,7 @@ class Contenders:
     proba: dict[str, np.ndarray | None]
     labels: dict[str, np.ndarray | None]
     baselines_note: str | None
+    seconds: dict[str, float] | None = None  # a walk-forward refit's phases, where they were timed
 
     @staticmethod
     def pooled(parts: list[Contenders]) -> Contenders:
@@ -307,17 +308,26 @@ def _refits(cfg: RunConfig, data: str | None, loaded, folds: list, calendar: np.
                                 "storage.resume=false")
         if data:
             fold_cfg = fold_cfg.replace(f"data.path={data}", "data.source=files")
+        clock = time.monotonic()
         outcome = run_training(fold_cfg, progress=False)
         if outcome.model_dir is None:
             raise EvaluationError(f"walk-forward fold {k}: training produced no checkpoint")
         fold_model = load(outcome.model_dir)
+        seconds = {"train": time.monotonic() - clock}  # features -> shards -> the fit -> its export
+        clock = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="alchemetric-refit-") as tmp:  # the fold's inputs, staged once
             staging = Path(tmp)
             staged = stage_inputs(fold_model, data, staging, on_duplicate=fold_cfg.data.on_duplicate)
+            seconds["stage"] = time.monotonic() - clock
+            clock = time.monotonic()
             sig = predict(outcome.model_dir, data, work / "folds" / f"signals-{k}.parquet", fold_cfg, staged=staging)
             inputs = staged_frame(staging, staged)
+        seconds["predict"] = time.monotonic() - clock
+        clock = time.monotonic()
         contenders = contender_frames(sig, inputs, fold_model.manifest, fold_cfg,
                                       segment=(fold.test_start, fold.test_end))
+        seconds["baselines"] = time.monotonic() - clock  # their fits and scores on the block
+        contenders.seconds = {phase: round(v, 2) for phase, v in seconds.items()}
         yield k, fold, fold_model, fold_cfg, contenders
 
 
@@ -366,7 +376,8 @@ def pooled_walk_forward(cfg: RunConfig, data: str | None, loaded, work: Path) ->
     folds = refit_folds(calendar, cfg.signals.refit_every, embargo=reach, train_window=cfg.signals.train_window)
     parts, rows = [], []
     for k, fold, fold_model, fold_cfg, contenders in _refits(cfg, data, loaded, folds, calendar, work):
-        rows.append(_fold_row(k, fold, fold_model, score_contenders(contenders, fold_model.manifest, fold_cfg)))
+        rows.append({**_fold_row(k, fold, fold_model, score_contenders(contenders, fold_model.manifest, fold_cfg)),
+                     "seconds": contenders.seconds})
         parts.append(contenders)
         print(f"walk-forward refit {k + 1}/{len(folds)}: trained through {rows[-1]['train_end']}, scored "
               f"{fold.test_start}..{fold.test_end}: rank IC {rows[-1]['rank_ic']:+.4f}", flush=True)
