@@ -19,7 +19,7 @@ UNSUPPORTED_PLATFORM := alchemetric-ray needs an Apple silicon Mac (arm64): torc
 endif
 endif
 
-.PHONY: install demo lint test test-fast test-deps clean bench bench-full bench-gpu check-platform
+.PHONY: install demo lint test test-fast test-deps docs clean bench bench-full bench-gpu check-platform
 
 $(BIN)/.installed: pyproject.toml $(CONSTRAINTS) | check-platform
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ test: install test-deps lint
 
 test-fast: install lint
 	$(PYTEST) tests -m "not slow"
+
+# The configuration reference, generated from the config's fields (alchemetric_ray/config.py);
+# tests/test_config_reference.py fails when the committed file is stale.
+docs: install
+	$(BIN)/python -m alchemetric_ray.config_reference --out docs/configuration.md
 
 # Benchmarks (bench/, results in bench/results/*.json).  `bench` is the quick set (under 15 minutes on a quiet 2-core
 # machine); `bench-full` adds the 10M-row sizes and the 8-trial sweep.

@@ -11,7 +11,15 @@ import typing
 from typing import Callable, Sequence
 
 from alchemetric_ray import console
-from alchemetric_ray.config import DeviceName, PrecisionMode, RunConfig, load_config, selection_metric
+from alchemetric_ray.config import (
+    REFERENCE_DOC,
+    DeviceName,
+    PrecisionMode,
+    RunConfig,
+    load_config,
+    sections,
+    selection_metric,
+)
 from alchemetric_ray.errors import Interrupted, UserError
 
 MODEL_NAMES = "{model names}"  # in a help text: the registered models, looked up only when help is printed
@@ -120,10 +128,18 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
 
         report_dir = outcome.model_dir / "evaluation"
         print(f"evaluating {cfg.model.name} on the held-back test segment against the baselines ...", flush=True)
-        print(verdict_table(evaluate(outcome.model_dir, args.data, report_dir, cfg)))
+        result = evaluate(outcome.model_dir, args.data, report_dir, cfg)
+        print(verdict_table(result))
         print(f"report: {report_dir / 'report.md'} (equity curves: {report_dir / 'equity.png'})")
+        if outcome.tracker is not None:
+            outcome.tracker.log_evaluation(report_dir, result.get("verdict"))
+            outcome.tracker.close()
     if outcome.tensorboard:
         print(f"TensorBoard: tensorboard --logdir {outcome.tensorboard}")
+    if outcome.tracker is not None and outcome.tracker.run_id:
+        version = f", model version {cfg.storage.name}/{outcome.tracker.version}" if outcome.tracker.version else ""
+        print(f"MLflow: run {outcome.tracker.run_id} in experiment {outcome.tracker.experiment}{version} "
+              f"({cfg.tracking.mlflow_uri})")
     return 0
 
 
@@ -132,6 +148,9 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
                                   "default: the packaged stocknet prices (data.source)")
     p.add_argument("--resume", action="store_true",
                    help="resume the latest sweep of this name (finished trials are kept)")
+    p.add_argument("--evaluate", action="store_true",
+                   help="score the exported best trial on the test segment (train.score_test=true; a look, recorded "
+                        "in the model folder); without it the test segment stays sealed")
 
 
 @command("tune", "sweep hyperparameters with Ray Tune (ASHA), report, and export the best trial", _tune_args)
@@ -140,6 +159,8 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
 
     if args.resume:
         cfg = cfg.replace("storage.resume=true")
+    if args.evaluate:
+        cfg = cfg.replace("train.score_test=true")
     out = run_sweep(cfg)
     summary = out.summary
     early = sum(1 for trial in summary["trials"] if trial["stopped_early"])
@@ -150,8 +171,11 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
     # the chosen trial's target decides what its test split reports (classes, or a cross-sectional score)
     scored = [(name, test[name]) for name in ("balanced_accuracy", "rank_ic", "ic") if name in test]
     if scored:
-        print("best trial on the test split (scored once): "
+        print("best trial on the test split (a look, recorded in the model folder): "
               + ", ".join(f"{name.replace('_', ' ')} {value:.4f}" for name, value in scored))
+    elif out.model_dir:
+        print("test segment sealed: not scored (tune --evaluate, or alchemetric-ray evaluate, scores it; "
+              "each look is recorded)")
     if out.model_dir:
         print(f"saved model: {out.model_dir}")
     if out.report:
@@ -161,7 +185,9 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def _predict_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", dest="model_dir", required=True, help="a saved model folder (models/<name>)")
+    p.add_argument("--model", dest="model_dir", required=True,
+                   help="a saved model folder (models/<name>), or a registered MLflow model: models:/NAME/VERSION "
+                        "or models:/NAME@alias (with tracking.mlflow_uri)")
     p.add_argument("--data", help="OHLCV folder/file to score; default: the packaged stocknet prices (data.source)")
     p.add_argument("--out", required=True, help="signals Parquet file to write")
 
@@ -181,6 +207,7 @@ def _model_config(args: argparse.Namespace, cfg: RunConfig) -> RunConfig:
 def _predict(args: argparse.Namespace, cfg: RunConfig) -> int:
     from alchemetric_ray.signals.predict import predict
 
+    _download_registered(args, cfg)
     frame = predict(args.model_dir, args.data, args.out, _model_config(args, cfg))
     longs, shorts = int((frame["position"] > 0).sum()), int((frame["position"] < 0).sum())
     print(f"wrote {args.out}: {len(frame)} signals for {frame['ticker'].nunique()} tickers, "
@@ -189,8 +216,22 @@ def _predict(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def _download_registered(args: argparse.Namespace, cfg: RunConfig) -> str | None:
+    """A ``--model models:/...`` downloaded from the registry, then loaded as any model folder; the URI, or None."""
+    uri = args.model_dir
+    if not uri.startswith("models:/"):
+        return None
+    from alchemetric_ray.train.tracking import download_model
+
+    args.model_dir = str(download_model(uri, cfg))
+    return uri
+
+
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", dest="model_dir", required=True, help="a saved model folder (models/<name>)")
+    p.add_argument("--model", dest="model_dir", required=True,
+                   help="a saved model folder (models/<name>), or a registered MLflow model: models:/NAME/VERSION "
+                        "or models:/NAME@alias (with tracking.mlflow_uri; the report is logged into the version's run "
+                        "and the version tagged with the verdict)")
     p.add_argument("--data", help="OHLCV folder/file; default: the packaged stocknet prices (data.source)")
     p.add_argument("--out", required=True,
                    help="report folder (report.md, equity.png, evaluation.json, signals.parquet)")
@@ -203,6 +244,7 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
 def _evaluate(args: argparse.Namespace, cfg: RunConfig) -> int:
     from alchemetric_ray.signals.evaluate import evaluate
 
+    registered = _download_registered(args, cfg)
     result = evaluate(args.model_dir, args.data, args.out, _model_config(args, cfg), pooled=args.walk_forward)
     window = (result.get("data") or {}).get("window")
     if window:
@@ -218,6 +260,15 @@ def _evaluate(args: argparse.Namespace, cfg: RunConfig) -> int:
               f"{wf['refits']} refits every {wf['refit_every']} days, {wf['seconds']:.0f} s): "
               f"{wf['pooled']['verdict']['line']}")
     print(f"report: {args.out}/report.md")
+    if registered:
+        from alchemetric_ray.storage import locate
+        from alchemetric_ray.train.tracking import registered_version
+
+        tracker = registered_version(registered, cfg)
+        tracker.log_evaluation(locate(args.out), result.get("verdict"))
+        if tracker.close() is None:
+            print(f"MLflow: evaluation logged into run {tracker.run_id}; model version "
+                  f"{tracker.model_name}/{tracker.version} tagged with its verdict")
     return 0
 
 
@@ -240,8 +291,9 @@ def _doctor(args: argparse.Namespace, cfg: RunConfig) -> int:
 # ---- entry point ---------------------------------------------------------------------------
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """Fills in the registered model names when help is printed, so parsing never imports torch."""
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Fills in the registered model names when help is printed, so parsing never imports torch; the
+    description and epilog keep their line breaks (the list of config sections)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = super()._get_help_string(action)
@@ -252,11 +304,24 @@ class _HelpFormatter(argparse.HelpFormatter):
         return text
 
 
+def config_epilog() -> str:
+    """The config's sections, one a line, and where every key is described: the epilog of every --help."""
+    listed = sections()
+    width = max(len(name) for name, _ in listed)
+    lines = ["config: --config FILE (YAML: section -> key -> value), then section.key=value overrides. Sections:"]
+    lines += [f"  {name:<{width}}  {summary}" for name, summary in listed]
+    lines.append(f"Every key with its type, default, allowed values and meaning: {REFERENCE_DOC}")
+    lines.append("(or print it: python -m alchemetric_ray.config_reference)")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="alchemetric-ray", description="Train financial deep-learning models on Ray.")
+    epilog = config_epilog()
+    parser = argparse.ArgumentParser(prog="alchemetric-ray", description="Train financial deep-learning models on Ray.",
+                                     epilog=epilog, formatter_class=_HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, add_args, _) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_HelpFormatter)
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog, formatter_class=_HelpFormatter)
         p.add_argument("--config", help="YAML run config")
         p.add_argument("--device", help=f"{DeviceName.expected()} (overrides device.name)")
         p.add_argument("--precision", help=f"{' | '.join(typing.get_args(PrecisionMode))} (overrides precision.mode)")
@@ -264,13 +329,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"print Ray's own logs and progress bars too (or set {console.VERBOSE_ENV}=1)")
         add_args(p)
         p.add_argument("overrides", nargs="*", metavar="section.key=value",
-                       help="config overrides, e.g. train.lr=0.001")
+                       help=f"config overrides, e.g. train.lr=0.001 (the keys: {REFERENCE_DOC})")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console.set_verbose(args.verbose)
+    console.plain_output()
     logging.basicConfig(level=logging.INFO if console.verbose() else logging.WARNING, format="%(message)s")
     _, _, fn = COMMANDS[args.command]
     try:

@@ -14,7 +14,7 @@ Runs, in turn and on synthetic data made on the spot:
    once with the batches through pinned staging, whose event wait is deliberate (without CUDA: the
    same runs counted on the CPU in-process).
 The results land in ``bench/results/`` (``gpu-check-<device>.json``, ``mixed-precision-*.json``,
-``data-path-*.json``, ``syncs-*.json``); copy them back and put the figures in the README with their date.
+``data-path-*.json``, ``syncs-*.json``); copy them back and put the figures in docs/performance.md with their date.
 """
 
 from __future__ import annotations

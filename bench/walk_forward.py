@@ -6,8 +6,9 @@ config in the same Ray session.
 
 It trains the model once as `train` does (the reference: a refit is that run on fewer dates), then
 runs `evaluate --walk-forward` on it and prints each refit's seconds by phase: ``train`` (its
-features -> shards, the fit, the export), ``stage`` (its inputs' features, once for the predictions
-and the baselines), ``predict`` (Ray Data batch inference) and ``baselines`` (their fits and
+shards from the features computed once for every refit, the fit, the export), ``stage`` (its
+inputs: the shared inputs through its normalization; refit 0's also holds the one computation of
+both shared feature sets), ``predict`` (Ray Data batch inference) and ``baselines`` (their fits and
 scores on the block); then the totals, each phase's share, the refits per minute, and a refit's
 mean time over the reference run's.  Writes bench/results/walk-forward.json.
 """

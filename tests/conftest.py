@@ -142,7 +142,8 @@ STOCK_MODEL_TICKERS = ("AAPL", "MSFT", "XOM")
 def stock_model(ray_session, stocknet_dir, tmp_path_factory) -> Path:
     """A small MLP trained once per session on three stocknet tickers (STOCK_MODEL_TICKERS), for
     every test that needs *a* saved model (predict, evaluate, the doctor's certificate, bad input,
-    an interrupted replace): such a test reads it, or works on a copy of it, and never changes it."""
+    an interrupted replace): such a test reads it, or works on a copy of it, and never changes it, but
+    for the looks that `evaluate` records in its ``looks/`` (a test that counts looks works on a copy)."""
     from alchemetric_ray.config import load_config
     from alchemetric_ray.train.trainer import run_training
 

@@ -208,7 +208,7 @@ def test_a_cs_rank_model_trains_with_mse_reports_ic_and_predicts_scores(ray_sess
     cfg = _cs_cfg("data.synthetic_tickers=20", "data.synthetic_days=400", "data.synthetic_effect=0.0", "data.seed=3",
                   "features.label=cs_rank", f"storage.path={tmp_path / 'results'}",
                   f"storage.models_dir={tmp_path / 'models'}", "storage.name=cs", "train.epochs=2",
-                  "model.hidden=16", "device.name=cpu", "signals.quantile=0.25")
+                  "model.hidden=16", "device.name=cpu", "signals.quantile=0.25", "train.score_test=true")
     outcome = run_training(cfg, progress=False)
     history = outcome.summary["history"]
     assert len(history) == 2 and all(np.isfinite(h["train_loss"]) for h in history)

@@ -228,7 +228,7 @@ def test_an_export_bigger_than_the_disk_and_the_same_export_elsewhere(tiny_disk,
     roomy = load_config(None, [*overrides, f"storage.models_dir={tmp_path / 'models'}"])
     target = export_model(ckpt, roomy, syn_shards)
     assert sorted(p.name for p in Path(target).iterdir()) == sorted(
-        ["weights.pt", "config.json", "manifest.json", "metrics.json", "meta.json", "model_card.md"])
+        ["weights.pt", "config.json", "manifest.json", "metrics.json", "meta.json", "model_card.md", "trials.json"])
     assert json.loads((Path(target) / "manifest.json").read_text()) == manifest.to_dict()
     loaded = load_model(target)
     saved = torch.load(ckpt / "state.pt", weights_only=True)["model"]

@@ -213,8 +213,7 @@ _REEXPORT = """
     # an export of different weights into the same folder: staged beside it, then swapped in
     loaded = load_model(src)
     staged = fsutil.staging_dir(src)
-    for f in src.iterdir():
-        shutil.copy2(f, staged / f.name)
+    shutil.copytree(src, staged, dirs_exist_ok=True)  # its looks/ folder too (evaluate records them)
     state = torch.load(src / "weights.pt", weights_only=True)
     state["model"] = {k: torch.full_like(v, 7.0) for k, v in state["model"].items()}
     torch.save(state, staged / "weights.pt")

@@ -21,7 +21,7 @@ ROOT = PACKAGE.name
 # of a higher one.  Names are the package's top-level modules and sub-packages.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # plain helpers: no Ray, no torch models, no devices
-    ("errors", "config", "fsutil", "storage", "console", "interrupts"),
+    ("errors", "config", "config_reference", "fsutil", "storage", "console", "interrupts"),
     ("hardware",),  # the only package that knows device kinds
     ("data",),  # bars -> features -> shards -> Ray Data
     ("models",),  # nn.Modules chosen by name

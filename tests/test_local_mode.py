@@ -27,7 +27,7 @@ from alchemetric_ray.train.trainer import run_training, runs_locally
 
 REPO = Path(__file__).resolve().parents[1]
 # An LSTM on small batches: epochs of a second or two here, long enough to be interrupted in one
-EPOCH_LINE = r"(?:^|\)\S* )epoch {n}/{m} "  # an epoch line, from the driver or behind a worker's (coloured) Ray prefix
+EPOCH_LINE = r"(?:^|\)\S* )epoch {n}/{m} "  # an epoch line, the driver's or a worker's (forwarded plain)
 TRAIN = ["model.name=lstm", "model.hidden=16", "features.window=8", "train.batch_size=16",
          "train.patience=0", "storage.name=ctrlc"]
 
@@ -101,6 +101,17 @@ def test_a_local_run_keeps_checkpoints_scalars_and_the_export_as_a_worker_run_do
     events = EventAccumulator(str(out.tensorboard)).Reload()
     assert [e.step for e in events.Scalars("train_loss")] == [0, 1, 2, 3]
     assert [e.value for e in events.Scalars("val_log_loss")] == pytest.approx([loss[e] for e in range(4)], rel=1e-6)
+    # and its hyperparameters with the best epoch's figures in the HParams tab, read back as TensorBoard does
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    hparams = EventAccumulator(str(Path(out.tensorboard.path) / "hparams")).Reload()
+    content = hparams.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    assert start.hparams["train.epochs"].number_value == 4 and start.hparams["model.name"].string_value == "mlp"
+    assert start.hparams["storage.name"].string_value == "local"
+    best = out.best_metrics
+    assert [e.value for e in hparams.Scalars("hparam/val_log_loss")] == pytest.approx([best["val_log_loss"]])
+    assert [e.value for e in hparams.Scalars("hparam/epochs_run")] == [4]
     # the driver is left as it was: threads, our loggers, and the global generator that the loop seeds
     # (the export draws from it to build its model, as in worker mode: so once more without one)
     assert torch.get_num_threads() == threads and ours.level == level
@@ -209,7 +220,7 @@ def test_ctrl_c_keeps_the_finished_epochs_and_resume_continues_after_them(shards
     worker = ["train.local_mode=false"] if mode == "worker" else []
     total = 20 if worker else 6  # worker mode trains on while Ray's controller stops the group: room for that
     args = [*TRAIN, f"train.epochs={total}", f"storage.num_to_keep={total}", *worker]
-    # a worker's lines reach the driver behind Ray's "(RayTrainWorker pid=...)" prefix
+    # a worker's epoch lines reach the driver's stdout as the worker printed them
     out, err = _interrupt_after(_cli(tmp_path, shards, "train", *args), EPOCH_LINE.format(n="2", m=total),
                                 group=group)
     found = re.search(rf"^interrupted after epoch (\d+) of {total}; continue with: ", err, re.M)

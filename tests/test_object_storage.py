@@ -91,6 +91,7 @@ def test_train_predict_and_evaluate_with_everything_on_a_bucket(ray_session, s3,
     assert {json.loads(s3.read("ar-e2e", k))["epoch"] for k in metas} == {0, 1}, metas
     assert all(k.startswith("runs/e2e-") for k in metas)
     assert any("/tensorboard/events.out.tfevents." in k for k in s3.keys("ar-e2e", "runs/"))
+    assert any("/tensorboard/hparams/events.out.tfevents." in k for k in s3.keys("ar-e2e", "runs/"))  # HParams
 
     assert main(["predict", "--model", f"{bucket}/models/e2e", "--data", f"{bucket}/raw",
                  "--out", f"{bucket}/signals/e2e.parquet"]) == 0

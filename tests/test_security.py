@@ -346,7 +346,7 @@ def test_no_secret_is_committed():
 
 # ---- 4. the dashboard: loopback only, token authentication on --------------------------------------
 
-SCANNED = ("tests", "jobs", "alchemetric_ray", "scripts", "bench", "README.md", "cluster.yaml", "Makefile")
+SCANNED = ("tests", "jobs", "alchemetric_ray", "scripts", "bench", "docs", "README.md", "cluster.yaml", "Makefile")
 
 
 def _scanned_files() -> list[str]:

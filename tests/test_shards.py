@@ -106,6 +106,29 @@ def test_same_input_same_hash_and_rows(tmp_path, syn_shards):
     assert again.manifest.rows == syn_shards.manifest.rows
 
 
+def test_staged_features_build_every_split_as_a_build_from_the_bars_does(tmp_path):
+    """A walk-forward computes the features once (stage_features) and builds each refit's shards
+    from them: the same shards as a build from the bars, for two different split plans, and the
+    staged features are left as they were for the next one.  Other features are refused."""
+    from alchemetric_ray.data.shards import stage_features
+
+    cfg = load_config(None, SYN)
+    staged = stage_features(cfg, tmp_path / "features")
+    before = sorted(p.name for p in staged.folder.iterdir())
+    calendar = staged.stats["calendar"]
+    for k, cut in enumerate((150, 220)):
+        fold = cfg.replace(f"features.train_end={calendar[cut]}", f"features.val_end={calendar[cut + 40]}")
+        fresh = build_shards(fold, tmp_path / f"fresh-{k}").manifest
+        reused = build_shards(fold, tmp_path / f"reused-{k}", staged=staged).manifest
+        assert {**reused.__dict__, "created": None} == {**fresh.__dict__, "created": None}
+        for split in ("train", "val", "test"):
+            pd.testing.assert_frame_equal(pd.read_parquet(split_dir(tmp_path / f"reused-{k}", split)),
+                                          pd.read_parquet(split_dir(tmp_path / f"fresh-{k}", split)))
+    assert sorted(p.name for p in staged.folder.iterdir()) == before
+    with pytest.raises(ShardError, match="staged features"):
+        build_shards(cfg.replace("features.names=[ret_1,vol_5]"), tmp_path / "other", staged=staged)
+
+
 def _ticker_runs(files) -> list[list[str]]:
     """Per file, its tickers in row order, each once (asserting a ticker's rows are contiguous)."""
     runs = []

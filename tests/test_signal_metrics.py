@@ -487,16 +487,42 @@ def test_equity_plot_draws_buy_and_hold_as_the_equal_weight_long_only_book():
     frame = panel(40, 12, seed=5, noise=1.0).assign(fwd_ret=lambda f: f["fwd_ret"] + 0.001)  # a rising market
     model = contender_stats("deep model", frame.assign(position=np.sign(frame["score"])), cfg)
     hold = contender_stats(BUY_AND_HOLD, frame.assign(score=1.0, position=1), cfg)
-    curves = equity_curves({"tickers": 12, "rows": [model, hold]})
+    curves = equity_curves(12, [model, hold])
 
     gross = frame.assign(g=np.expm1(frame["fwd_ret"])).groupby("date")["g"].mean().to_numpy()
     net = gross - np.r_[cfg.signals.cost_bps / 1e4, np.zeros(len(gross) - 1)]  # bought once, never traded again
     np.testing.assert_allclose(curves[BUY_AND_HOLD]["equity"], np.cumprod(1 + net), rtol=1e-12)
     assert curves[BUY_AND_HOLD]["equity"].iloc[-1] > 1.02  # not the flat 1.0 of its long-short book
-    assert (hold["_equity"]["equity"] == 1.0).all()
-    pd.testing.assert_frame_equal(curves["deep model"], model["_equity"])  # the others: long-short
-    few = equity_curves({"tickers": 3, "rows": [model, hold]})  # too few names: positions for everyone
-    pd.testing.assert_frame_equal(few["deep model"], model["_pos_equity"])
+    assert (hold.long_short_equity["equity"] == 1.0).all()
+    pd.testing.assert_frame_equal(curves["deep model"], model.long_short_equity)  # the others: long-short
+    few = equity_curves(3, [model, hold])  # too few names: positions for everyone
+    pd.testing.assert_frame_equal(few["deep model"], model.positions_equity)
+
+
+def test_a_contender_without_a_long_short_book_has_its_figures_undefined_not_zero():
+    """Decided once, where the rows are built: a constant score never trades a long-short book, so
+    its Sharpe, return, drawdown, turnover and PSR are None in evaluation.json and n/a in both
+    tables; its positions book and its (undefined) rank IC keep their own figures."""
+    from alchemetric_ray.config import load_config
+    from alchemetric_ray.signals.evaluate import BUY_AND_HOLD, _contender_table, contender_stats, verdict_table
+
+    cfg = load_config(None)
+    frame = panel(40, 12, seed=5, noise=1.0)
+    model = contender_stats("deep model", frame.assign(position=np.sign(frame["score"])), cfg)
+    hold = contender_stats(BUY_AND_HOLD, frame.assign(score=1.0, position=1), cfg)
+    assert model.trades and not hold.trades
+    row = hold.as_dict()
+    assert set(row["long_short"]) == set(model.as_dict()["long_short"])  # the same keys, readable as before
+    assert all(row["long_short"][k] is None for k in ("sharpe", "annual_return", "max_drawdown", "turnover"))
+    assert row["psr"] is None and row["long_short"]["n_days"] == model.long_short.n_days
+    assert np.isfinite(row["positions"]["sharpe"])
+    result = {"segment": {"start": "2020-01-01", "end": "2020-03-01"}, "rows": [model.as_dict(), row],
+              "verdict": {"line": "verdict"}}
+    hold_line = next(line for line in verdict_table(result).splitlines() if line.startswith(BUY_AND_HOLD))
+    assert hold_line.split()[-3:] == ["n/a", "n/a", "n/a"]  # L/S Sharpe, L/S return, bal. acc
+    cells = [c.strip() for c in _contender_table(result["rows"])[-1].strip("|").split("|")]
+    assert cells[4:8] == ["n/a"] * 4 and cells[10] == "n/a" and cells[8] != "n/a"  # L/S and PSR; positions kept
+    assert "0.00" not in hold_line
 
 
 def test_validation_signal_metrics_are_the_daily_ic_of_the_evaluation():
@@ -564,6 +590,19 @@ def test_validation_long_short_moments_are_the_evaluations_gross_book():
     assert (got["val_ls_sr"], got["val_ls_skew"], got["val_ls_kurt"], got["val_ls_days"]) == pytest.approx(
         (sr, skew, kurt, n), rel=1e-9)
     assert n == 120 and sr > 0.2  # a score that carries the return: a positive book
+
+
+def test_one_long_short_book_weighs_each_leg_half_and_holds_nothing_where_it_cannot_rank():
+    """data.cross_section.long_short_weights is the one book (training's per-date validation book and
+    the evaluation's portfolio both take it): +0.5 over the longs, -0.5 over the shorts, and nothing
+    on a date with too few names or a constant score."""
+    from alchemetric_ray.data.cross_section import LONG_SHORT_MIN_NAMES, book_trades, long_short_weights
+
+    group = np.repeat(np.arange(3), [10, LONG_SHORT_MIN_NAMES - 1, 6])
+    score = np.concatenate([np.arange(10.0), np.arange(LONG_SHORT_MIN_NAMES - 1.0), np.ones(6)])
+    w = long_short_weights(score, group, 3, 0.2)
+    assert w[:10].tolist() == [-0.25, -0.25, 0, 0, 0, 0, 0, 0, 0.25, 0.25]  # k = 2 of 10
+    assert not w[10:].any() and book_trades(w, group, 3).tolist() == [True, False, False]
 
 
 def test_the_chosen_trials_validation_sharpe_is_deflated_by_the_trials_variance():

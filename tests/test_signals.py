@@ -24,6 +24,24 @@ def _slice(stocknet_dir, tmp_path, tickers=("AAPL", "MSFT", "XOM")):
     return folder
 
 
+def test_inputs_staged_once_and_normalized_later_are_the_inputs_staged_normalized(stock_model, tmp_path):
+    """A walk-forward stages the inputs once unnormalized and gives each refit its normalization
+    (normalized_copy): the same files, to the bit, as staging them with that model's normalization."""
+    from alchemetric_ray.signals.predict import normalized_copy
+
+    loaded = load_model(stock_model)
+    direct, raw, later = tmp_path / "direct", tmp_path / "raw", tmp_path / "later"
+    for folder in (direct, raw, later):
+        folder.mkdir()
+    stage_inputs(loaded, None, direct)
+    stage_inputs(loaded, None, raw, normalize=False)
+    normalized_copy(loaded, raw, later)
+    assert sorted(p.name for p in later.iterdir()) == sorted(p.name for p in direct.iterdir())
+    for path in direct.iterdir():
+        pd.testing.assert_frame_equal(pd.read_parquet(later / path.name), pd.read_parquet(path))
+    assert not pd.read_parquet(raw).equals(pd.read_parquet(direct))  # raw: not yet normalized
+
+
 def test_predict_on_a_stocknet_slice(ray_session, stock_model, stocknet_dir, tmp_path):
     data = _slice(stocknet_dir, tmp_path)
     out = tmp_path / "signals.parquet"
@@ -270,3 +288,26 @@ def test_known_answer_the_pooled_walk_forward_confirms_an_effect_the_test_segmen
     for row in pooled["rows"][1:]:
         if row["name"] != "buy and hold":
             assert row["rank_ic"]["mean"] < model["mean"], row["name"]
+
+
+@pytest.mark.slow
+def test_known_answer_the_pooled_walk_forward_finds_nothing_on_the_null_market(ray_session, tmp_path):
+    """Issue 32's null counterpart of the test above: the same kind of longer market with no effect
+    planted (seed 6, deterministic training).  Pooled over every out-of-sample day, the model's
+    rank-IC interval still spans 0: no signal and no edge, however many days are pooled."""
+    from alchemetric_ray.signals.evaluate import evaluate
+
+    cfg = load_config(None, ["data.source=synthetic", "data.synthetic_tickers=30", "data.synthetic_days=1000",
+                             "data.synthetic_effect=0.0", *_THREE_DAYS_AGO, "data.seed=6",
+                             "features.names=[ret_1,vol_5,volume_z_20,hl_range]", "features.label=cs_rank",
+                             "train.loss=ic", "model.hidden=16", "train.epochs=2", "train.batch_size=400",
+                             "train.deterministic=true", "signals.refit_every=200",
+                             f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
+                             "storage.name=null-pooled"])
+    result = evaluate(run_training(cfg, progress=False).model_dir, None, tmp_path / "report", pooled=True)
+    wf = result["walk_forward"]
+    pooled = wf["pooled"]
+    model = pooled["rows"][0]["rank_ic"]
+    assert wf["refits"] >= 3 and model["n_days"] > 2.5 * result["rows"][0]["rank_ic"]["n_days"]
+    assert model["ci_low"] < 0 < model["ci_high"], model
+    assert not pooled["verdict"]["signal"] and not pooled["verdict"]["edge"], pooled["verdict"]["line"]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from alchemetric_ray.config import ConfigError, load_config
+from alchemetric_ray.train import ledger
 from alchemetric_ray.train.plan import plan_resources
 from alchemetric_ray.tune.sweep import build_space, concurrency
 
@@ -117,7 +118,9 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
     from alchemetric_ray.tune.sweep import run_sweep
 
     # the good learning rate first: with one trial at a time ASHA has seen it when the bad one reaches rung 1
-    cfg = load_config(None, _sweep_args(shards, tmp_path, "tune.space={train.lr: [0.01, 1.0e-9]}"))
+    # asked to score the test segment (`tune --evaluate`): the one look, recorded in the model folder
+    cfg = load_config(None, _sweep_args(shards, tmp_path, "tune.space={train.lr: [0.01, 1.0e-9]}",
+                                        "train.score_test=true"))
     out = run_sweep(cfg)
     s = out.summary
     assert s["num_trials"] == 2 and {t["status"] for t in s["trials"]} == {"TERMINATED"}
@@ -132,6 +135,9 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
     assert metrics["sweep"]["num_trials"] == 2 and metrics["sweep"]["best_trial_id"] == s["best_trial_id"]
     assert metrics["val"]["log_loss"] == pytest.approx(s["best_value"])
     assert s["test_metrics"] == metrics["test"]
+    assert [look["command"] for look in ledger.looks(out.model_dir)] == ["tune (train.score_test)"]
+    trials = json.loads((out.model_dir / "trials.json").read_text())["entries"]
+    assert [(e["command"], e["sweep"], e["trials"]) for e in trials] == [("tune", out.name, 2)]
     assert json.loads((out.model_dir / "config.json").read_text())["train"]["lr"] == best["config"]["train.lr"]
     assert out.report.is_file() and s["best_confusion"] is not None
     # one worker per trial: each trial ran the loop in its own process, so there is no Train run beside
@@ -182,6 +188,9 @@ def test_trial_loop_trainer_gives_each_trial_a_torch_trainer_run(ray_session, sh
     assert meta["metrics"]["val_log_loss"] == pytest.approx(s["best_value"])
     metrics = json.loads((out.model_dir / "metrics.json").read_text())
     assert metrics["val"]["log_loss"] == pytest.approx(s["best_value"])
+    # not asked: the test segment stays sealed, nothing scored it and no look is recorded
+    assert "test" not in metrics and s["test_metrics"] is None and ledger.looks(out.model_dir) == []
+    assert all("test" not in b for b in metrics["baselines"].values())
 
 
 @pytest.mark.slow
@@ -219,7 +228,7 @@ def test_a_sweep_over_label_kinds_resumes_after_the_driver_is_killed(ray_session
     done_run = finished[0].parent
     before = sorted(p.name for p in done_run.glob("checkpoint_*"))
 
-    out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run([*cli, "--evaluate"], env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "resuming sweep sweep-killed" in out.stdout
     s = json.loads((sweep_dir / "sweep_summary.json").read_text())
@@ -236,7 +245,8 @@ def test_a_sweep_over_label_kinds_resumes_after_the_driver_is_killed(ray_session
     assert Manifest.read(features / "kinds-cs_rank").label["scheme"] == "cs_rank"
     best = max(s["trials"], key=lambda t: t["best_value"])
     assert Manifest.read(tmp_path / "models" / "kinds").label["scheme"] == best["config"]["features.label"]
-    assert "best trial on the test split (scored once): " in out.stdout and "rank ic " in out.stdout
+    assert "best trial on the test split (a look, recorded in the model folder): " in out.stdout
+    assert "rank ic " in out.stdout
 
 
 def test_one_selection_metric_for_every_label_the_trials_train_on():

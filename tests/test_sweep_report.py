@@ -249,7 +249,7 @@ def test_report_text(report):
     text = " ".join(" ".join(dom.text).split())
     assert "sweep-20261129-2200" in text
     assert ("4 configurations tried; ranked on validation val_balanced_accuracy (max); "
-            "the test split was used once, for the chosen trial only.") in text
+            "the test split was used once, for the chosen trial only (a look, recorded in the model folder).") in text
     for col in ("train.lr", "model.hidden", "model.name", "status", "epochs run", "stopped early"):
         assert col in text
     assert "nan" in text                             # the bad-lr trial's NaN best value
@@ -340,7 +340,7 @@ def test_all_failed_no_test_no_model(tmp_path):
     markup = index.read_text(encoding="utf-8")
     dom = _parse(markup)
     assert len(dom.rows) == 2 and not any("best" in _classes(r) for r in dom.rows)
-    assert "the test split was not used" in markup
+    assert "the test split was not used: it stays sealed" in markup
     assert not (index.parent / "confusion_matrix.png").exists()
     assert {img["src"] for img in dom.imgs} == {"learning_curves.png", "train_loss.png", "hparams.png"}
     for img in dom.imgs:

@@ -323,7 +323,10 @@ def test_train_cli_exports_a_model_that_predicts_like_its_checkpoint(ray_session
     assert meta["precision"]["mode"] == "fp32" and meta["precision"]["reason"]
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert set(metrics["baselines"]) == {"majority", "logistic_regression", "hist_gradient_boosting"}
-    assert metrics["test"]["balanced_accuracy"] > 0
+    # the test segment stays sealed: not scored at export, no look recorded; the card says so
+    assert "test" not in metrics and all(set(b) == {"val"} for b in metrics["baselines"].values())
+    assert "sealed, not scored at export" in card and not (model_dir / "looks").exists()
+    assert json.loads((model_dir / "trials.json").read_text())["entries"][0]["trials"] == 1
     # The best epoch from the run's own history, not from what the export says about itself: the
     # latest checkpoint's meta holds every epoch's reported validation metrics.  At lr 1e-9 epoch 1
     # scores what epoch 0 scored, which is no improvement: the run stops early (patience 1), so its

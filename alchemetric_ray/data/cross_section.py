@@ -237,3 +237,31 @@ def quantile_legs(score: np.ndarray, group: np.ndarray, n_groups: int,
     leg_size = np.maximum(1.0, np.floor(quantile * n_names + 1e-9))  # k
     rank = group_rank(score, group)  # r: 1-based, ties share their average rank
     return rank >= (n_names - leg_size + 1.0)[group], rank <= leg_size[group]
+
+
+LONG_SHORT_MIN_NAMES = 5  # fewer stocks on a date (or in a period): no long-short book there
+
+
+def long_short_weights(score: np.ndarray, group: np.ndarray, n_groups: int, quantile: float,
+                       min_names: int = LONG_SHORT_MIN_NAMES) -> np.ndarray:
+    """The one long-short book of the project, per row: the equal-weight, dollar-neutral
+    top-minus-bottom ``quantile`` book of each group (a date, or a rebalance period), gross 1:
+    each long weighs +0.5 / n_long, each short -0.5 / n_short (:func:`quantile_legs`).  A group with
+    fewer than ``min_names`` stocks or an empty leg (a constant score ranks every name the same)
+    holds nothing.  The period return is then ``sum(weight * simple_return)`` over the group's rows:
+    what training's per-date validation book (``train.metrics``) and the evaluation's portfolio with
+    costs (``signals.metrics.long_short``) both take."""
+    count = np.bincount(group, minlength=n_groups)
+    is_long, is_short = quantile_legs(score, group, n_groups, quantile)
+    n_long = np.bincount(group, is_long, n_groups)
+    n_short = np.bincount(group, is_short, n_groups)
+    trades = (count >= min_names) & (n_long > 0) & (n_short > 0)
+    weight = np.zeros(len(score))
+    weight[is_long] = np.where(trades, 0.5 / np.maximum(n_long, 1), 0.0)[group[is_long]]
+    weight[is_short] = np.where(trades, -0.5 / np.maximum(n_short, 1), 0.0)[group[is_short]]
+    return weight
+
+
+def book_trades(weight: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per group: whether the book of :func:`long_short_weights` holds anything there."""
+    return np.bincount(group, np.abs(weight), n_groups) > 0

@@ -107,12 +107,51 @@ class _Progress:
             self.open = False
 
 
-def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
-                 source_description: str | None = None, progress: bool = False) -> ShardSummary:
-    """Compute features and labels for every ticker and write the shards + manifest to ``out``
-    (a local folder or object storage: built locally, then put in place with the manifest last)."""
+@dataclass
+class StagedFeatures:
+    """Passes 1 and the per-date pass of :func:`build_shards`, which no split depends on: every
+    ticker's features and labels, one Parquet file per ticker in ``folder``, before any split plan
+    or normalization.  A walk-forward stages them once and builds each refit's shards from them."""
+
+    folder: Path
+    names: list[str]
+    label: dict  # the LabelSpec's fields
+    stats: dict  # calendar, input hash, tickers, skipped tickers, non-finite rows
+    cross_section: dict
+    report: object | None  # ingest's IngestReport, where files were read
+    source_description: str | None
+
+
+def stage_features(cfg: RunConfig, folder: Path, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
+                   source_description: str | None = None, progress: bool = False) -> StagedFeatures:
+    """Read the bars (``cfg.data``, or ``bars``) and write every ticker's features and labels to ``folder``."""
     from alchemetric_ray.data.sources import open_source
 
+    names = feat.resolve_feature_names(cfg.features.names)
+    spec = LabelSpec.from_config(cfg.features)
+    report = None
+    if bars is None:
+        source = open_source(cfg.data, min_history=min_history(cfg))
+        bars, report = source.bars, source.report
+        source_description = source_description or source.description
+    folder.mkdir(parents=True, exist_ok=True)
+    bar = _Progress("features", progress)
+    try:
+        stats = _pass_features(bars, names, spec, folder, min_history(cfg), bar)
+    except BaseException:
+        bar.close()  # an open progress line ends before the error message
+        raise
+    cross_section = _pass_cross_section(folder, names, spec, cfg, stats, source_description)
+    return StagedFeatures(folder, names, dict(spec.__dict__), stats, cross_section, report, source_description)
+
+
+def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
+                 source_description: str | None = None, progress: bool = False,
+                 staged: StagedFeatures | None = None) -> ShardSummary:
+    """Compute features and labels for every ticker and write the shards + manifest to ``out``
+    (a local folder or object storage: built locally, then put in place with the manifest last).
+    ``staged``: features :func:`stage_features` already wrote for the same features and label
+    (another split of the same data); they are read, never changed."""
     start = time.monotonic()
     out = locate(out)
     names = feat.resolve_feature_names(cfg.features.names)
@@ -121,53 +160,45 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
     if embargo < spec.reach:
         raise ShardError(f"config 'features.embargo': {embargo} is less than the label's reach ({spec.reach} bars); "
                          "label windows would cross split boundaries")
+    if staged is not None and (staged.names != names or staged.label != spec.__dict__):
+        raise ShardError(f"staged features {staged.names} ({staged.label['scheme']}) are not this config's {names} "
+                         f"({spec.scheme})")
     _check_output(out, cfg)
-    report = None
-    if bars is None:
-        source = open_source(cfg.data, min_history=min_history(cfg))
-        bars, report = source.bars, source.report
-        source_description = source_description or source.description
-
-    bar = _Progress("features", progress)
-    try:
-        with out.staged(last=(MANIFEST,)) as tmp:
-            staging = tmp / "_staging"
-            staging.mkdir(parents=True)
-            stats = _pass_features(bars, names, spec, staging, min_history(cfg), bar)
-            cross_section = _pass_cross_section(staging, names, spec, cfg, stats, source_description)
-            plan = plan_splits(stats["calendar"], train_frac=cfg.features.train_frac, val_frac=cfg.features.val_frac,
-                               embargo=embargo, train_end=cfg.features.train_end, val_end=cfg.features.val_end,
-                               train_start=cfg.features.train_start)
-            normalizer = _fit_normalizer(staging, names, plan, cfg)
-            counts = _write_shards(staging, tmp, names, plan, normalizer, spec)
+    with out.staged(last=(MANIFEST,)) as tmp:
+        features = staged or stage_features(cfg, tmp / "_staging", bars=bars,
+                                            source_description=source_description, progress=progress)
+        stats, staging = features.stats, features.folder
+        plan = plan_splits(stats["calendar"], train_frac=cfg.features.train_frac, val_frac=cfg.features.val_frac,
+                           embargo=embargo, train_end=cfg.features.train_end, val_end=cfg.features.val_end,
+                           train_start=cfg.features.train_start)
+        normalizer = _fit_normalizer(staging, names, plan, cfg)
+        counts = _write_shards(staging, tmp, names, plan, normalizer, spec)
+        if staged is None:
             shutil.rmtree(staging)
-            if not spec.regression:
-                _check_classes(counts, spec.classes)
-            files = {s: sorted(f"{split_dir(tmp, s).name}/{p.name}" for p in split_dir(tmp, s).glob("*.parquet"))
-                     for s in SPLITS}
-            manifest = Manifest(
-                created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                source=source_description,
-                input_hash=stats["hash"],
-                features=names,
-                label={**spec.__dict__, "classes": spec.classes, "reach": spec.reach},
-                window=cfg.features.window,
-                splits=plan.as_dict(),
-                normalization=normalizer.as_dict(),
-                rows=counts["rows"],
-                class_counts=counts["classes"],
-                tickers=stats["tickers"],
-                skipped_tickers=stats["skipped"],
-                dropped_nonfinite_rows=stats["nonfinite"],
-                ingest=_ingest_summary(report),
-                columns={"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
-                files=files,
-                cross_section=cross_section,
-            )
-            manifest.write(tmp)
-    except BaseException:
-        bar.close()  # an open progress line ends before the error message
-        raise
+        if not spec.regression:
+            _check_classes(counts, spec.classes)
+        files = {s: sorted(f"{split_dir(tmp, s).name}/{p.name}" for p in split_dir(tmp, s).glob("*.parquet"))
+                 for s in SPLITS}
+        manifest = Manifest(
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            source=features.source_description,
+            input_hash=stats["hash"],
+            features=names,
+            label={**spec.__dict__, "classes": spec.classes, "reach": spec.reach},
+            window=cfg.features.window,
+            splits=plan.as_dict(),
+            normalization=normalizer.as_dict(),
+            rows=counts["rows"],
+            class_counts=counts["classes"],
+            tickers=stats["tickers"],
+            skipped_tickers=stats["skipped"],
+            dropped_nonfinite_rows=stats["nonfinite"],
+            ingest=_ingest_summary(features.report),
+            columns={"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
+            files=files,
+            cross_section=features.cross_section,
+        )
+        manifest.write(tmp)
     return ShardSummary(out, manifest, time.monotonic() - start)
 
 

@@ -214,6 +214,11 @@ def run_doctor(cfg: RunConfig, *, device: str | None = None, model_dir: str | No
 
         certificate = certify(loaded, [as_pair(t) for t in usable], as_pair(ref))
         write_certificate(model_dir, certificate)
+        from alchemetric_ray.train.ledger import record_look
+
+        splits = loaded.manifest.splits  # the certificate's rank IC per backend is a score of the test segment
+        record_look(model_dir, "doctor --model", splits["test_start"], splits["test_end"],
+                    "the certificate's rank IC of each backend on the test segment")
     report["targets"] = found
     report["certificate"] = certificate
     report["verdict"] = decide(found, certificate)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -33,12 +34,14 @@ from alchemetric_ray.signals import metrics as sm
 from alchemetric_ray.signals.predict import (
     direction_score,
     inputs_frame,
+    normalized_copy,
     predict,
     signal_positions,
     stage_inputs,
     staged_frame,
 )
 from alchemetric_ray.storage import Location, locate
+from alchemetric_ray.train import ledger
 from alchemetric_ray.train.metrics import classification_metrics
 
 FEW_TICKERS = 10
@@ -59,40 +62,81 @@ def _scored(frame: pd.DataFrame, score: np.ndarray, pos: np.ndarray) -> pd.DataF
                          "position": pos, "fwd_ret": frame["fwd_ret"].to_numpy(dtype=np.float64)})
 
 
+@dataclass
+class ContenderRow:
+    """One contender's (model's or baseline's) figures on one segment: the statistics objects
+    themselves (their daily series and equity curves feed the plot, the per-year table and the
+    verdict); :meth:`as_dict` is the row of ``evaluation.json``."""
+
+    name: str
+    rows: int
+    tickers: int
+    ic: sm.ICStats
+    rank_ic: sm.ICStats
+    long_short: sm.PortfolioStats
+    positions: sm.PortfolioStats
+    hit_rate: float
+    psr: float
+    dsr: float | None = None  # the deep model's, when trials stand behind it (selection_figures)
+    classification: dict | None = None
+
+    @property
+    def trades(self) -> bool:
+        """Whether its long-short book ever held a position.  A score that ranks every name alike
+        (buy-and-hold's constant) has no book: its long-short figures are undefined, not zero, and
+        are left out (None in ``evaluation.json``, n/a in the tables; the plot draws its positions)."""
+        return not math.isnan(self.long_short.hit_rate)  # NaN exactly when no period was active
+
+    def as_dict(self) -> dict[str, Any]:
+        row = {"name": self.name, "rows": self.rows, "tickers": self.tickers, "ic": _ic_dict(self.ic),
+               "rank_ic": _ic_dict(self.rank_ic), "long_short": _port_dict(self.long_short, defined=self.trades),
+               "positions": _port_dict(self.positions), "hit_rate": self.hit_rate,
+               "psr": self.psr if self.trades else None, "dsr": self.dsr}
+        return row if self.classification is None else {**row, "classification": self.classification}
+
+    @staticmethod
+    def _curve(book: sm.PortfolioStats) -> pd.DataFrame | None:
+        return book.daily[["date", "equity"]] if len(book.daily) else None
+
+    @property
+    def long_short_equity(self) -> pd.DataFrame | None:
+        return self._curve(self.long_short)
+
+    @property
+    def positions_equity(self) -> pd.DataFrame | None:
+        return self._curve(self.positions)
+
+
 def contender_stats(name: str, signals: pd.DataFrame, cfg: RunConfig, *, horizon: int = 1,
-                    proba: np.ndarray | None = None, labels: np.ndarray | None = None) -> dict[str, Any]:
+                    proba: np.ndarray | None = None, labels: np.ndarray | None = None) -> ContenderRow:
     """Every number of the side-by-side table for one contender (model or baseline)."""
     signal_cfg = cfg.signals
     valid = signals.dropna(subset=["fwd_ret"])
-    n_tickers = valid["ticker"].nunique()
-    row: dict[str, Any] = {"name": name, "rows": len(valid), "tickers": int(n_tickers)}
-    ic_stats = sm.ic_stats(valid, rank=False, lag=horizon - 1)  # days whose forward returns overlap
-    rank_ic_stats = sm.ic_stats(valid, rank=True, lag=horizon - 1)
-    row["ic"] = _ic_dict(ic_stats)
-    row["rank_ic"] = _ic_dict(rank_ic_stats)
-    long_short_stats = sm.long_short(valid, quantile=signal_cfg.quantile, cost_bps=signal_cfg.cost_bps, horizon=horizon)
-    row["long_short"] = _port_dict(long_short_stats)
-    position_stats = sm.position_returns(valid, cost_bps=signal_cfg.cost_bps, horizon=horizon)
-    row["positions"] = _port_dict(position_stats)
-    row["hit_rate"] = sm.hit_rate(valid)
-    net = long_short_stats.daily["net"].to_numpy() if len(long_short_stats.daily) else np.zeros(0)
-    row["psr"] = sm.probabilistic_sharpe(net) if len(net) > 2 else float("nan")
-    row["dsr"] = None  # the deep model's, when a sweep chose it: deflated_validation_sharpe
+    long_short = sm.long_short(valid, quantile=signal_cfg.quantile, cost_bps=signal_cfg.cost_bps, horizon=horizon)
+    net = long_short.daily["net"].to_numpy() if len(long_short.daily) else np.zeros(0)
+    classification = None
     if proba is not None and labels is not None:
         ok = labels >= 0
-        row["classification"] = {k: v for k, v in classification_metrics(labels[ok], proba[ok], prefix="").items()}
-    row["_ic"] = rank_ic_stats
-    row["_equity"] = long_short_stats.daily[["date", "equity"]] if len(long_short_stats.daily) else None
-    row["_pos_equity"] = position_stats.daily[["date", "equity"]] if len(position_stats.daily) else None
-    return row
+        classification = classification_metrics(labels[ok], proba[ok], prefix="")
+    return ContenderRow(name=name, rows=len(valid), tickers=int(valid["ticker"].nunique()),
+                        ic=sm.ic_stats(valid, rank=False, lag=horizon - 1),  # days whose forward returns overlap
+                        rank_ic=sm.ic_stats(valid, rank=True, lag=horizon - 1), long_short=long_short,
+                        positions=sm.position_returns(valid, cost_bps=signal_cfg.cost_bps, horizon=horizon),
+                        hit_rate=sm.hit_rate(valid),
+                        psr=sm.probabilistic_sharpe(net) if len(net) > 2 else float("nan"),
+                        classification=classification)
 
 
-def _ic_dict(stats) -> dict:
+def _ic_dict(stats: sm.ICStats) -> dict:
     return {"mean": stats.mean, "std": stats.std, "icir": stats.icir, "t_stat": stats.t_stat, "n_days": stats.n_days,
             "ci_low": stats.ci_low, "ci_high": stats.ci_high}
 
 
-def _port_dict(portfolio) -> dict:
+def _port_dict(portfolio: sm.PortfolioStats, *, defined: bool = True) -> dict:
+    """A book's figures; every one None (its day count kept) for a book that never held a position."""
+    if not defined:
+        return {"annual_return": None, "annual_vol": None, "sharpe": None, "max_drawdown": None, "turnover": None,
+                "hit_rate": None, "n_days": portfolio.n_days}
     return {"annual_return": portfolio.annual_return, "annual_vol": portfolio.annual_vol, "sharpe": portfolio.sharpe,
             "max_drawdown": portfolio.max_drawdown, "turnover": portfolio.turnover, "hit_rate": portfolio.hit_rate,
             "n_days": portfolio.n_days}
@@ -102,20 +146,60 @@ def deflated_validation_sharpe(sweep: dict | None) -> float | None:
     """The deflated Sharpe ratio of a sweep's chosen trial (Bailey and Lopez de Prado, 2014): its
     *validation* long-short per-period Sharpe ratio, skewness, kurtosis and day count, against the
     expected maximum of ``num_trials`` unskilled trials whose Sharpe ratios vary as the sweep's
-    trials did (``trial_sr_variance``).  None without a sweep of 2 or more trials that recorded them."""
+    trials did (``trial_sr_variance``).  None without a sweep of 2 or more trials that recorded them.
+    (An older model's ``metrics.json["sweep"]``; a model with a trial ledger: :func:`selection_inputs`.)"""
+    return _deflated(_sweep_inputs(sweep))
+
+
+def _sweep_inputs(sweep: dict | None) -> dict | None:
     sweep = sweep or {}
     chosen, variance, n_trials = sweep.get("chosen_val_long_short"), sweep.get("trial_sr_variance"), \
         int(sweep.get("num_trials", 1))
     if n_trials < 2 or not chosen or variance is None:
         return None
-    return sm.deflated_sharpe(chosen["sr"], chosen["skew"], chosen["kurt"], int(chosen["days"]), n_trials, variance)
+    return {"n_trials": n_trials, "variance": variance, "chosen": chosen, "selections": 1}
+
+
+def _deflated(inputs: dict | None) -> float | None:
+    if not inputs:
+        return None
+    chosen = inputs["chosen"]
+    return sm.deflated_sharpe(chosen["sr"], chosen["skew"], chosen["kurt"], int(chosen["days"]), inputs["n_trials"],
+                              inputs["variance"])
+
+
+def selection_inputs(model_dir, manifest: Manifest, metrics: dict) -> dict | None:
+    """Every trial behind the model, for its deflated Sharpe ratio: the model folder's trial ledger
+    (every sweep and training run exported under its name for this test segment), else an older
+    model's own sweep record; None where fewer than 2 trials stand behind it."""
+    splits = manifest.splits
+    entries = ledger.trials_at(ledger.read_trials(model_dir), splits["test_start"], splits["test_end"])
+    return ledger.deflation_inputs(entries) if entries else _sweep_inputs(metrics.get("sweep"))
+
+
+def selection_figures(model_frame: pd.DataFrame, inputs: dict | None, cfg: RunConfig) -> dict | None:
+    """The deflated Sharpe ratio beside its like: the figure it deflates is the chosen trial's gross
+    per-date validation long-short Sharpe ratio (the book the trials were compared on,
+    ``train.metrics.signal_metrics``); the same book, gross and per date, on the scored segment
+    stands beside it (the table's L/S Sharpe is net of costs and annualised: another figure)."""
+    from alchemetric_ray.train.metrics import signal_metrics
+
+    if not inputs:
+        return None
+    frame = model_frame.dropna(subset=["fwd_ret"])
+    test = signal_metrics(frame["score"].to_numpy(np.float64), frame["fwd_ret"].to_numpy(np.float64),
+                          frame["date"].to_numpy(), prefix="", quantile=cfg.signals.quantile)
+    return {"n_trials": int(inputs["n_trials"]), "selections": int(inputs.get("selections", 1)),
+            "val_ls_sr_gross_per_date": inputs["chosen"]["sr"], "dsr": _deflated(inputs),
+            "scored_ls_sr_gross_per_date": test["ls_sr"], "scored_days": int(test["ls_days"])}
 
 
 def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest: Manifest, cfg: RunConfig,
-                     *, sweep: dict | None = None, segment: tuple[str, str] | None = None) -> dict[str, Any]:
-    """The model and every baseline on the test segment of ``inputs`` (rows with features and labels)."""
+                     *, selection: dict | None = None, segment: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The model and every baseline on the test segment of ``inputs`` (rows with features and labels);
+    ``selection``: the trials behind the model (:func:`selection_inputs`), for its deflated Sharpe."""
     contenders = contender_frames(model_signals, inputs, manifest, cfg, segment=segment)
-    return score_contenders(contenders, manifest, cfg, sweep=sweep)
+    return score_contenders(contenders, manifest, cfg, selection=selection)
 
 
 @dataclass
@@ -191,20 +275,23 @@ def contender_frames(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
 
 
 def score_contenders(contenders: Contenders, manifest: Manifest, cfg: RunConfig, *,
-                     sweep: dict | None = None) -> dict[str, Any]:
+                     selection: dict | None = None) -> dict[str, Any]:
     """Every contender's row, the best baseline and the verdict, on what :func:`contender_frames` scored."""
     horizon = manifest.label["horizon"]
     rows = [contender_stats(name, frame, cfg, horizon=horizon, proba=contenders.proba[name],
                             labels=contenders.labels[name]) for name, frame in contenders.frames.items()]
-    rows[0]["dsr"] = deflated_validation_sharpe(sweep)  # beside the test-period Sharpe, which is not deflated
+    figures = selection_figures(contenders.frames["deep model"], selection, cfg)
+    rows[0].dsr = figures["dsr"] if figures else None  # of the validation book: see result["selection"]
     n_tickers = int(contenders.frames["deep model"]["ticker"].nunique())
-    baselines_with_ic = [r for r in rows[1:] if r["name"] != BUY_AND_HOLD and r["_ic"].n_days > 0]
-    best = max(baselines_with_ic, key=lambda r: r["_ic"].mean if not math.isnan(r["_ic"].mean) else -1, default=None)
-    verdict = sm.edge_verdict(rows[0]["_ic"], best["_ic"] if best else None, n_tickers=n_tickers,
-                              few_tickers=FEW_TICKERS, baseline_name=best["name"] if best else "best baseline")
+    baselines_with_ic = [r for r in rows[1:] if r.name != BUY_AND_HOLD and r.rank_ic.n_days > 0]
+    best = max(baselines_with_ic, key=lambda r: r.rank_ic.mean if not math.isnan(r.rank_ic.mean) else -1,
+               default=None)
+    verdict = sm.edge_verdict(rows[0].rank_ic, best.rank_ic if best else None, n_tickers=n_tickers,
+                              few_tickers=FEW_TICKERS, baseline_name=best.name if best else "best baseline")
     return {"segment": {"start": contenders.start, "end": contenders.end}, "tickers": n_tickers, "rows": rows,
-            "best_baseline": best["name"] if best else None, "verdict": verdict,
-            "n_trials": int((sweep or {}).get("num_trials", 1)), "baselines_note": contenders.baselines_note}
+            "best_baseline": best.name if best else None, "verdict": verdict,
+            "n_trials": figures["n_trials"] if figures else 1, "selection": figures,
+            "baselines_note": contenders.baselines_note}
 
 
 def _baseline_rows(inputs: pd.DataFrame, manifest: Manifest, start: str) -> tuple[pd.DataFrame, str | None]:
@@ -255,7 +342,8 @@ def new_data_window(inputs: pd.DataFrame, manifest: Manifest) -> dict[str, Any]:
 def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | Path | Location,
              cfg: RunConfig | None = None, *, pooled: bool = False) -> dict:
     """Predict, score the test segment against the baselines, and write the report to ``out_dir``;
-    ``pooled`` adds the pooled walk-forward evaluation (:func:`pooled_walk_forward`)."""
+    ``pooled`` adds the pooled walk-forward evaluation (:func:`pooled_walk_forward`).  Returns what
+    ``evaluation.json`` holds (:func:`public`)."""
     from alchemetric_ray.train.export import load_model
 
     model_dir, out_dir = locate(model_dir), locate(out_dir)
@@ -265,11 +353,13 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
         raise EvaluationError(f"--walk-forward and signals.folds={cfg.signals.folds} are two walk-forward "
                               "evaluations; choose one (signals.refit_every sets the pooled one's refits)")
     metrics = json.loads((model_dir / "metrics.json").read_text()) if (model_dir / "metrics.json").is_file() else {}
+    splits = loaded.manifest.splits
     with out_dir.staged() as tmp:
         signals = predict(model_dir, data, tmp / "signals.parquet", cfg)
         inputs = inputs_frame(loaded, data, on_duplicate=cfg.data.on_duplicate if data else None)
         window = new_data_window(inputs, loaded.manifest) if data else None
-        result = evaluate_signals(signals, inputs, loaded.manifest, cfg, sweep=metrics.get("sweep"),
+        result = evaluate_signals(signals, inputs, loaded.manifest, cfg,
+                                  selection=selection_inputs(model_dir, loaded.manifest, metrics),
                                   segment=(window["start"], window["end"]) if window else None)
         if data:  # new data: where it came from, the window scored, how its duplicated bars were treated
             result["data"] = {"path": str(data), "window": window, "duplicates": inputs.attrs.get("duplicates")}
@@ -281,9 +371,20 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
                            "name": loaded.config.model.name, "device": loaded.meta.get("device"),
                            "precision": loaded.meta.get("precision"), "label": loaded.manifest.label["scheme"],
                            "cross_sectional": bool(loaded.manifest.cross_section)}
+        # this command is a look at the test segment: the earlier looks at it, and this one
+        scored = (result["walk_forward"]["pooled"]["segment"] if pooled else result["segment"])
+        look = {"start": min(scored["start"], result["segment"]["start"]),
+                "end": max(scored["end"], result["segment"]["end"])}
+        earlier = ledger.looks_at(model_dir, splits["test_start"], splits["test_end"])
+        result["looks"] = {"test_start": splits["test_start"], "test_end": splits["test_end"],
+                           "count": len(earlier) + 1, "earlier": earlier, "this": look}
         _plot_equity(result, tmp / "equity.png")
+        result = public(result)
         atomic_write_text(tmp / "report.md", render_report(result))
-        atomic_write_json(tmp / "evaluation.json", _public(result))
+        atomic_write_json(tmp / "evaluation.json", result)
+    what = ("pooled walk-forward and test segment" if pooled else "new data" if data else "test segment") + \
+        f" scored against the baselines, report {out_dir}"
+    ledger.record_look(model_dir, "evaluate", look["start"], look["end"], what)
     return result
 
 
@@ -292,43 +393,61 @@ def _refits(cfg: RunConfig, data: str | None, loaded, folds: list, calendar: np.
     boundaries, in this Ray session: local mode where one worker serves) and yield, per fold, its
     model and what every contender scored on the fold's test block; the learned baselines are fitted
     on the fold's train rows, in the fold's normalization (the main model's was fitted on a train
-    split that can reach into the fold's block)."""
+    split that can reach into the fold's block).  The features are computed once for every fold:
+    the training features (each fold's shards are their split and normalization) and the inputs
+    the folds' models score (each fold normalizes them with its own statistics)."""
+    from alchemetric_ray.data.shards import build_shards, stage_features
     from alchemetric_ray.data.splits import boundaries
     from alchemetric_ray.train.export import load_model as load
     from alchemetric_ray.train.trainer import run_training
 
     base = loaded.config
+    if data:
+        base = base.replace(f"data.path={data}", "data.source=files")
+    on_duplicate = cfg.data.on_duplicate if data else None
     storage = cfg.storage.path if is_uri(cfg.storage.path) else str(Path(cfg.storage.path).resolve())
-    for k, fold in enumerate(folds):
-        train_end, val_end = boundaries(calendar, fold)  # the embargo once: plan_splits takes it off these
-        fold_cfg = base.replace(f"features.train_end={train_end}", f"features.val_end={val_end}",
-                                f"features.train_start={fold.train_start}",
-                                f"storage.name={base.storage.name}-fold{k}", f"storage.models_dir={work / 'folds'}",
-                                f"storage.path={storage}", "storage.run=null",
-                                "storage.resume=false")
-        if data:
-            fold_cfg = fold_cfg.replace(f"data.path={data}", "data.source=files")
+    with tempfile.TemporaryDirectory(prefix="alchemetric-walk-forward-") as tmp:
+        shared = Path(tmp)
         clock = time.monotonic()
-        outcome = run_training(fold_cfg, progress=False)
-        if outcome.model_dir is None:
-            raise EvaluationError(f"walk-forward fold {k}: training produced no checkpoint")
-        fold_model = load(outcome.model_dir)
-        seconds = {"train": time.monotonic() - clock}  # features -> shards -> the fit -> its export
-        clock = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="alchemetric-refit-") as tmp:  # the fold's inputs, staged once
-            staging = Path(tmp)
-            staged = stage_inputs(fold_model, data, staging, on_duplicate=fold_cfg.data.on_duplicate)
-            seconds["stage"] = time.monotonic() - clock
+        # raw bars on object storage: each fold's training reads them itself, as `train` does
+        features = None if data and is_uri(data) else stage_features(base, shared / "features")
+        raw_inputs = shared / "inputs"
+        raw_inputs.mkdir()
+        staged = stage_inputs(loaded, data, raw_inputs, on_duplicate=on_duplicate, normalize=False)
+        once = time.monotonic() - clock  # both stagings, shared by every fold
+        for k, fold in enumerate(folds):
+            train_end, val_end = boundaries(calendar, fold)  # the embargo once: plan_splits takes it off these
+            fold_cfg = base.replace(f"features.train_end={train_end}", f"features.val_end={val_end}",
+                                    f"features.train_start={fold.train_start}",
+                                    f"storage.name={base.storage.name}-fold{k}",
+                                    f"storage.models_dir={work / 'folds'}", f"storage.path={storage}",
+                                    "storage.run=null", "storage.resume=false")
+            clock = time.monotonic()
+            if features is not None:  # the fold's split and normalization of the shared features
+                shards = shared / f"shards-{k}"
+                build_shards(fold_cfg, shards, staged=features)
+                fold_cfg = fold_cfg.replace(f"data.path={shards}", "data.source=files")
+            outcome = run_training(fold_cfg, progress=False)
+            if outcome.model_dir is None:
+                raise EvaluationError(f"walk-forward fold {k}: training produced no checkpoint")
+            fold_model = load(outcome.model_dir)
+            seconds = {"train": time.monotonic() - clock}  # shards -> the fit -> its export
+            clock = time.monotonic()
+            staging = shared / f"inputs-{k}"
+            staging.mkdir()
+            normalized_copy(fold_model, raw_inputs, staging)
+            seconds["stage"] = time.monotonic() - clock + (once if k == 0 else 0.0)
             clock = time.monotonic()
             sig = predict(outcome.model_dir, data, work / "folds" / f"signals-{k}.parquet", fold_cfg, staged=staging)
             inputs = staged_frame(staging, staged)
-        seconds["predict"] = time.monotonic() - clock
-        clock = time.monotonic()
-        contenders = contender_frames(sig, inputs, fold_model.manifest, fold_cfg,
-                                      segment=(fold.test_start, fold.test_end))
-        seconds["baselines"] = time.monotonic() - clock  # their fits and scores on the block
-        contenders.seconds = {phase: round(v, 2) for phase, v in seconds.items()}
-        yield k, fold, fold_model, fold_cfg, contenders
+            shutil.rmtree(staging)
+            seconds["predict"] = time.monotonic() - clock
+            clock = time.monotonic()
+            contenders = contender_frames(sig, inputs, fold_model.manifest, fold_cfg,
+                                          segment=(fold.test_start, fold.test_end))
+            seconds["baselines"] = time.monotonic() - clock  # their fits and scores on the block
+            contenders.seconds = {phase: round(v, 2) for phase, v in seconds.items()}
+            yield k, fold, fold_model, fold_cfg, contenders
 
 
 def _fold_row(k: int, fold, fold_model, res: dict) -> dict:
@@ -337,10 +456,10 @@ def _fold_row(k: int, fold, fold_model, res: dict) -> dict:
             "train_start": fold_model.manifest.splits["train_start"],
             "train_end": fold_model.manifest.splits["train_end"],  # the model's and the baselines' last train date
             "normalized_through": fold_model.manifest.splits["train_end"],
-            "days": model["rank_ic"]["n_days"], "rank_ic": model["rank_ic"]["mean"],
-            "sharpe": model["long_short"]["sharpe"],
-            "best_baseline_rank_ic": max((r["rank_ic"]["mean"] for r in res["rows"][1:]
-                                          if not math.isnan(r["rank_ic"]["mean"])), default=float("nan"))}
+            "days": model.rank_ic.n_days, "rank_ic": model.rank_ic.mean,
+            "sharpe": model.long_short.sharpe if model.trades else None,
+            "best_baseline_rank_ic": max((r.rank_ic.mean for r in res["rows"][1:] if not math.isnan(r.rank_ic.mean)),
+                                         default=float("nan"))}
 
 
 def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: Path) -> dict:
@@ -392,8 +511,8 @@ def pooled_walk_forward(cfg: RunConfig, data: str | None, loaded, work: Path) ->
 def _per_year(result: dict) -> list[dict]:
     """The model's and the best baseline's mean daily rank IC per calendar year of the pool, with
     the model's interval (:func:`~alchemetric_ray.signals.metrics.mean_interval`) and its days."""
-    model = result["rows"][0]["_ic"]
-    best = next((r["_ic"] for r in result["rows"] if r["name"] == result["best_baseline"]), None)
+    model = result["rows"][0].rank_ic
+    best = next((r.rank_ic for r in result["rows"] if r.name == result["best_baseline"]), None)
     years = []
     for year, daily in model.daily.groupby(pd.DatetimeIndex(model.daily.index).year):
         v = daily.to_numpy(dtype=np.float64)
@@ -404,26 +523,26 @@ def _per_year(result: dict) -> list[dict]:
     return years
 
 
-def _public(result: dict) -> dict:
-    """``result`` without the rows' private keys (their ICStats and equity frames), for JSON."""
-    out = dict(result)
-    out["rows"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in result["rows"]]
+def public(result: dict) -> dict:
+    """``result`` as ``evaluation.json`` holds it (and :func:`evaluate` returns it): every
+    contender row (:class:`ContenderRow`, the pooled walk-forward's too) as its dict."""
+    out = {**result, "rows": [r.as_dict() for r in result["rows"]]}
     if "pooled" in (result.get("walk_forward") or {}):
-        out["walk_forward"] = {**result["walk_forward"], "pooled": _public(result["walk_forward"]["pooled"])}
+        out["walk_forward"] = {**result["walk_forward"], "pooled": public(result["walk_forward"]["pooled"])}
     return out
 
 
-def equity_curves(result: dict) -> dict[str, pd.DataFrame]:
+def equity_curves(tickers: int, rows: list[ContenderRow]) -> dict[str, pd.DataFrame]:
     """The curve the equity plot draws per contender: the long-short portfolio on a cross-section
     (FEW_TICKERS or more names), else the thresholded positions.  Buy-and-hold is always its
     positions, the equal-weight long-only book: a constant score ranks no stock above another, so
-    its long-short curve is a flat 1.0 that stands for nothing."""
-    cross = result["tickers"] >= FEW_TICKERS
+    it has no long-short book (:attr:`ContenderRow.trades`), nor has any contender whose book never traded."""
+    cross = tickers >= FEW_TICKERS
     curves = {}
-    for row in result["rows"]:
-        eq = row.get("_equity" if cross and row["name"] != BUY_AND_HOLD else "_pos_equity")
+    for row in rows:
+        eq = row.long_short_equity if cross and row.trades else row.positions_equity
         if eq is not None and len(eq):
-            curves[row["name"]] = eq
+            curves[row.name] = eq
     return curves
 
 
@@ -436,7 +555,7 @@ def _plot_equity(result: dict, path: Path) -> None:
     fig = Figure(figsize=(9, 4.5), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
     cross = result["tickers"] >= FEW_TICKERS
-    for name, eq in equity_curves(result).items():
+    for name, eq in equity_curves(result["tickers"], result["rows"]).items():
         ax.plot(pd.to_datetime(eq["date"]), eq["equity"], label=name, linewidth=2.2 if name == "deep model" else 1.2)
     ax.set_title(("long-short top/bottom quantile" if cross else "thresholded positions") + ", net of costs")
     ax.set_ylabel("equity (start = 1)")
@@ -510,6 +629,22 @@ def _pooled_section(wf: dict) -> list[str]:
     return [*lines, ""]
 
 
+def _looks_lines(looks: dict | None) -> list[str]:
+    """How often the test segment has been scored: a look is a command that scored it (its labels
+    against a model's scores): `evaluate`, `train`/`tune` with train.score_test, `doctor --model`."""
+    if not looks:
+        return []
+    earlier = looks["earlier"]
+    line = (f"Looks at the test segment {looks['test_start']}..{looks['test_end']}: {looks['count']}, this one "
+            "included (a look: a command that scored the segment's labels; recorded in the model folder's looks/)")
+    if earlier:
+        line += f"; the earlier: {ledger.look_summary(earlier)}"
+    tail = (" Any look after the first may have steered the model (a retrain, another configuration): read these "
+            "figures as less than out of sample; new data (`evaluate --data`) is fresh evidence."
+            if looks["count"] > 1 else "")
+    return [f"{line}.{tail}", ""]
+
+
 def render_report(result: dict) -> str:
     seg = result["segment"]
     v = result["verdict"]
@@ -543,11 +678,17 @@ def render_report(result: dict) -> str:
         lines += [f"> Cross-sectional model ({result['model']['label']}): its labels or features compare the stocks "
                   "of each date. Survivorship: those stocks are the tickers in the data, i.e. listed at its end date; "
                   "stocks delisted earlier are missing from every date, which flatters long-short results.", ""]
-    if result["n_trials"] > 1:
-        lines += [f"The model was chosen among {result['n_trials']} configurations. Its DSR is the deflated Sharpe "
-                  "ratio of its *validation* long-short returns, against the best of that many unskilled trials "
-                  "whose Sharpe ratios vary as the sweep's did (Bailey and López de Prado, 2014); the L/S Sharpe "
-                  "beside it is the test period's, not deflated: the out-of-sample check.", ""]
+    lines += _looks_lines(result.get("looks"))
+    sel = result.get("selection")
+    if sel:
+        lines += [f"The model was chosen among {sel['n_trials']} trials ({sel['selections']} selection(s) exported "
+                  "under its name for this test segment: sweeps and training runs, from the model folder's "
+                  "trials.json). Its DSR deflates the chosen trial's *validation* long-short Sharpe ratio, gross "
+                  f"and per date as the trials were compared ({_f(sel['val_ls_sr_gross_per_date'])}), against the "
+                  "best of that many unskilled trials whose Sharpe ratios vary as these did (Bailey and López de "
+                  "Prado, 2014): DSR " + _f(sel["dsr"], "{:.3f}") + ". Like with like, the same book on the scored "
+                  f"dates, gross and per date: {_f(sel['scored_ls_sr_gross_per_date'])} over {sel['scored_days']} "
+                  "days. The table's L/S Sharpe is net of costs and annualised, not deflated.", ""]
     lines += _contender_table(result["rows"])
     lines += ["", "![equity curves](equity.png)", ""]
     wf = result.get("walk_forward")

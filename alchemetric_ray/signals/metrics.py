@@ -45,7 +45,13 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtr, ndtri
 
-from alchemetric_ray.data.cross_section import group_rank, grouped_corr, quantile_legs
+from alchemetric_ray.data.cross_section import (
+    LONG_SHORT_MIN_NAMES,
+    group_rank,
+    grouped_corr,
+    long_short_weights,
+    quantile_legs,
+)
 from alchemetric_ray.train.metrics import sr_moments
 
 __all__ = [
@@ -384,7 +390,7 @@ def long_short(
     cost_bps: float = 5.0,
     horizon: int = 1,
     annualization: int = 252,
-    min_names: int = 5,
+    min_names: int = LONG_SHORT_MIN_NAMES,
 ) -> PortfolioStats:
     """Equal-weight, dollar-neutral top-minus-bottom quantile portfolio.
 
@@ -433,15 +439,7 @@ def long_short(
     if n_periods == 0:
         return _empty_portfolio(periods_per_year)
 
-    is_long, is_short = quantile_legs(score, period, n_periods, quantile)
-    n_long = np.bincount(period, is_long, n_periods)
-    n_short = np.bincount(period, is_short, n_periods)
-    trades = (n_long > 0) & (n_short > 0)  # both legs present, else the book is flat that period
-    long_weight = np.where(trades, 0.5 / np.maximum(n_long, 1), 0.0)
-    short_weight = np.where(trades, -0.5 / np.maximum(n_short, 1), 0.0)
-    weight = np.zeros(period.size)
-    weight[is_long] = long_weight[period[is_long]]
-    weight[is_short] = short_weight[period[is_short]]
+    weight = long_short_weights(score, period, n_periods, quantile, min_names)
     return _portfolio(period, ticker, weight, simple_return, dates[rebalance_dates], cost_bps=cost_bps,
                       periods_per_year=periods_per_year)
 

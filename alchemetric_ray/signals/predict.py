@@ -98,7 +98,8 @@ def _check_paths(data: str | None, out: Location) -> None:
             raise SignalError(f"signals output {out} is inside the input folder {data}; write it somewhere else")
 
 
-def stage_inputs(loaded, data: str | None, staging: Path, *, on_duplicate: str | None = None) -> dict:
+def stage_inputs(loaded, data: str | None, staging: Path, *, on_duplicate: str | None = None,
+                 normalize: bool = True) -> dict:
     """Features for every bar of the data, normalized with the model's training statistics.
 
     ``data`` is an OHLCV folder/file (local, or on object storage: read from a temporary copy);
@@ -106,11 +107,30 @@ def stage_inputs(loaded, data: str | None, staging: Path, *, on_duplicate: str |
     the same synthetic market, or the same files).  ``on_duplicate`` is the caller's
     data.on_duplicate (None: the model's own): new data gets a fresh data config, which would
     otherwise drop a ``data.on_duplicate=...`` given to predict or evaluate.  Returns the staged
-    tickers and ingest's duplicate counts (None where nothing was read from files)."""
+    tickers and ingest's duplicate counts (None where nothing was read from files).
+    ``normalize=False`` leaves the features as computed (:func:`normalized_copy` applies a model's
+    normalization later: a walk-forward stages once for every refit)."""
     if data and is_uri(data):
         with local_copy(data) as raw:
-            return _stage_inputs(loaded, str(raw), staging, on_duplicate)
-    return _stage_inputs(loaded, data, staging, on_duplicate)
+            return _stage_inputs(loaded, str(raw), staging, on_duplicate, normalize)
+    return _stage_inputs(loaded, data, staging, on_duplicate, normalize)
+
+
+def normalized_copy(loaded, raw: Path, staging: Path) -> None:
+    """What ``stage_inputs(..., normalize=False)`` wrote to ``raw``, through ``loaded``'s
+    normalization, into ``staging`` (the same files: a model of the same features and label)."""
+    manifest = loaded.manifest
+    norm = _normalizer(manifest)
+    for path in sorted(raw.glob("*.parquet")):
+        frame = _normalized(pq.read_table(path).to_pandas(), norm, manifest.features, manifest.label_spec.regression)
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), staging / path.name)
+
+
+def _normalizer(manifest: Manifest) -> Normalizer:
+    norm = Normalizer.from_dict(manifest.normalization)
+    if norm.names != manifest.features:
+        raise SignalError(f"model manifest: normalization covers {norm.names}, features are {manifest.features}")
+    return norm
 
 
 def inputs_frame(loaded, data: str | None, *, on_duplicate: str | None = None) -> pd.DataFrame:
@@ -130,7 +150,8 @@ def staged_frame(staging: Path, staged: dict) -> pd.DataFrame:
     return frame
 
 
-def _stage_inputs(loaded, data: str | None, staging: Path, on_duplicate: str | None = None) -> dict:
+def _stage_inputs(loaded, data: str | None, staging: Path, on_duplicate: str | None = None,
+                  normalize: bool = True) -> dict:
     from alchemetric_ray.data.sources import open_source
 
     manifest = loaded.manifest
@@ -147,9 +168,7 @@ def _stage_inputs(loaded, data: str | None, staging: Path, on_duplicate: str | N
         raise SignalError(f"{source_cfg.path}: is a feature-shard folder; pass the raw OHLCV data (--data) so the "
                           "model's own features and normalization are applied")
     spec = manifest.label_spec
-    norm = Normalizer.from_dict(manifest.normalization)
-    if norm.names != names:
-        raise SignalError(f"model manifest: normalization covers {norm.names}, features are {names}")
+    norm = _normalizer(manifest)
     # the model's per-date operations, over the stocks of this data (its own cross-section)
     ops = [Op(**op) for op in (manifest.cross_section or {}).get("ops", [])]
     source = open_source(source_cfg)
@@ -169,7 +188,7 @@ def _stage_inputs(loaded, data: str | None, staging: Path, on_duplicate: str | N
                 "fwd_ret": table["fwd_ret"].to_numpy().astype(np.float32),
                 "effective_date": effective.astype("datetime64[ns]")}
         frame = pd.DataFrame(cols)
-        if not ops:  # per-ticker features only: normalized as they come
+        if not ops and normalize:  # per-ticker features only: normalized as they come
             frame = _normalized(frame, norm, names, spec.regression)
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), staging / f"{ticker}.parquet")
         tickers.append(ticker)
@@ -179,7 +198,7 @@ def _stage_inputs(loaded, data: str | None, staging: Path, on_duplicate: str | N
         files = [staging / f"{t}.parquet" for t in tickers]
         apply_cross_section(files, ops, min_names=manifest.cross_section["min_names"],
                             what=data or "the training data")
-        for path in files:  # then the normalization, ticker by ticker
+        for path in files if normalize else []:  # then the normalization, ticker by ticker
             frame = _normalized(pq.read_table(path).to_pandas(), norm, names, spec.regression)
             part = path.with_name(path.name + ".tmp")
             pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), part)

@@ -3,7 +3,9 @@
     MODELS_DIR/<name>/weights.pt     tensors only (loaded with weights_only=True)
                       config.json    the whole run config
                       manifest.json  the feature manifest: features, label, splits, normalization
-                      metrics.json   best validation metrics, test metrics, baselines side by side
+                      metrics.json   best validation metrics (test metrics only with train.score_test), baselines
+                      trials.json    the selections behind the model (ledger: what its deflated Sharpe counts)
+                      looks/         one record per look at the test segment (ledger)
                       meta.json      device and precision with reasons, versions, machine, git commit
                       model_card.md  the same for people
                       certificate.json  the backends the doctor certified it on (written later, by the doctor)
@@ -68,9 +70,16 @@ class LoadedModel:
 
 
 def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
-                 extra: dict | None = None) -> Location:
+                 extra: dict | None = None, command: str = "train",
+                 selection: dict | None = None) -> Location:
     """Export a Train checkpoint (``ray.train.Checkpoint`` or a folder) as the model ``storage.name``
-    in ``storage.models_dir`` (a local folder or object storage); return where it went."""
+    in ``storage.models_dir`` (a local folder or object storage); return where it went.
+
+    The test segment stays sealed: it is scored here (model and baselines, in ``metrics.json`` and
+    the card) only with ``train.score_test``, and that look is recorded (``ledger``).  ``selection``
+    is what chose this model (a sweep's trials, from ``tune``); without it, this one run is the one
+    trial.  The looks and trials of a model this one replaces are carried over (``ledger.carried``)."""
+    from alchemetric_ray.train import ledger
     from alchemetric_ray.train.baselines import baseline_scores
 
     if hasattr(checkpoint, "as_directory"):
@@ -86,23 +95,26 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
     precision = resolve_precision("fp32", device)
     features = manifest.features
     mode = model_spec(cfg.model.name).inputs
-    test = split_frame(shards, "test", features, manifest)
-    x, rows = model_inputs(test, features, mode, cfg.features.window)
-    outputs = predict_proba(model, x, device, precision, regression=manifest.regression)
-    test_metrics = target_metrics(outputs, rows["label"].to_numpy(), rows["fwd_ret"].to_numpy(),
-                                  rows["date"].to_numpy(), manifest.classes, prefix="")
-    baselines = baseline_scores(shards, manifest, seed=cfg.train.seed)
-    metrics = {
-        "best_epoch": meta["epoch"],
-        "selection_metric": selection_metric(cfg),
-        "val": {k.removeprefix("val_"): v for k, v in meta["metrics"].items()},
-        "test": test_metrics,
-        "baselines": baselines,
-        "history": meta["loop"]["history"],
-        **(extra or {}),
-    }
+    val = {k.removeprefix("val_"): v for k, v in meta["metrics"].items()}
+    metrics = {"best_epoch": meta["epoch"], "selection_metric": selection_metric(cfg), "val": val}
+    look = None
+    if cfg.train.score_test:  # a look at the test segment, asked for
+        test = split_frame(shards, "test", features, manifest)
+        x, rows = model_inputs(test, features, mode, cfg.features.window)
+        outputs = predict_proba(model, x, device, precision, regression=manifest.regression)
+        metrics["test"] = target_metrics(outputs, rows["label"].to_numpy(), rows["fwd_ret"].to_numpy(),
+                                         rows["date"].to_numpy(), manifest.classes, prefix="")
+        look = ledger.look_entry(f"{command} (train.score_test)", manifest.splits["test_start"],
+                                 manifest.splits["test_end"], "the exported model's and the baselines' test metrics")
+    metrics["baselines"] = baseline_scores(shards, manifest, seed=cfg.train.seed,
+                                           splits=("val", "test") if look else ("val",))
+    metrics["history"] = meta["loop"]["history"]
+    metrics.update(extra or {})
     models = locate(cfg.storage.models_dir)
     target = models / safe_child(".", cfg.storage.name, "storage.name").name
+    chosen = {k: val.get(f"ls_{k}") for k in ("sr", "skew", "kurt", "days")}
+    selection = selection or {"sweep": None, "srs": [chosen["sr"]], "chosen": chosen}
+    ledger_files = ledger.carried(target, ledger.trial_entry(command, manifest.splits, **selection))
     info = {k: meta[k] for k in ("device", "precision", "plan", "world_size", "environment", "epoch")}
     info["known_bugs"] = meta.get("known_bugs") or {}
     # every file in memory first (the manifest's own writer is manifest.write): the space they need
@@ -112,10 +124,15 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
              META: json_bytes({**info, "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z")}),
              CARD: model_card(cfg, manifest, metrics, info).encode("utf-8")}
     check_models_dir(cfg.storage.models_dir, sum(len(data) for data in files.values())
-                     + len(json_bytes(manifest.to_dict())))
+                     + sum(len(data) for data in ledger_files.values()) + len(json_bytes(manifest.to_dict())))
     with target.staged(last=(META,)) as tmp:  # meta.json last: a reader that sees it sees the rest
         for name in (WEIGHTS, CONFIG, METRICS):
             atomic_write_bytes(tmp / name, files[name])
+        for name, data in ledger_files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(tmp / name, data)
+        if look:
+            ledger.write_look(tmp, look)
         manifest.write(tmp)
         for name in (META, CARD):
             atomic_write_bytes(tmp / name, files[name])
@@ -273,6 +290,15 @@ def model_card(cfg: RunConfig, manifest: Manifest, metrics: dict, info: dict) ->
                   "Survivorship: the tickers are those in the data, i.e. listed at its end date; stocks that were "
                   "delisted earlier are missing from every cross-section.", ""]
     nan = float("nan")
+    if "test" not in metrics:  # sealed: no test figure was computed
+        lines += [f"Test segment {splits['test_start']}..{splits['test_end']}: sealed, not scored at export. "
+                  "`alchemetric-ray evaluate` scores it against the baselines; every look is recorded in "
+                  "this folder's `looks/` and counted in the evaluation report.", "",
+                  "| model | val " + ("rank IC" if manifest.regression else "balanced acc") + " |", "|---|---|"]
+        key = "rank_ic" if manifest.regression else "balanced_accuracy"
+        rows = [("deep model", metrics["val"]), *((n, b.get("val", {})) for n, b in metrics["baselines"].items())]
+        lines += [f"| {name} | {val.get(key, nan):.4f} |" for name, val in rows]
+        return "\n".join(lines) + "\n"
     if manifest.regression:
         header = ("| model | val rank IC | test rank IC | test IC | test MSE |",
                   lambda v, t: (v.get("rank_ic", nan), t.get("rank_ic", nan), t.get("ic", nan), t.get("mse", nan)))

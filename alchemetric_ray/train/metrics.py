@@ -193,25 +193,15 @@ def _block_signal(x: np.ndarray, y: np.ndarray, code: np.ndarray, n_dates: int, 
     book.append(long_short_returns(x, y, code, n_dates, quantile))
 
 
-LONG_SHORT_MIN_NAMES = 5  # signals.metrics.long_short's default: fewer stocks on a date, no book that day
-
-
 def long_short_returns(score: np.ndarray, fwd_ret: np.ndarray, code: np.ndarray, n_dates: int,
                        quantile: float) -> np.ndarray:
-    """Per date (``code``), the gross return of the equal-weight top-minus-bottom ``quantile`` book:
-    +0.5 on the longs' mean simple return, -0.5 on the shorts'; dates with fewer than
-    LONG_SHORT_MIN_NAMES stocks or an empty leg have no book."""
-    from alchemetric_ray.data.cross_section import quantile_legs
+    """Per date (``code``) that holds a book, the gross return of the project's long-short book
+    (``data.cross_section.long_short_weights``: +0.5 on the longs' mean simple return, -0.5 on the
+    shorts'); dates with too few stocks or an empty leg have none."""
+    from alchemetric_ray.data.cross_section import book_trades, long_short_weights
 
-    count = np.bincount(code, minlength=n_dates)
-    is_long, is_short = quantile_legs(score, code, n_dates, quantile)
-    simple = np.expm1(fwd_ret)
-    n_long = np.bincount(code, is_long, n_dates)
-    n_short = np.bincount(code, is_short, n_dates)
-    ok = (count >= LONG_SHORT_MIN_NAMES) & (n_long > 0) & (n_short > 0)
-    long_mean = np.bincount(code, simple * is_long, n_dates)[ok] / n_long[ok]
-    short_mean = np.bincount(code, simple * is_short, n_dates)[ok] / n_short[ok]
-    return 0.5 * long_mean - 0.5 * short_mean
+    weight = long_short_weights(score, code, n_dates, quantile)
+    return np.bincount(code, weight * np.expm1(fwd_ret), n_dates)[book_trades(weight, code, n_dates)]
 
 
 def sr_moments(returns) -> tuple[float, float, float, int]:

@@ -60,7 +60,8 @@ def ensure_ray(cfg: RunConfig) -> None:
     """Join the cluster this process runs in (``ray job submit`` sets RAY_ADDRESS), else start a local Ray."""
     import ray
 
-    if ray.is_initialized():
+    if ray.is_initialized():  # started by the caller: our workers' lines are still printed plain
+        console.filter_forwarded_lines()
         return
     if os.environ.get(API_SERVER_ENV) in _written_api_servers:  # an earlier local Ray of ours, gone now
         del os.environ[API_SERVER_ENV]

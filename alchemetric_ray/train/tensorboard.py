@@ -3,7 +3,8 @@
 In a worker group's run a Ray Train ``UserCallback`` writes them in the controller process, after
 all workers reported an epoch; in a local-mode run the driver's ``LocalRun`` does.  Rank 0's row
 (loss, validation metrics, samples/s, learning rate) becomes one step per epoch in
-``<storage.path>/<run>/tensorboard/``.  (A sweep's trials have Tune's own TensorBoard logs.)
+``<storage.path>/<run>/tensorboard/``; after the run the driver adds its hyperparameters and final
+metrics (:func:`write_hparams`).  (A sweep's trials have Tune's own TensorBoard logs.)
 On object storage the events are written to a local temporary folder and the file is uploaded
 after every epoch (event files are small; TensorBoard reads ``s3://`` itself).
 """
@@ -49,6 +50,31 @@ class ScalarWriter:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+HPARAMS_RUN = "hparams"  # add_hparams' subfolder of the run's event files
+
+
+def write_hparams(logdir: str | Path | Location, hparams: dict[str, Any], metrics: dict[str, Any]) -> None:
+    """A ``train`` run's hyperparameters and final metrics in TensorBoard's HParams tab, as a sweep's
+    trials have them: written once by the driver after the run, into ``<logdir>/hparams/`` (uploaded
+    with it on object storage).  A value TensorBoard cannot show (a list, a dict, None) is shown as text;
+    metrics are the finite numbers, prefixed ``hparam/`` so that they do not mix with the epoch scalars."""
+    import tempfile
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    remote = logdir if isinstance(logdir, Location) and not logdir.is_local else None
+    local = tempfile.mkdtemp(prefix="alchemetric-tb-") if remote is not None else \
+        (logdir.path if isinstance(logdir, Location) else str(logdir))
+    shown = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
+    finals = {f"hparam/{k}": float(v) for k, v in metrics.items()
+              if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    with SummaryWriter(local) as writer:
+        writer.add_hparams(shown, finals, run_name=HPARAMS_RUN)
+    if remote is not None:
+        for path in (Path(local) / HPARAMS_RUN).iterdir():
+            (remote / HPARAMS_RUN / path.name).write_bytes(path.read_bytes())
 
 
 class TensorBoardScalars(UserCallback):

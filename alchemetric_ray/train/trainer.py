@@ -60,6 +60,7 @@ class TrainOutcome:
     seconds: float
     tensorboard: Location | None = None  # the run's TensorBoard event files
     config: RunConfig | None = None  # the run's config, with the shards' target (adopt_target)
+    tracker: Any = None  # train/tracking.py: the run's MLflow run (tracking.mlflow_uri), open for an evaluation
 
 
 def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Location:
@@ -187,6 +188,10 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     import ray
 
     model_spec(cfg.model)  # an unknown model (or model.module) fails before anything starts
+    if cfg.tracking.mlflow_uri:  # MLflow installed and its store answering: before anything starts
+        from alchemetric_ray.train.tracking import preflight
+
+        preflight(cfg.tracking.mlflow_uri)
     if export:
         check_models_dir(cfg.storage.models_dir)  # refused now, not after the training
     check_storage_access(cfg, export=export)  # credentials, endpoint, buckets: before Ray starts
@@ -234,7 +239,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     import ray
 
     from alchemetric_ray.train.run_folder import RunFolder
-    from alchemetric_ray.train.tensorboard import SUBDIR, ScalarWriter, TensorBoardScalars
+    from alchemetric_ray.train.tensorboard import SUBDIR, ScalarWriter, TensorBoardScalars, write_hparams
 
     nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
     local, why = runs_locally(cfg, run.plan, nodes) if local_mode is None else (local_mode, "asked by the caller")
@@ -244,6 +249,12 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     folder = RunFolder(where / run.name, keep=cfg.storage.num_to_keep, metric=selection_metric(cfg),
                        mode=selection_mode(cfg))
     tensorboard = where / run.name / SUBDIR  # event files beside the run's checkpoints
+    tracker = None
+    if cfg.tracking.mlflow_uri:
+        from alchemetric_ray.train.tracking import RUN_FILE, Tracker
+
+        tracker = Tracker(cfg)
+        tracker.start(where / run.name / RUN_FILE, run.name, tags={"command": "train"})
     if local:
         from alchemetric_ray.train.runtime import LocalRun
 
@@ -261,7 +272,13 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
         latest = folder.latest(warn=False)
         done = f"after epoch {latest.epoch + 1} of {cfg.train.epochs}" if latest else \
             f"before its first epoch finished ({cfg.train.epochs} planned)"
+        if tracker is not None:
+            tracker.close("KILLED")
         raise Interrupted(f"interrupted {done}", resumable=latest is not None) from None
+    except BaseException:
+        if tracker is not None:
+            tracker.close("FAILED")
+        raise
     finally:
         if local:
             runtime.scalars.close()
@@ -272,8 +289,22 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     outcome = TrainOutcome(run.name, str(folder.where) if where.is_local else str(where / run.name), run.shards,
                            run.plan, result.return_value or {}, best and best.checkpoint(), best and best.metrics,
                            latest and latest.checkpoint(), None, 0.0, tensorboard, cfg)
+    # the HParams tab: the run's settings beside its best epoch's figures (as a sweep's trials show them)
+    write_hparams(tensorboard, cfg.flat(), {**(outcome.best_metrics or {}),
+                                            "epochs_run": outcome.summary.get("epochs_run")})
+    if tracker is not None:
+        from alchemetric_ray.train.tracking import run_tags
+
+        tracker.log_history(outcome.summary.get("history") or [])
+        tracker.log_tags(run_tags(outcome))
+        outcome.tracker = tracker
     if export and best is not None:
         outcome.model_dir = export_model(outcome.best_checkpoint, cfg, run.shards)
+        if tracker is not None:
+            tracker.log_folder(outcome.model_dir / "model_card.md")
+            tracker.register(outcome.model_dir)
+    if tracker is not None:
+        tracker.close()  # an evaluation after this still logs into the run (cli.py)
     outcome.seconds = time.monotonic() - started
     return outcome
 

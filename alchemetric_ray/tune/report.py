@@ -474,9 +474,9 @@ def _build(folder: Path, summary: dict) -> None:
             "Validation confusion matrix of the best trial at its best epoch (rows: true, columns: predicted)."))
 
     if isinstance(test_metrics, dict) and test_metrics:
-        test_line = "the test split was used once, for the chosen trial only."
+        test_line = "the test split was used once, for the chosen trial only (a look, recorded in the model folder)."
     else:
-        test_line = "the test split was not used."
+        test_line = "the test split was not used: it stays sealed (tune --evaluate scores the chosen trial on it)."
     listed = "" if num_trials == len(trials) else f" ({len(trials)} listed below)"
     facts = [("scheduler", _esc(summary.get("scheduler") or "none")),
              ("max epochs", _esc(_fmt_metric(summary.get("max_epochs")))),
@@ -511,7 +511,8 @@ def _build(folder: Path, summary: dict) -> None:
     if isinstance(test_metrics, dict) and test_metrics:
         parts.append(_metrics_table(test_metrics))
     else:
-        parts.append('<p class="note">No test metrics: the chosen trial was not scored on test.</p>')
+        parts.append('<p class="note">No test metrics: the test split stays sealed (tune --evaluate, or '
+                     'alchemetric-ray evaluate, scores the chosen trial on it and records the look).</p>')
     parts.append("<h2>Exported model</h2>")
     if model_dir:
         parts.append(f'<p id="model-dir"><code>{_esc(model_dir)}</code></p>')

@@ -1,0 +1,403 @@
+"""MLflow experiment tracking and the model registry (``tracking.mlflow_uri``; off when empty).
+
+The one module that talks to MLflow, imported lazily (``pip install 'alchemetric-ray[mlflow]'``).
+One writer per run, in the driver: a ``train`` run is an MLflow run (the flattened config as
+params, at the start; the loop's per-epoch history as metrics with their step, the plan's and the
+workers' decisions as tags, the model folder as artifacts, once ``fit()`` returned its history);
+a sweep is a parent run with one nested run per trial (``mlflow.parentRunId``), written from the
+sweep's summary.  Each export is a model version of the registered model ``storage.name``.
+
+Faults: :func:`preflight` refuses a server that does not answer ``/health`` in a few seconds (or an
+uninstalled MLflow) in one line before any training; every call runs with bounded retries and
+timeouts (``MLFLOW_HTTP_REQUEST_*``); after the first failed call nothing more is sent, the run
+goes on, and :meth:`Tracker.close` says in one line what was not logged.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import UserError
+from alchemetric_ray.storage import Location
+
+RUN_FILE = "mlflow_run.json"  # in the run folder: the MLflow run a --resume continues
+HEALTH_TIMEOUT_S = 5.0
+# bounded client calls: MLflow's defaults (7 retries, 120 s timeout) took minutes to fail on a dead server
+HTTP_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+EXTRA = "pip install 'alchemetric-ray[mlflow]'"
+
+
+class TrackingError(UserError):
+    pass
+
+
+def enabled(cfg: RunConfig) -> bool:
+    return bool(cfg.tracking.mlflow_uri)
+
+
+def _mlflow():
+    try:
+        import mlflow
+    except ImportError:
+        raise TrackingError(f"config 'tracking.mlflow_uri' is set but MLflow is not installed: {EXTRA}") from None
+    return mlflow
+
+
+def bounded_http_env() -> dict[str, str]:
+    """Set the bounded retry/timeout settings in this process (unless the user set them); return them."""
+    for name, value in HTTP_SETTINGS.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in HTTP_SETTINGS}
+
+
+def preflight(uri: str) -> None:
+    """Before any training: MLflow installed, and the store reachable; one line otherwise."""
+    _mlflow()
+    bounded_http_env()
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if not db.name or not db.parent.is_dir():
+            raise TrackingError(f"config 'tracking.mlflow_uri': {uri}: the folder {db.parent} does not exist")
+        return
+    if not uri.startswith(("http://", "https://")):
+        raise TrackingError(f"config 'tracking.mlflow_uri': {uri!r} is not sqlite:///path or http(s)://host:port")
+    import urllib.error
+    import urllib.request
+
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as response:
+            if response.status != 200:
+                raise TrackingError(f"config 'tracking.mlflow_uri': {url} answered HTTP {response.status}")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        why = getattr(exc, "reason", None) or exc
+        raise TrackingError(f"config 'tracking.mlflow_uri': no MLflow server answers at {url} ({why})") from None
+
+
+def flatten(cfg: RunConfig) -> dict[str, str]:
+    """The config as MLflow params: ``section.key`` -> its value as text (MLflow's 6000-character limit)."""
+    return {key: str(value)[:6000] for key, value in cfg.flat().items()}
+
+
+def _artifact_location(cfg: RunConfig) -> str | None:
+    """An embedded (sqlite) store keeps its artifacts under the run storage, not in ./mlruns of the cwd."""
+    if not cfg.tracking.mlflow_uri.startswith("sqlite:"):
+        return None
+    from alchemetric_ray.train.session import storage_location
+
+    where = storage_location(cfg) / "mlflow-artifacts"
+    if where.is_local:
+        where.local.mkdir(parents=True, exist_ok=True)
+        return where.local.resolve().as_uri()
+    return where.uri
+
+
+class Tracker:
+    """The MLflow run of one ``train`` run or sweep, written from this process only."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.uri = cfg.tracking.mlflow_uri
+        self.experiment = cfg.tracking.experiment or cfg.storage.name
+        self.run_id: str | None = None
+        self.not_logged: list[str] = []
+        self.failure: str | None = None
+        self.version: str | None = None
+        self.model_name = cfg.storage.name  # the registered model its exports are versions of
+        self._owned = True  # this process started (or resumed) the run: close() ends it
+        self._run_file: Location | None = None
+        self._saved: dict = {}  # what the run file records: the uri, run id, params, last logged epoch
+        self._client = None
+        self._experiment_id: str | None = None
+        self._said = 0  # how many of not_logged a line already named
+
+    # ---- calls that never stop the training ------------------------------------------------
+    def _call(self, what: str, fn, *args, **kwargs):
+        if self.failure is not None:
+            self.not_logged.append(what)
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # the tracker's fault (server gone, refused write): the run goes on
+            self.failure = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            self.not_logged.append(what)
+            return None
+
+    @property
+    def client(self):
+        if self._client is None:
+            bounded_http_env()
+            mlflow = _mlflow()
+            self._client = mlflow.MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        return self._client
+
+    def _experiment(self) -> str:
+        if self._experiment_id is None:
+            found = self.client.get_experiment_by_name(self.experiment)
+            self._experiment_id = found.experiment_id if found else self.client.create_experiment(
+                self.experiment, artifact_location=_artifact_location(self.cfg))
+        return self._experiment_id
+
+    # ---- the run -------------------------------------------------------------------------------
+    def start(self, run_file: Location | None, name: str, *, tags: dict[str, str] | None = None,
+              parent: str | None = None) -> None:
+        """Start (or, where ``run_file`` names one, continue) the MLflow run; log the config as params."""
+        saved = _read_run_file(run_file)
+        self._run_file = run_file
+        params = flatten(self.cfg)
+        if saved and saved.get("uri") == self.uri:
+            self.run_id = saved["run_id"]
+            self._call("resume", self.client.update_run, self.run_id, status="RUNNING")
+            logged = saved.get("params", {})
+            changed = {k: v for k, v in params.items() if k in logged and logged[k] != v}
+            new = {k: v for k, v in params.items() if k not in logged}
+            # MLflow refuses a param re-logged with another value: a changed one is a tag of the resume
+            self._tags({f"resume.changed.{k}"[:250]: f"{logged[k]} -> {v}"[:5000] for k, v in changed.items()})
+            self._params(new)
+            params = {**logged, **new}
+            self._saved = {"last_step": saved.get("last_step", -1)}
+        else:
+            all_tags = {"mlflow.runName": name, **(tags or {})}
+            if parent:
+                all_tags["mlflow.parentRunId"] = parent
+            run = self._call("the run", lambda: self.client.create_run(self._experiment(), run_name=name,
+                                                                       tags=all_tags))
+            if run is None:
+                return
+            self.run_id = run.info.run_id
+            self._params(params)
+        if self.run_id:
+            self._saved = {"uri": self.uri, "run_id": self.run_id, "params": params, **self._saved}
+            self._write_run_file()
+
+    def _write_run_file(self) -> None:
+        if self._run_file is None:
+            return
+        try:
+            self._run_file.write_json(self._saved)
+        except Exception:  # the run folder is the run's own: a failed write only loses the resume link
+            self.not_logged.append(f"{RUN_FILE} (resume link)")
+
+    def _params(self, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self._call("params", self.client.log_batch, self.run_id, params=items[i:i + 100])
+
+    def _tags(self, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)[:5000]) for k, v in tags.items() if v is not None]
+        for i in range(0, len(items), 100):
+            self._call("tags", self.client.log_batch, self.run_id, tags=items[i:i + 100])
+
+    def log_history(self, history: list[dict]) -> None:
+        """Every epoch's numeric metrics, with the epoch (0-based) as the step; a resumed run's
+        epochs that its first part already logged are not logged twice."""
+        from mlflow.entities import Metric
+
+        if not self.run_id:
+            return
+        now = int(time.time() * 1000)
+        done = int(self._saved.get("last_step", -1))
+        items, last = [], done
+        for index, row in enumerate(history):
+            step = int(row.get("epoch", index))
+            if step <= done:
+                continue
+            last = max(last, step)
+            for key, value in row.items():
+                if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                        and value == value:
+                    items.append(Metric(key, float(value), now, step))
+        failed = self.failure
+        for i in range(0, len(items), 1000):
+            self._call("metrics", self.client.log_batch, self.run_id, metrics=items[i:i + 1000])
+        if self.failure is None and failed is None and last > done:
+            self._saved["last_step"] = last
+            self._write_run_file()
+
+    def log_tags(self, tags: dict[str, Any]) -> None:
+        if self.run_id:
+            self._tags(tags)
+
+    def log_folder(self, folder: Location | Path, artifact_path: str | None = None) -> None:
+        if not self.run_id:
+            return
+        from alchemetric_ray.storage import local_copy
+
+        with local_copy(folder) as local:
+            if Path(local).is_file():
+                self._call(f"artifact {Path(local).name}", self.client.log_artifact, self.run_id, str(local),
+                           artifact_path)
+            elif Path(local).is_dir():
+                self._call(f"artifacts {artifact_path or Path(local).name}", self.client.log_artifacts, self.run_id,
+                           str(local), artifact_path)
+
+    def register(self, model_dir: Location, *, verdict: str | None = None) -> str | None:
+        """The model folder as the run's ``model`` artifacts, and a version of the registered model ``storage.name``."""
+        if not self.run_id:
+            return None
+        self.log_folder(model_dir, "model")
+        name = self.model_name
+
+        def _register():
+            from mlflow.exceptions import MlflowException
+
+            try:
+                self.client.create_registered_model(name)
+            except MlflowException as exc:
+                if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
+                    raise
+            tags = {"verdict": verdict} if verdict else None
+            return self.client.create_model_version(name, source=f"runs:/{self.run_id}/model", run_id=self.run_id,
+                                                    tags=tags)
+
+        version = self._call("the model version", _register)
+        self.version = version.version if version is not None else None
+        return self.version
+
+    def log_evaluation(self, report_dir: Location | Path, verdict: dict | None) -> None:
+        """An evaluation's report, evaluation.json and equity.png as artifacts; its verdict as tags."""
+        if not self.run_id:
+            return
+        for file in ("report.md", "evaluation.json", "equity.png"):
+            path = Path(report_dir) / file if not isinstance(report_dir, Location) else report_dir / file
+            exists = path.is_file()
+            if exists:
+                self.log_folder(path, "evaluation")
+        if verdict:
+            self.log_tags({"verdict": verdict.get("line"), "verdict.edge": verdict.get("edge")})
+            if self.version:
+                self._call("the verdict tag of the model version", self.client.set_model_version_tag,
+                           self.model_name, self.version, "verdict", str(verdict.get("line"))[:5000])
+
+    def close(self, status: str = "FINISHED") -> str | None:
+        """End the run; one line (printed) saying what was not logged, if anything."""
+        if self.run_id and self._owned:
+            self._call("the run's end", self.client.set_terminated, self.run_id, status)
+        missing = self.not_logged[self._said:]
+        if not missing:
+            return None
+        self._said = len(self.not_logged)
+        line = (f"mlflow: not logged to {self.uri} (run {self.run_id or 'not created'}): "
+                f"{', '.join(dict.fromkeys(missing))} ({self.failure}); the training run itself is complete")
+        print(line, flush=True)
+        return line
+
+
+def registered_version(uri: str, cfg: RunConfig) -> Tracker:
+    """The run and model version behind ``models:/NAME/VERSION`` (or ``@alias``), for an ``evaluate`` of
+    it to log its report into that run and tag the version with its verdict (the run stays as it ended)."""
+    store = cfg.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+    tracker = Tracker(cfg.replace(f"tracking.mlflow_uri={store}"))
+    tracker._owned = False
+    tracker.model_name = _model_uri_parts(uri)[0]
+    version = tracker._call("the model version", _lookup_version, tracker.client, uri)
+    if version is not None:
+        tracker.run_id, tracker.version = version.run_id, version.version
+    return tracker
+
+
+def _model_uri_parts(uri: str) -> tuple[str, str, bool]:
+    """``models:/NAME/VERSION`` -> (NAME, VERSION, False); ``models:/NAME@alias`` -> (NAME, alias, True)."""
+    path = uri[len("models:/"):]
+    if "@" in path:
+        name, alias = path.split("@", 1)
+        return name, alias, True
+    name, _, version = path.rpartition("/")
+    return name, version, False
+
+
+def _lookup_version(client, uri: str):
+    name, which, by_alias = _model_uri_parts(uri)
+    return client.get_model_version_by_alias(name, which) if by_alias else client.get_model_version(name, which)
+
+
+def _read_run_file(run_file: Location | None) -> dict | None:
+    import json
+
+    if run_file is None:
+        return None
+    try:
+        return json.loads(run_file.read_text()) if run_file.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def environment_tags(shards: Location | None) -> dict[str, Any]:
+    """What a run's figures depend on besides its config: torch, Ray, the data and the code."""
+    import ray
+    import torch
+
+    return {"torch_version": torch.__version__, "ray_version": ray.__version__,
+            "data.manifest_sha256": manifest_hash(shards), "git_commit": git_commit()}
+
+
+def run_tags(outcome: Any) -> dict[str, Any]:
+    """The plan's and the workers' decisions with their reasons, the versions and the data, as tags."""
+    plan, summary = outcome.plan, outcome.summary or {}
+    reasons = plan.reasons
+    tags: dict[str, Any] = {
+        "plan.accelerator": plan.accelerator, "plan.accelerator.reason": reasons.accelerator,
+        "plan.workers": plan.num_workers, "plan.workers.reason": reasons.workers,
+        "plan.data.reason": reasons.data, "plan.data_path.reason": reasons.data_path,
+        "device": summary.get("device"), "device.reason": summary.get("device_reason"),
+        "precision": (summary.get("precision") or {}).get("mode") if isinstance(summary.get("precision"), dict)
+        else summary.get("precision"),
+        "precision.detail": summary.get("precision"),
+        "data_path": (summary.get("data_path") or [None])[0],
+        **environment_tags(outcome.shards),
+    }
+    return tags
+
+
+def manifest_hash(shards: Location | None) -> str | None:
+    import hashlib
+
+    from alchemetric_ray.data.manifest import MANIFEST
+
+    try:
+        return hashlib.sha256((shards / MANIFEST).read_text().encode()).hexdigest()
+    except Exception:
+        return None
+
+
+def git_commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def download_model(uri: str, cfg: RunConfig) -> Path:
+    """A ``models:/NAME/VERSION`` (or ``models:/NAME@alias``) as a local model folder, for the project's loader."""
+    tracking = cfg.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not tracking:
+        raise TrackingError(f"--model {uri}: set tracking.mlflow_uri (or MLFLOW_TRACKING_URI) to the registry's store")
+    preflight(tracking)
+    mlflow = _mlflow()
+    from mlflow.exceptions import MlflowException
+
+    into = Path(tempfile.mkdtemp(prefix="alchemetric-registry-"))
+    # the version looked up with a client of this store (no process-wide registry URI is set), then
+    # its source (``runs:/<run>/model``) downloaded from the same store
+    client = mlflow.MlflowClient(tracking_uri=tracking, registry_uri=tracking)
+    try:
+        version = _lookup_version(client, uri)
+        local = mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(into),
+                                                    tracking_uri=tracking)
+    except MlflowException as exc:
+        raise TrackingError(f"--model {uri}: {str(exc).splitlines()[0][:300]}") from None
+    return Path(local)

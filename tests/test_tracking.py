@@ -1,0 +1,292 @@
+"""MLflow tracking (train/tracking.py) against a real `mlflow server` on 127.0.0.1 (sqlite backend,
+local artifact root), and its refusals: an unreachable or malformed URI, MLflow not installed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import REPO, free_port
+
+from alchemetric_ray import cli
+
+
+def _start_server(root: Path, artifacts: str | None = None) -> tuple[subprocess.Popen, str]:
+    """``mlflow server`` serving its artifacts (proxied: clients need no access to where they land)
+    from a local folder, or from ``artifacts`` (an s3:// URI on the suite's S3 server)."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+           "MLFLOW_S3_ENDPOINT_URL": os.environ["AWS_ENDPOINT_URL"]}
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                             "--artifacts-destination", artifacts or str(root / "artifacts")],
+                            cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # its own process group: the server and its workers
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _kill(proc)
+            pytest.fail("mlflow server did not start")
+        time.sleep(0.5)
+    return proc, uri
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """The server's whole process group (`mlflow server` serves from child worker processes)."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    proc, uri = _start_server(tmp_path_factory.mktemp("mlflow-server"))
+    yield uri
+    _kill(proc)
+
+
+def _train_args(tmp_path: Path, shards: Path, uri: str, name: str) -> list[str]:
+    return ["train", "--data", str(shards), "--device", "cpu", f"storage.path={tmp_path / 'results'}",
+            f"storage.models_dir={tmp_path / 'models'}", f"storage.name={name}", "train.epochs=2",
+            "model.hidden=8", f"tracking.mlflow_uri={uri}"]
+
+
+def test_an_unreachable_server_is_refused_in_one_line_before_training(tmp_path, capsys, stocknet_shards):
+    uri = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    rc = cli.main(_train_args(tmp_path, stocknet_shards("AAPL,MSFT"), uri, "unreachable"))
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and "tracking.mlflow_uri" in err and f"{uri}/health" in err
+    assert "Traceback" not in err
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "results").exists()  # no run was started
+
+
+def test_a_server_that_never_answers_is_refused_within_the_preflight_timeout(tmp_path, capsys, stocknet_shards):
+    import socket
+
+    with socket.socket() as hanging:  # accepts connections (the kernel's backlog) and never replies
+        hanging.bind(("127.0.0.1", 0))
+        hanging.listen(8)
+        uri = f"http://127.0.0.1:{hanging.getsockname()[1]}"
+        started = time.monotonic()
+        rc = cli.main(_train_args(tmp_path, stocknet_shards("AAPL,MSFT"), uri, "hanging"))
+        seconds = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and f"{uri}/health" in err and "Traceback" not in err
+    assert seconds < 30
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_malformed_uri_is_refused_in_one_line(tmp_path, capsys):
+    rc = cli.main(["train", f"storage.path={tmp_path}", "tracking.mlflow_uri=ftp://example"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "tracking.mlflow_uri" in err and "Traceback" not in err
+
+
+def test_without_mlflow_installed_tracking_is_refused_naming_the_extra(tmp_path):
+    code = ("import sys; sys.modules['mlflow'] = None\n"
+            "from alchemetric_ray import cli\n"
+            f"sys.exit(cli.main(['train', 'storage.path={tmp_path}', 'storage.models_dir={tmp_path / 'm'}', "
+            f"'tracking.mlflow_uri=http://127.0.0.1:1']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "alchemetric-ray[mlflow]" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_train_is_logged_and_registered_and_predict_reads_the_registry(tmp_path, capsys, ray_session,
+                                                                       stocknet_shards, stocknet_dir,
+                                                                       mlflow_server):
+    from mlflow import MlflowClient
+
+    shards = stocknet_shards("AAPL,MSFT")
+    assert cli.main(_train_args(tmp_path, shards, mlflow_server, "tracked")) == 0
+    out = capsys.readouterr().out
+    assert "MLflow: run " in out and "model version tracked/1" in out
+    client = MlflowClient(tracking_uri=mlflow_server)
+    experiment = client.get_experiment_by_name("tracked")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.epochs"] == "2" and run.data.params["model.hidden"] == "8"
+    assert run.data.params["tracking.mlflow_uri"] == mlflow_server
+    loss = client.get_metric_history(run.info.run_id, "train_loss")
+    assert sorted(m.step for m in loss) == [0, 1]
+    tags = run.data.tags
+    assert tags["device"] == "cpu" and tags["device.reason"] and tags["plan.accelerator.reason"]
+    assert tags["torch_version"] and tags["ray_version"] and len(tags["data.manifest_sha256"]) == 64
+    assert tags["mlflow.runName"].startswith("tracked-")
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"model", "model_card.md"} <= artifacts
+    version = client.get_model_version("tracked", "1")
+    assert version.run_id == run.info.run_id and version.source == f"runs:/{run.info.run_id}/model"
+
+    from_folder, from_registry = tmp_path / "folder.parquet", tmp_path / "registry.parquet"
+    data = ["--data", str(stocknet_dir), "--device", "cpu"]
+    assert cli.main(["predict", "--model", str(tmp_path / "models" / "tracked"), *data, "--out",
+                     str(from_folder), "data.tickers=AAPL,MSFT"]) == 0
+    assert cli.main(["predict", "--model", "models:/tracked/1", *data, "--out", str(from_registry),
+                     "data.tickers=AAPL,MSFT", f"tracking.mlflow_uri={mlflow_server}"]) == 0
+    client.set_registered_model_alias("tracked", "production", "1")
+    from_alias = tmp_path / "alias.parquet"
+    assert cli.main(["predict", "--model", "models:/tracked@production", *data, "--out", str(from_alias),
+                     "data.tickers=AAPL,MSFT", f"tracking.mlflow_uri={mlflow_server}"]) == 0
+    a, b, c = pd.read_parquet(from_folder), pd.read_parquet(from_registry), pd.read_parquet(from_alias)
+    columns = ["date", "ticker", "score", "position"]
+    pd.testing.assert_frame_equal(a[columns], b[columns])
+    pd.testing.assert_frame_equal(a[columns], c[columns])
+
+    # what a user then sees: the experiment's runs page of the MLflow UI, rendered by headless Chromium
+    from test_sweep_report import _run_chromium
+
+    url = f"{mlflow_server}/#/experiments/{experiment.experiment_id}/runs"
+    dom = _run_chromium(["--virtual-time-budget=20000", "--dump-dom", url], tmp_path / "profile").stdout
+    assert run.data.tags["mlflow.runName"] in dom, dom[-2000:]
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_mid_run_does_not_lose_the_run(tmp_path, capsys, ray_session, stocknet_shards):
+    import threading
+
+    proc, uri = _start_server(tmp_path / "server")
+    results = tmp_path / "results"
+
+    def kill_once_the_run_started():  # the MLflow run exists (its id in the run folder), training not done
+        deadline = time.monotonic() + 120
+        while not list(results.glob("*/mlflow_run.json")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _kill(proc)
+
+    killer = threading.Thread(target=kill_once_the_run_started, daemon=True)
+    killer.start()
+    try:
+        started = time.monotonic()
+        rc = cli.main(_train_args(tmp_path, stocknet_shards("AAPL,MSFT"), uri, "dies"))
+        seconds = time.monotonic() - started
+    finally:
+        killer.join(timeout=5)
+        _kill(proc)
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert (tmp_path / "models" / "dies" / "model_card.md").is_file()  # the run trained and exported
+    lines = [line for line in out.splitlines() if line.startswith("mlflow: not logged")]
+    assert len(lines) == 1 and "metrics" in lines[0] and "the model version" in lines[0]
+    assert seconds < 120
+
+
+@pytest.mark.slow
+def test_a_sweep_is_a_parent_run_with_its_trials_nested(tmp_path, capsys, ray_session, stocknet_shards,
+                                                         mlflow_server):
+    from mlflow import MlflowClient
+
+    args = ["tune", "--data", str(stocknet_shards("AAPL,MSFT")), "--device", "cpu",
+            f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
+            "storage.name=swept", "train.epochs=2", "model.hidden=8", "tune.search=grid",
+            "tune.space={train.lr: [0.01, 0.001]}", "tune.scheduler=none",  # ASHA could stop a trial at epoch 1
+            f"tracking.mlflow_uri={mlflow_server}"]
+    assert cli.main(args) == 0
+    client = MlflowClient(tracking_uri=mlflow_server)
+    experiment = client.get_experiment_by_name("swept")
+    runs = client.search_runs([experiment.experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(trials) == 2
+    assert parent.data.tags["torch_version"] and len(parent.data.tags["data.manifest_sha256"]) == 64
+    assert sorted(t.data.params["train.lr"] for t in trials) == ["0.001", "0.01"]
+    for trial in trials:
+        assert sorted(m.step for m in client.get_metric_history(trial.info.run_id, "train_loss")) == [0, 1]
+    assert client.get_model_version("swept", "1").run_id == parent.info.run_id
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_its_mlflow_run_and_evaluations_tag_the_versions(tmp_path, capsys, ray_session,
+                                                                                 stocknet_shards, stocknet_dir,
+                                                                                 mlflow_server):
+    from mlflow import MlflowClient
+
+    args = [*_train_args(tmp_path, stocknet_dir, mlflow_server, "resumed"), "data.tickers=AAPL,MSFT"]  # raw: --evaluate
+    assert cli.main([*args, "train.epochs=1"]) == 0
+    assert cli.main([*args, "train.epochs=2", "--resume", "--evaluate"]) == 0  # one more epoch, then scored
+    client = MlflowClient(tracking_uri=mlflow_server)
+    experiment = client.get_experiment_by_name("resumed")
+    (run,) = client.search_runs([experiment.experiment_id])  # the resume continued the same run
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.epochs"] == "1"  # as first logged; the change is a tag
+    assert run.data.tags["resume.changed.train.epochs"] == "1 -> 2"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss")) == [0, 1]
+    evaluation = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
+    assert {"evaluation/report.md", "evaluation/evaluation.json", "evaluation/equity.png"} <= evaluation
+    verdict = run.data.tags["verdict"]
+    assert verdict
+    assert client.get_model_version("resumed", "2").tags["verdict"] == verdict  # the evaluated export
+    assert "verdict" not in client.get_model_version("resumed", "1").tags
+
+    # a standalone evaluate of a registered version logs its report into that version's run and tags it
+    capsys.readouterr()
+    assert cli.main(["evaluate", "--model", "models:/resumed/1", "--data", str(stocknet_dir), "--device", "cpu",
+                     "--out", str(tmp_path / "eval"), "data.tickers=AAPL,MSFT",
+                     f"tracking.mlflow_uri={mlflow_server}"]) == 0
+    out = capsys.readouterr().out
+    assert "model version resumed/1 tagged with its verdict" in out
+    assert client.get_model_version("resumed", "1").tags["verdict"] in out  # the line evaluate printed
+
+
+@pytest.mark.slow
+def test_artifacts_on_object_storage_through_the_tracking_server(tmp_path, capsys, ray_session, stocknet_shards,
+                                                                 s3):
+    from alchemetric_ray.config import RunConfig
+    from alchemetric_ray.train.tracking import download_model
+
+    bucket = s3.bucket("mlflow-artifacts")
+    proc, uri = _start_server(tmp_path / "server", f"{bucket}/team")
+    try:
+        assert cli.main(_train_args(tmp_path, stocknet_shards("AAPL,MSFT"), uri, "on-s3")) == 0
+        keys = s3.keys("mlflow-artifacts", "team/")
+        assert any(key.endswith("/artifacts/model/model_card.md") for key in keys), keys
+        assert any(key.endswith("/artifacts/model_card.md") for key in keys), keys
+        local = tmp_path / "models" / "on-s3"
+        downloaded = download_model("models:/on-s3/1", RunConfig().replace(f"tracking.mlflow_uri={uri}"))
+        files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+        assert files == sorted(p.relative_to(downloaded).as_posix() for p in downloaded.rglob("*") if p.is_file())
+        for name in files:
+            assert (local / name).read_bytes() == (downloaded / name).read_bytes(), name
+    finally:
+        _kill(proc)
+
+
+@pytest.mark.slow
+def test_an_embedded_sqlite_store_keeps_its_artifacts_under_the_run_storage(tmp_path, capsys, ray_session,
+                                                                            stocknet_shards, monkeypatch):
+    """The README's local recipe: `tracking.mlflow_uri=sqlite:///...`, no server; the artifacts land
+    under storage.path/mlflow-artifacts, never in ./mlruns of the folder the command runs in."""
+    from mlflow import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert cli.main([*_train_args(tmp_path, stocknet_shards("AAPL,MSFT"), store, "embedded"), "train.epochs=1"]) == 0
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("embedded").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["train.epochs"] == "1"
+    assert run.info.artifact_uri.startswith((tmp_path / "results" / "mlflow-artifacts").resolve().as_uri())
+    assert list((tmp_path / "results" / "mlflow-artifacts").rglob("model_card.md"))
+    assert not (tmp_path / "mlruns").exists()
+    assert client.get_model_version("embedded", "1").run_id == run.info.run_id
