@@ -19,6 +19,8 @@ Never ``ray.init(logging_config=...)``: it configures the root logger of every w
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import os
 import re
@@ -85,6 +87,32 @@ def set_verbose(on: bool) -> None:
         os.environ[VERBOSE_ENV] = "1"
 
 
+def plain_output() -> None:
+    """Before the driver first imports ray: where stdout or stderr is not a terminal, no colour codes
+    in the lines Ray forwards (``RAY_COLOR_PREFIX=0``, read by Ray for every line; the green
+    ``[repeated Nx across cluster]`` suffix: :func:`quiet_driver`).  A value the user set is kept.
+    (Our own lines from a Ray worker lose Ray's ``(RayTrainWorker pid=...)`` prefix in the driver's
+    filter, terminal or not: :func:`say` marks them; Ray's own lines keep it, naming their process.)"""
+    if not _terminal():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
+def _terminal() -> bool:
+    return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+def _plain_repeat_suffix() -> None:
+    """Ray colours the suffix of a deduplicated line green whatever the stream; not into a pipe or file."""
+    if _terminal():
+        return
+    try:
+        from ray._private import ray_logging
+    except ImportError:
+        return
+    if hasattr(ray_logging, "_color"):
+        ray_logging._color = str
+
+
 def is_tty() -> bool:
     """Live progress (a line rewritten in place) only where a person watches a terminal."""
     return sys.stderr.isatty()
@@ -114,16 +142,61 @@ def quiet_ray_data() -> None:
 def quiet_worker() -> None:
     """In a Ray worker (Train worker, prediction actor): Ray Data quiet, our loggers' INFO lines off."""
     quiet_ray_data()
+    quiet_stop_in_finalizer()
     if not verbose():
         logging.getLogger("alchemetric_ray").setLevel(logging.WARNING)
 
 
+def quiet_stop_in_finalizer() -> None:
+    """In a Ray worker: no traceback for a SIGTERM that lands while Python runs a finalizer.
+
+    Ray's SIGTERM handler stops a worker by raising ``SystemExit`` (a worker told to go as its job
+    ends, e.g. a sweep's trial process at shutdown).  When the signal arrives while Python runs a
+    weakref callback or a ``__del__``, Python cannot raise there and prints "Exception ignored in ..."
+    with the traceback of Ray's handler; the worker stops as asked either way.  Only that case is
+    silenced (a ``SystemExit`` raised from Ray's handler); every other unraisable exception is printed
+    as before.  Not with ``--verbose``, and not in a driver."""
+    if verbose() or not _in_ray_worker() or getattr(sys.unraisablehook, "_alchemetric", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if not (isinstance(unraisable.exc_value, SystemExit) and _raised_by_ray_sigterm(unraisable.exc_traceback)):
+            previous(unraisable)
+
+    hook._alchemetric = True
+    sys.unraisablehook = hook
+
+
+def _raised_by_ray_sigterm(tb) -> bool:
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        path = code.co_filename.replace(os.sep, "/")
+        if code.co_name == "sigterm_handler" and path.endswith("ray/_private/worker.py"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+# Marks a line of ours printed in a Ray worker, for the driver to print it without Ray's
+# "(RayTrainWorker pid=...)" prefix (:func:`_filtered`); an invisible separator, should one ever
+# reach a screen unfiltered.
+OURS = "\u2063"
+
+
+def _in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (its stdout is forwarded to the driver), not a driver."""
+    worker = sys.modules.get("ray._private.worker")
+    return worker is not None and getattr(worker.global_worker, "mode", None) == getattr(worker, "WORKER_MODE", 1)
+
+
 def say(message: str) -> None:
-    """One line to stdout, exactly once, also in a Ray Train worker.
+    """One line to stdout, exactly once, also in a Ray Train worker (and there without Ray's prefix).
 
     Train patches ``print`` in its workers to log through the root logger *and* echo, which prints
     every line twice; writing to the stream itself sidesteps that."""
-    sys.stdout.write(message + "\n")
+    mark = OURS if _in_ray_worker() else ""
+    sys.stdout.write("".join(mark + line + "\n" for line in message.split("\n")))
     sys.stdout.flush()
 
 
@@ -153,14 +226,16 @@ def quiet_ray_logger() -> None:
 def quiet_driver() -> None:
     """After ``ray.init`` on the driver: Ray's own INFO lines off, and forwarded noise filtered."""
     quiet_python_warnings()
+    _plain_repeat_suffix()
+    filter_forwarded_lines()  # with --verbose it drops nothing, and still prints our lines plain
     if verbose():
         return
     logging.getLogger("ray").setLevel(logging.WARNING)
-    _filter_forwarded_lines()
 
 
-def _filter_forwarded_lines() -> None:
-    """Wrap the handler through which the driver prints its workers' output (Ray's log monitor)."""
+def filter_forwarded_lines() -> None:
+    """Wrap the handler through which the driver prints its workers' output (Ray's log monitor), once;
+    also where this process joined a Ray it did not start (our lines then still lose their mark)."""
     try:
         from ray._private.ray_logging import (
             global_worker_stdstream_dispatcher as dispatcher,
@@ -197,10 +272,15 @@ def _filtered(handle):
             tracebacks[pid] = "head"
         return any(m in line for m in RAY_LOG_LINES)
 
+    # Ray's handler is functools.partial(print_to_stdstream, ignore_prefix=...): our lines go through
+    # the same function (its deduplication and sink), without the prefix
+    plain = functools.partial(handle.func, ignore_prefix=True) if isinstance(handle, functools.partial) else handle
     def filtered(data):
-        lines = [line for line in data.get("lines", []) if not dropped(data.get("pid"), line)]
-        if lines:
-            handle({**data, "lines": lines})
+        keep_all = verbose()
+        lines = [line for line in data.get("lines", []) if keep_all or not dropped(data.get("pid"), line)]
+        for ours, run in itertools.groupby(lines, key=lambda line: line.startswith(OURS)):  # in their order
+            run = [line[len(OURS):] for line in run] if ours else list(run)
+            (plain if ours else handle)({**data, "lines": run})
 
     filtered._alchemetric_filter = True
     return filtered

@@ -53,9 +53,53 @@ def test_a_run_into_a_pipe_prints_the_plan_one_line_per_epoch_and_the_verdict(ra
     assert list(Path(tensorboard.split("--logdir ", 1)[1]).glob("events.out.tfevents.*"))
     assert len(lines) <= 60, f"{len(lines)} lines:\n{out}"
     assert not BAR_FRAGMENTS.search(out), out
+    _only_our_lines(out)
     for noise in ("Reporting training result", "Checkpoint successfully created", "Progress bars disabled",
                   "Started a local Ray", "INFO", "RayDeprecationWarning", "has constructor arguments"):
         assert noise not in out, noise
+
+
+def _only_our_lines(out: str, *, epochs: bool = True) -> None:
+    """No escape byte anywhere, and our lines (the epoch lines, where the run prints them) without Ray's prefix."""
+    assert "\x1b" not in out, [line for line in out.splitlines() if "\x1b" in line][:5]
+    assert console.OURS not in out
+    ours = [line for line in out.splitlines() if re.search(r"\bepoch \d+/\d+\b|^trial \w+ finished: ", line)]
+    assert ours or not epochs, out[-3000:]
+    for line in ours:
+        assert not line.startswith("(") and "pid=" not in line, line
+    assert not re.search(r"^\([^)]*pid=[^)]*\) (epoch|worker|trial) ", out, re.M), out[-3000:]
+
+
+@pytest.mark.slow
+def test_a_two_worker_run_and_a_sweep_print_our_lines_plain_into_a_pipe(ray_session, tmp_path):
+    """A worker group of two (DDP over gloo) and a 2-trial sweep, whose lines reach the driver from
+    Ray workers and trial processes: still no ESC byte and no Ray prefix on our lines."""
+    two = run_cli(["train", "train.epochs=1", "scaling.workers=2", "train.local_mode=false", "storage.name=two",
+                   "data.tickers=AAPL,MSFT"], ray_session, tmp_path)
+    assert two.returncode == 0, (two.stdout + two.stderr)[-4000:]
+    _only_our_lines(two.stdout + two.stderr)
+    assert re.search(r"^workers\s+2\b", two.stdout, re.M), two.stdout[-3000:]  # a group of two, as asked
+    sweep = run_cli(["tune", "train.epochs=1", "tune.search=grid", "tune.space={train.lr: [0.01, 0.001]}",
+                     "storage.name=swept", "data.tickers=AAPL,MSFT"], ray_session, tmp_path)
+    assert sweep.returncode == 0, (sweep.stdout + sweep.stderr)[-4000:]
+    _only_our_lines(sweep.stdout + sweep.stderr, epochs=False)  # a sweep prints a line per trial, not per epoch
+    assert re.search(r"^trial \w+ finished: ", sweep.stdout, re.M), sweep.stdout[-3000:]
+
+
+def test_our_lines_from_a_ray_worker_are_printed_without_its_prefix_and_ray_lines_keep_theirs(capsys, monkeypatch):
+    """Through Ray's own print function (as the driver prints forwarded lines), into a pipe."""
+    import functools
+
+    from ray._private.worker import print_to_stdstream
+
+    monkeypatch.setenv("RAY_COLOR_PREFIX", "0")  # what plain_output() sets for a pipe
+    filtered = console._filtered(functools.partial(print_to_stdstream, ignore_prefix=False))
+    filtered({"pid": 4242, "is_err": False, "actor_name": "RayTrainWorker", "ip": "127.0.0.1",
+              "localhost": "127.0.0.1", "lines": [f"{console.OURS}epoch 1/2  train_loss 1.0",
+                                                    "a line Ray itself printed in the worker"]})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "epoch 1/2  train_loss 1.0"
+    assert out[1].endswith("a line Ray itself printed in the worker") and "pid=4242" in out[1]
 
 
 @pytest.mark.slow
@@ -104,3 +148,53 @@ def test_the_features_progress_line_is_for_a_terminal_only(tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 0 and "\r" not in captured.err + captured.out
     assert captured.out.startswith(f"wrote {tmp_path / 'shards'}: 2 tickers")
+
+
+def test_a_sigterm_inside_a_finalizer_of_a_ray_worker_prints_no_traceback_and_other_errors_still_print(ray_session):
+    """Ray's SIGTERM handler raises SystemExit; landing in a weakref callback, Python prints it as an
+    unraisable exception with a traceback (seen from a sweep's trial process at shutdown).  A real
+    SIGTERM, sent by the actor to itself inside a real weakref callback, with and without our hook."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Finalizing:
+        def run(self, quiet: bool) -> str:
+            import contextlib
+            import io
+            import signal
+            import time
+            import weakref
+
+            if quiet:
+                console.quiet_worker()
+
+            class Thing:
+                pass
+
+            def on_collect(_ref):
+                os.kill(os.getpid(), signal.SIGTERM)
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:  # Python runs the signal handler between bytecodes
+                    pass
+
+            def on_collect_error(_ref):
+                raise ValueError("a real error in a finalizer")
+
+            captured = io.StringIO()
+            with contextlib.redirect_stderr(captured):
+                thing, other = Thing(), Thing()
+                keep = [weakref.ref(thing, on_collect), weakref.ref(other, on_collect_error)]
+                del thing, other
+            return captured.getvalue() + f"\nrefs kept: {len(keep)}"
+
+    plain = Finalizing.remote()
+    shown = ray.get(plain.run.remote(False), timeout=60)
+    assert "Traceback" in shown and "sigterm_handler" in shown and "SystemExit" in shown, shown  # Python's default
+    assert "a real error in a finalizer" in shown, shown
+    quiet = Finalizing.remote()
+    shown = ray.get(quiet.run.remote(True), timeout=60)
+    assert "sigterm_handler" not in shown and "SystemExit" not in shown, shown
+    assert "ValueError: a real error in a finalizer" in shown, shown  # any other unraisable error still prints
+    assert not getattr(sys.unraisablehook, "_alchemetric", False)  # never in the driver (this process)
+    for actor in (plain, quiet):
+        ray.kill(actor)

@@ -180,6 +180,7 @@ def _trial(config: dict[str, Any], *, base: dict, targets: dict[str, tuple[Locat
     import ray.tune
 
     console.quiet_ray_data()  # this trial builds its own datasets
+    console.quiet_stop_in_finalizer()
     cfg = RunConfig.from_dict(base).with_values(config)
     shards, manifest = targets[cfg.features.label]  # the shards built for this trial's label
     check_compatible(cfg, manifest)
@@ -265,18 +266,54 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
 
         # Tune reports a trial's checkpoint as a path on the storage file system, without its scheme
         checkpoint = Checkpoint(best_ckpt.path, filesystem=best_ckpt.filesystem)
+        chosen = next((t["val_long_short"] for t in summary["trials"] if t["trial_id"] == summary["best_trial_id"]),
+                      None)
+        srs = [(t.get("val_long_short") or {}).get("sr") for t in summary["trials"]]
         model_dir = export_model(checkpoint, best_cfg, targets[best_cfg.features.label][0], extra={"sweep": {
             "name": name, "num_trials": summary["num_trials"], "best_trial_id": summary["best_trial_id"],
             "selection_metric": selection_metric(cfg), "trial_sr_variance": summary["trial_sr_variance"],
-            "chosen_val_long_short": next((t["val_long_short"] for t in summary["trials"]
-                                           if t["trial_id"] == summary["best_trial_id"]), None)}})
-        summary["test_metrics"] = json.loads((model_dir / "metrics.json").read_text())["test"]
+            "chosen_val_long_short": chosen}}, command="tune", selection={"sweep": name, "srs": srs, "chosen": chosen})
+        # the test segment stays sealed unless train.score_test (`tune --evaluate`) asked for its look
+        summary["test_metrics"] = json.loads((model_dir / "metrics.json").read_text()).get("test")
         summary["model_dir"] = str(model_dir)
     from alchemetric_ray.tune.report import write_sweep_report
 
     (where / "sweep_summary.json").write_json(summary)
     report = write_sweep_report(where / "report", summary)
+    if cfg.tracking.mlflow_uri:
+        _track(trial_cfg, name, where, summary, model_dir, report, run.shards)
     return SweepOutcome(name, where.path if where.is_local else where.uri, summary, model_dir, report)
+
+
+def _track(cfg: RunConfig, name: str, where: Location, summary: dict, model_dir: Location | None,
+           report: Any, shards: Location | None) -> None:
+    """The sweep as an MLflow parent run, each trial a nested run with its per-epoch history
+    (train/tracking.py), written here in the driver from the sweep's summary."""
+    from alchemetric_ray.train.tracking import RUN_FILE, Tracker, environment_tags
+
+    parent = Tracker(cfg)
+    parent.start(where / RUN_FILE, name, tags={"command": "tune", "best_trial_id": summary["best_trial_id"],
+                                               "metric": summary["metric"], "mode": summary["mode"]})
+    for trial in summary["trials"]:
+        try:
+            trial_cfg = cfg.with_values(trial["config"])
+        except UserError:
+            trial_cfg = cfg
+        child = Tracker(trial_cfg)
+        child.start(where / f"mlflow_trial_{trial['trial_id']}.json", f"{name}-{trial['trial_id']}",
+                    parent=parent.run_id, tags={"command": "tune trial", "status": trial["status"],
+                                                "trial_id": trial["trial_id"]})
+        child.log_history(trial["history"])
+        child.log_tags({"best_value": trial["best_value"], "error": trial["error"]})
+        child.close("FAILED" if trial["error"] else "FINISHED")
+    parent.log_tags({"best_value": summary["best_value"], "best_config": json.dumps(summary["best_config"]),
+                     **environment_tags(shards)})
+    if report is not None:
+        parent.log_folder(report, "sweep_report")
+    if model_dir is not None:
+        parent.log_folder(model_dir / "model_card.md")
+        parent.register(model_dir)
+    parent.close()
 
 
 def trial_config(cfg: RunConfig) -> RunConfig:
