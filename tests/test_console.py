@@ -198,3 +198,25 @@ def test_a_sigterm_inside_a_finalizer_of_a_ray_worker_prints_no_traceback_and_ot
     assert not getattr(sys.unraisablehook, "_alchemetric", False)  # never in the driver (this process)
     for actor in (plain, quiet):
         ray.kill(actor)
+
+
+def test_every_process_of_a_job_started_by_ensure_ray_has_the_quiet_stop_hook(ray_session, tmp_path):
+    """Ray's worker_process_setup_hook (the job's runtime_env) installs it in processes that run none
+    of our code (Train's controller): a driver joins the session's Ray as `ray job submit` would."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import ray\n"
+        "from alchemetric_ray.config import RunConfig\n"
+        "from alchemetric_ray.train.session import ensure_ray\n"
+        "ensure_ray(RunConfig())\n"
+        "@ray.remote(num_cpus=0)\n"
+        "def probe():\n"
+        "    import sys\n"
+        "    return getattr(sys.unraisablehook, '_alchemetric', False)\n"
+        "print('hook in a plain task:', ray.get(probe.remote(), timeout=60))\n")
+    env = {k: v for k, v in os.environ.items() if k != console.VERBOSE_ENV}
+    env["RAY_ADDRESS"] = ray_session.get_runtime_context().gcs_address
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=env, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "hook in a plain task: True" in done.stdout, done.stdout + done.stderr

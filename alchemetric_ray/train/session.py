@@ -69,13 +69,16 @@ def ensure_ray(cfg: RunConfig) -> None:
     if START_TIMEOUT_ENV not in os.environ:
         set_worker_group_start_timeout(WORKER_GROUP_START_TIMEOUT_S)
     env = {**worker_env(cfg), START_TIMEOUT_ENV: os.environ[START_TIMEOUT_ENV]}
+    # every process of this job (Train's controller and workers, trials, readers): no traceback when Ray stops it
+    # with a SIGTERM that lands in a finalizer (console.quiet_stop_in_finalizer)
+    runtime_env = {"env_vars": env, "worker_process_setup_hook": "alchemetric_ray.console.quiet_stop_in_finalizer"}
     console.quiet_ray_logger()
     quiet = {"logging_level": logging.INFO if console.verbose() else logging.WARNING, "log_to_driver": True}
     if os.environ.get("RAY_ADDRESS"):
         # Ray's own helpers in our actors (Train's placement-group cleaner) find the cluster through
         # RAY_ADDRESS too; without it they fail wherever several Ray instances share a machine.
         env["RAY_ADDRESS"] = os.environ["RAY_ADDRESS"]
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, **quiet)
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, **quiet)
     else:
         from alchemetric_ray.hardware.inventory import cpu_count
 
@@ -89,7 +92,7 @@ def ensure_ray(cfg: RunConfig) -> None:
         # small laptop without waiting on each other (the plan still keeps one free for Ray Data).
         # address="local": always a new Ray of our own, never one a `ray start` on this machine left running
         ray.init(address="local", num_cpus=max(4, cpu_count()), include_dashboard=True, dashboard_host="127.0.0.1",
-                 dashboard_port=port, runtime_env={"env_vars": env}, **quiet)
+                 dashboard_port=port, runtime_env=runtime_env, **quiet)
         _written_api_servers.add(env[API_SERVER_ENV])
         os.environ[API_SERVER_ENV] = env[API_SERVER_ENV]
     console.quiet_driver()
