@@ -44,13 +44,13 @@ def _env(temp_dir: str) -> dict[str, str]:
     return env
 
 
-def _run_pair(command: str, args: list[str], tmp_path: Path) -> list[tuple[int, str, Path]]:
-    """Start ``command`` twice at the same time, each with its own storage and models folders and
-    its own local Ray; wait for both.  Returns (exit code, stdout+stderr, models folder) per run.
-    Whatever happens, nothing either left behind (process groups, Ray processes) survives."""
+def _run_together(commands: list[tuple[str, list[str]]], tmp_path: Path) -> list[tuple[int, str, Path]]:
+    """Start the commands at the same time, each with its own storage and models folders and its own
+    local Ray; wait for all.  Returns (exit code, stdout+stderr, models folder) per command.
+    Whatever happens, nothing any left behind (process groups, Ray processes) survives."""
     runs = []
     try:
-        for i in range(2):
+        for i, (command, args) in enumerate(commands):
             home = tmp_path / f"{command}-{i}"
             home.mkdir()
             temp_dir = tempfile.mkdtemp(prefix="ar-sbs-", dir="/tmp")
@@ -98,19 +98,17 @@ def _check(results: list[tuple[int, str, Path]]) -> None:
 
 
 @pytest.mark.slow
-def test_two_train_commands_at_once_each_on_its_own_ray(ray_session, tmp_path):
-    # ray_session: a third Ray on the machine whatever else runs, so that a lookup by scanning fails
+def test_a_train_and_a_tune_command_at_once_each_on_its_own_ray(ray_session, tmp_path):
+    """Both through a Train worker group, whose controller starts the PlacementGroupCleaner: a
+    worker-mode train, and a sweep whose trials each build a TorchTrainer.  ray_session: a third Ray
+    on the machine whatever else runs, so that a lookup by scanning fails."""
     start = time.monotonic()
-    _check(_run_pair("train", [*WORKER_MODE_ARGS, "train.epochs=2", "train.patience=0"], tmp_path))
-    print(f"two train commands at once: {time.monotonic() - start:.0f} s")
-
-
-@pytest.mark.slow
-def test_two_tune_commands_at_once_each_on_its_own_ray(ray_session, tmp_path):
-    start = time.monotonic()
-    _check(_run_pair("tune", [*TUNE_WORKER_MODE_ARGS, "train.epochs=1", "tune.search=grid", "tune.scheduler=none",
-                              "tune.max_concurrent_trials=1", "tune.space={train.lr: [0.001, 0.01]}"], tmp_path))
-    print(f"two tune commands at once: {time.monotonic() - start:.0f} s")
+    _check(_run_together([
+        ("train", [*WORKER_MODE_ARGS, "train.epochs=2", "train.patience=0"]),
+        ("tune", [*TUNE_WORKER_MODE_ARGS, "train.epochs=1", "tune.search=grid", "tune.scheduler=none",
+                  "tune.max_concurrent_trials=1", "tune.space={train.lr: [0.001, 0.01]}"]),
+    ], tmp_path))
+    print(f"a train and a tune command at once: {time.monotonic() - start:.0f} s")
 
 
 # What Train's controller logged on this machine when two train commands ran at once beside the
