@@ -219,7 +219,10 @@ def _resume_line(err: str) -> list[str]:
 def test_ctrl_c_keeps_the_finished_epochs_and_resume_continues_after_them(shards, tmp_path, mode, group):
     worker = ["train.local_mode=false"] if mode == "worker" else []
     total = 20 if worker else 6  # worker mode trains on while Ray's controller stops the group: room for that
-    args = [*TRAIN, f"train.epochs={total}", f"storage.num_to_keep={total}", *worker]
+    # one of them tracked in MLflow (an embedded store): the finished epochs are logged at the Ctrl-C
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}" if (mode, group) == ("local", False) else None
+    tracked = [f"tracking.mlflow_uri={store}"] if store else []
+    args = [*TRAIN, f"train.epochs={total}", f"storage.num_to_keep={total}", *worker, *tracked]
     # a worker's epoch lines reach the driver's stdout as the worker printed them
     out, err = _interrupt_after(_cli(tmp_path, shards, "train", *args), EPOCH_LINE.format(n="2", m=total),
                                 group=group)
@@ -235,6 +238,9 @@ def test_ctrl_c_keeps_the_finished_epochs_and_resume_continues_after_them(shards
     kept = sorted(p.name for p in run_dir.glob("epoch-*") if (p / "meta.json").is_file())
     assert kept[-1] == f"epoch-{done - 1:04d}", kept
     assert not (tmp_path / "models").exists()  # nothing exported from an interrupted run
+    if store:
+        (run_id, status), steps = _mlflow_run(store)
+        assert status == "KILLED" and steps == list(range(done)), (status, steps, err[-2000:])
     argv = _resume_line(err)
     resumed = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", *argv], cwd=tmp_path, capture_output=True,
                              text=True, timeout=900, env=_env())
@@ -244,6 +250,19 @@ def test_ctrl_c_keeps_the_finished_epochs_and_resume_continues_after_them(shards
     lines = [int(m.group(1)) for m in re.finditer(EPOCH_LINE.format(n=r"(\d+)", m=total), resumed.stdout, re.M)]
     assert lines == list(range(done + 1, total + 1))  # each remaining epoch once, none redone
     assert (tmp_path / "models" / "ctrlc" / "weights.pt").is_file()
+    if store:  # the same MLflow run, every epoch's step once
+        assert _mlflow_run(store) == ((run_id, "FINISHED"), list(range(total)))
+
+
+def _mlflow_run(store: str) -> tuple[tuple[str, str], list[int]]:
+    """The store's one run: (its id, its status), and the steps of its train_loss metric, in order."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=store)
+    runs = [run for exp in client.search_experiments() for run in client.search_runs([exp.experiment_id])]
+    assert len(runs) == 1, runs
+    info = runs[0].info
+    return (info.run_id, info.status), sorted(m.step for m in client.get_metric_history(info.run_id, "train_loss"))
 
 
 @pytest.mark.slow

@@ -56,6 +56,11 @@ class Kept:
         where = self.location
         return Checkpoint(where.path, filesystem=None if where.is_local else where.filesystem)
 
+    def history(self) -> list[dict[str, Any]]:
+        """The loop's report rows of every epoch up to this one (what a run stopped after it had finished)."""
+        meta = json.loads((self.location / META).read_text())
+        return list((meta.get("loop") or {}).get("history", []))
+
 
 class RunFolder:
     """The epoch checkpoints under ``where``, ranked by ``metric`` (``mode``: max or min)."""

@@ -272,7 +272,9 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
         latest = folder.latest(warn=False)
         done = f"after epoch {latest.epoch + 1} of {cfg.train.epochs}" if latest else \
             f"before its first epoch finished ({cfg.train.epochs} planned)"
-        if tracker is not None:
+        if tracker is not None:  # the finished epochs are in MLflow too; --resume logs only the ones after them
+            if latest is not None:
+                tracker.log_history(latest.history())
             tracker.close("KILLED")
         raise Interrupted(f"interrupted {done}", resumable=latest is not None) from None
     except BaseException:
