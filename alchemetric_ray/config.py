@@ -528,6 +528,9 @@ class TrackingConfig:
         check=Check(lambda value: not value or value.startswith(("sqlite:///", "http://", "https://")),
                     "empty (off), sqlite:///path/to/mlflow.db or http(s)://host:port"))
     experiment: str = setting("", "The MLflow experiment; empty = `storage.name`.")
+    live_every_s: float = setting(
+        10.0, "How often (seconds) the driver logs a `train` run's newly finished epochs to MLflow while it trains "
+              "(read from the run folder's latest checkpoint); 0 = only when the run ends.", check=at_least(0))
 
 
 @dataclass

@@ -290,3 +290,49 @@ def test_an_embedded_sqlite_store_keeps_its_artifacts_under_the_run_storage(tmp_
     assert list((tmp_path / "results" / "mlflow-artifacts").rglob("model_card.md"))
     assert not (tmp_path / "mlruns").exists()
     assert client.get_model_version("embedded", "1").run_id == run.info.run_id
+
+
+@pytest.mark.slow
+def test_epochs_reach_mlflow_while_the_run_trains(tmp_path, ray_session, stocknet_shards, monkeypatch):
+    """tracking.live_every_s: the driver logs each finished epoch from the run folder as the run goes.
+    The run's end logs whatever is left in one batch, so a partial history seen while the command ran
+    was logged live; at the end every epoch's step is there once."""
+    import threading
+
+    from mlflow import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    epochs = 6
+    seen: list[list[int]] = []
+    done = threading.Event()
+
+    def watch():
+        client = MlflowClient(tracking_uri=store)
+        while not done.is_set():
+            try:
+                runs = client.search_runs([client.get_experiment_by_name("live").experiment_id])
+                if runs:
+                    seen.append(sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "train_loss")))
+            except Exception:  # the store or the experiment not created yet
+                pass
+            done.wait(0.3)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        # an LSTM on small batches: epochs of a second or two here
+        rc = cli.main(["train", "--data", str(stocknet_shards("AAPL,MSFT,XOM", "features.window=8")), "--device", "cpu",
+                       f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
+                       "storage.name=live", f"train.epochs={epochs}", "train.patience=0", "model.name=lstm",
+                       "model.hidden=16", "features.window=8", "train.batch_size=16", f"tracking.mlflow_uri={store}",
+                       "tracking.live_every_s=0.5"])
+    finally:
+        done.set()
+        watcher.join(timeout=30)
+    assert rc == 0
+    partial = [steps for steps in seen if 0 < len(steps) < epochs]
+    assert partial and all(steps == list(range(len(steps))) for steps in partial), seen
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("live").experiment_id])
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss")) == list(range(epochs))

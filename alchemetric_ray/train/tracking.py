@@ -293,6 +293,47 @@ class Tracker:
         return line
 
 
+class LiveEpochs:
+    """While a ``train`` run trains: a driver thread logs each newly finished epoch to MLflow.
+
+    Every ``tracking.live_every_s`` seconds it reads the run folder's latest complete checkpoint (the
+    loop writes one after each epoch, in this process or on the workers; its ``meta.json`` holds the
+    history so far) and logs the epochs after the last one logged.  The driver stays the one writer:
+    the thread stops before the run's end logs the rest (:meth:`Tracker.log_history` skips what is
+    logged).  A store that fails makes the tracker stop calling it, as elsewhere."""
+
+    def __init__(self, tracker: Tracker, where: Location, every_s: float):
+        import threading
+
+        self.tracker, self.where, self.every_s = tracker, where, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mlflow-live-epochs", daemon=True)
+
+    def __enter__(self) -> LiveEpochs:
+        if self.every_s > 0 and self.tracker.run_id:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)  # a call in flight, bounded by the HTTP timeouts (bounded_http_env)
+
+    def _run(self) -> None:
+        from alchemetric_ray.train.run_folder import RunFolder
+
+        folder = RunFolder(self.where)  # its own: the loop's folder object is not shared across threads
+        seen = -1
+        while not self._stop.wait(self.every_s):
+            try:
+                latest = folder.latest(warn=False)
+                if latest is not None and latest.epoch > seen:
+                    seen = latest.epoch
+                    self.tracker.log_history(latest.history())
+            except Exception:  # a folder being pruned or written as it is read: the next look, or the run's end
+                continue
+
+
 def registered_version(uri: str, cfg: RunConfig) -> Tracker:
     """The run and model version behind ``models:/NAME/VERSION`` (or ``@alias``), for an ``evaluate`` of
     it to log its report into that run and tag the version with its verdict (the run stays as it ended)."""

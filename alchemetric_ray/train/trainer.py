@@ -264,8 +264,13 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     else:
         trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name,
                                 callbacks=[TensorBoardScalars(tensorboard)])
+    live = contextlib.nullcontext()
+    if tracker is not None:
+        from alchemetric_ray.train.tracking import LiveEpochs
+
+        live = LiveEpochs(tracker, folder.where, cfg.tracking.live_every_s)
     try:
-        with scale_up(cfg, run.plan, run_bundles(run.plan), local_mode=local) as window:
+        with scale_up(cfg, run.plan, run_bundles(run.plan), local_mode=local) as window, live:
             window.apply()  # what our wait left of scaling.start_timeout_s, per worker-group start attempt
             result = _fit(trainer, local)
     except (KeyboardInterrupt, _SigintExit):
