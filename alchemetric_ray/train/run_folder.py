@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ class Kept:
     location: Location
     epoch: int
     metrics: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)  # the report rows of every epoch up to this one
 
     def checkpoint(self):
         """As a ``ray.train.Checkpoint`` (what the loop restores from and the export reads)."""
@@ -55,11 +56,6 @@ class Kept:
 
         where = self.location
         return Checkpoint(where.path, filesystem=None if where.is_local else where.filesystem)
-
-    def history(self) -> list[dict[str, Any]]:
-        """The loop's report rows of every epoch up to this one (what a run stopped after it had finished)."""
-        meta = json.loads((self.location / META).read_text())
-        return list((meta.get("loop") or {}).get("history", []))
 
 
 class RunFolder:
@@ -92,8 +88,9 @@ class RunFolder:
     def _kept(self, where: Location) -> Kept:
         meta = json.loads((where / META).read_text())
         epoch = int(meta.get("epoch", _epoch_of(where.name)))
-        row = next((h for h in (meta.get("loop") or {}).get("history", []) if h.get("epoch") == epoch), {})
-        return Kept(where, epoch, {**row, **(meta.get("metrics") or {}), "epoch": epoch})
+        history = list((meta.get("loop") or {}).get("history", []))
+        row = next((h for h in history if h.get("epoch") == epoch), {})
+        return Kept(where, epoch, {**row, **(meta.get("metrics") or {}), "epoch": epoch}, history)
 
     def best(self) -> Kept | None:
         """The best complete checkpoint by the metric (the latest where none has it)."""

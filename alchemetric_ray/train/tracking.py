@@ -329,7 +329,7 @@ class LiveEpochs:
                 latest = folder.latest(warn=False)
                 if latest is not None and latest.epoch > seen:
                     seen = latest.epoch
-                    self.tracker.log_history(latest.history())
+                    self.tracker.log_history(latest.history)
             except Exception:  # a folder being pruned or written as it is read: the next look, or the run's end
                 continue
 

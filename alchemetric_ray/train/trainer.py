@@ -279,7 +279,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
             f"before its first epoch finished ({cfg.train.epochs} planned)"
         if tracker is not None:  # the finished epochs are in MLflow too; --resume logs only the ones after them
             if latest is not None:
-                tracker.log_history(latest.history())
+                tracker.log_history(latest.history)
             tracker.close("KILLED")
         raise Interrupted(f"interrupted {done}", resumable=latest is not None) from None
     except BaseException:
