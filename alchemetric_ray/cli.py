@@ -10,7 +10,7 @@ import sys
 import typing
 from typing import Callable, Sequence
 
-from alchemetric_ray import console
+from alchemetric_ray import console, interrupts
 from alchemetric_ray.config import (
     REFERENCE_DOC,
     DeviceName,
@@ -83,11 +83,8 @@ def _features(args: argparse.Namespace, cfg: RunConfig) -> int:
     print(f"wrote {args.out}: {len(manifest.tickers)} tickers, {len(manifest.features)} features, "
           f"rows train/val/test = {manifest.rows['train']}/{manifest.rows['val']}/{manifest.rows['test']} "
           f"in {summary.seconds:.1f}s")
-    if manifest.skipped_tickers:
-        print(f"skipped {len(manifest.skipped_tickers)} ticker(s): "
-              + "; ".join(f"{ticker} ({why})" for ticker, why in list(manifest.skipped_tickers.items())[:5]))
-    if manifest.ingest and manifest.ingest["dropped"]:
-        print("dropped rows: " + ", ".join(f"{k}={v}" for k, v in manifest.ingest["dropped"].items() if v))
+    for line in manifest.notes():
+        print(line)
     return 0
 
 
@@ -128,7 +125,12 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
 
         report_dir = outcome.model_dir / "evaluation"
         print(f"evaluating {cfg.model.name} on the held-back test segment against the baselines ...", flush=True)
-        result = evaluate(outcome.model_dir, args.data, report_dir, cfg)
+        try:
+            result = evaluate(outcome.model_dir, args.data, report_dir, cfg)
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted while evaluating; the model is saved in {outcome.model_dir}: evaluate it "
+                              f"with alchemetric-ray evaluate --model {outcome.model_dir} --out {report_dir}",
+                              resumable=False) from None
         print(verdict_table(result))
         print(f"report: {report_dir / 'report.md'} (equity curves: {report_dir / 'equity.png'})")
         if outcome.tracker is not None:
@@ -196,10 +198,14 @@ def _model_config(args: argparse.Namespace, cfg: RunConfig) -> RunConfig:
     """The saved model's own config, with this command's overrides (signals, device) on top.  The
     device is this command's (``--device``, else auto), never the training run's request: a model
     trained with ``--device cpu`` on a laptop scores on the GPUs of the cluster it is submitted to."""
+    from alchemetric_ray.data.manifest import reconcile_features, with_shard_features
     from alchemetric_ray.train.export import load_model
 
-    saved = load_model(args.model_dir).config
-    return saved.replace(f"device.name={args.device or 'auto'}", *args.overrides)
+    loaded = load_model(args.model_dir)
+    saved = with_shard_features(loaded.config, loaded.manifest)
+    # a features.* override the model was not trained with is refused, naming both values
+    return reconcile_features(saved.replace(f"device.name={args.device or 'auto'}", *args.overrides),
+                              loaded.manifest, args.model_dir, model=True)
 
 
 @command("predict", "score new OHLCV data with a saved model (Ray Data batch inference) -> signals.parquet",
@@ -338,21 +344,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.set_verbose(args.verbose)
     console.plain_output()
     logging.basicConfig(level=logging.INFO if console.verbose() else logging.WARNING, format="%(message)s")
+    interrupts.route_stop_signals()  # SIGTERM and SIGHUP end a command as Ctrl-C does
+    ray_before = _ray_running()
+    try:
+        return _run(args, list(sys.argv[1:] if argv is None else argv))
+    finally:
+        if _ray_running() and not ray_before:  # the Ray this command started: every process of it ended now
+            import ray
+
+            with interrupts.deferred():  # a signal now cannot cut the shutdown short
+                ray.shutdown()
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
     _, _, fn = COMMANDS[args.command]
     try:
         cfg = config_from_args(args)
         return fn(args, cfg)
-    except Interrupted as exc:  # Ctrl-C, after the run kept what it finished
-        argv = list(sys.argv[1:] if argv is None else argv)
+    except Interrupted as exc:  # Ctrl-C (or SIGTERM, SIGHUP), after the run kept what it finished
         hint = f"; continue with: alchemetric-ray {shlex.join([*argv, *([] if '--resume' in argv else ['--resume'])])}"
-        print(f"{exc}{hint if exc.resumable else ''}", file=sys.stderr, flush=True)
-        return exc.exit_code
+        print(f"{_by_signal(str(exc))}{hint if exc.resumable else ''}", file=sys.stderr, flush=True)
+        return interrupts.exit_code()
     except KeyboardInterrupt:
-        print(f"alchemetric-ray {args.command}: interrupted", file=sys.stderr, flush=True)
-        return Interrupted.exit_code
+        print(f"alchemetric-ray {args.command}: {_by_signal('interrupted')} before it finished (nothing half-written "
+              "is left); run the same command again", file=sys.stderr, flush=True)
+        return interrupts.exit_code()
     except UserError as exc:
         print(f"alchemetric-ray {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _by_signal(message: str) -> str:
+    """``interrupted ...`` as ``interrupted by SIGTERM ...`` where a stop signal, not a Ctrl-C, ended the run."""
+    received = interrupts.stop_signal()
+    return message.replace("interrupted", f"interrupted by {received.name}", 1) if received else message
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and hasattr(ray, "is_initialized") and ray.is_initialized())
 
 
 if __name__ == "__main__":

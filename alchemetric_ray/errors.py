@@ -6,10 +6,9 @@ class UserError(Exception):
 
 
 class Interrupted(UserError, KeyboardInterrupt):
-    """A run stopped by Ctrl-C (SIGINT) after keeping what it finished: the CLI prints the message
-    with the command that continues it (``resumable``) and exits 130, as a shell does for SIGINT."""
-
-    exit_code = 130
+    """A run stopped by Ctrl-C (SIGINT), SIGTERM or SIGHUP after keeping what it finished: the CLI
+    prints the message with the command that continues it (``resumable``) and exits as a shell
+    reports that signal (130, 143, 129: ``interrupts.exit_code``)."""
 
     def __init__(self, message: str, *, resumable: bool = True) -> None:
         super().__init__(message)

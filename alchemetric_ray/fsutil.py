@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import uuid
@@ -55,8 +56,60 @@ def unwritable_ancestor(folder: str | Path) -> Path | None:
     return None if probe.is_dir() and os.access(probe, os.W_OK) else probe
 
 
+# A stage's name says which process made it (``.NAME.tmp-HOST-PID-RANDOM``), so that a later run can
+# remove the stages of a process that is gone (a kill -9, the OOM killer) and never a live one's.
+_HOST = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32] or "host"
+
+
+def stage_name(name: str) -> str:
+    return f".{name}.tmp-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 def _tmp_beside(path: Path) -> Path:
-    return path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    remove_stale_stages(path)
+    return path.parent / stage_name(path.name)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_stages(target: str | Path) -> list[Path]:
+    """Remove the stages beside ``target`` left by processes of this machine that are no longer alive
+    (killed between making a stage and putting it in place); a live process's stage, another
+    machine's (a shared mount) and anything not named as a stage are left alone.  Returns the removed."""
+    target = Path(target)
+    removed = []
+    try:
+        siblings = list(target.parent.glob(f".{glob_escape(target.name)}.tmp-*"))
+    except OSError:
+        return removed
+    for path in siblings:
+        if not _stale_stage(path.name, target.name):
+            continue
+        try:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _stale_stage(name: str, target: str) -> bool:
+    """``name`` is a stage of ``target`` made on this machine by a process that is gone."""
+    found = _STAGE.match(name)
+    return bool(found and found.group(1) == target and found.group("host") == _HOST
+                and not _pid_alive(int(found.group("pid"))))
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> None:
@@ -75,7 +128,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> None:
 # every other writer on it (logs, Ray's spill files).
 FREE_SPACE_MARGIN = 64 * 1024
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
-_STAGE = re.compile(r"^\.(.+)\.tmp-[0-9a-f]{8}$")  # _tmp_beside's names
+_STAGE = re.compile(r"^\.(.+)\.tmp-(?P<host>[A-Za-z0-9]+)-(?P<pid>[0-9]+)-[0-9a-f]{8}$")  # stage_name's names
 
 
 class DiskFullError(UserError, OSError):
@@ -322,8 +375,9 @@ def _publish(stage: Path, target: str, filesystem: Any = None, last: tuple[str, 
         filesystem, target = fs.FileSystem.from_uri(target)
     target = target.rstrip("/")
     parent, _, name = target.rpartition("/")
-    upload = f"{parent}/.{name}.tmp-{uuid.uuid4().hex[:8]}" if parent else f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+    upload = f"{parent}/{stage_name(name)}" if parent else stage_name(name)
     local = fs.LocalFileSystem()
+    _remove_stale_uploads(filesystem, parent, name)
     try:
         filesystem.create_dir(upload, recursive=True)
         fs.copy_files(str(stage), upload, source_filesystem=local, destination_filesystem=filesystem)
@@ -342,3 +396,20 @@ def _publish(stage: Path, target: str, filesystem: Any = None, last: tuple[str, 
     finally:
         if filesystem.get_file_info(upload).type != fs.FileType.NotFound:
             filesystem.delete_dir(upload)
+
+
+def _remove_stale_uploads(filesystem: Any, parent: str, name: str) -> None:
+    """:func:`remove_stale_stages` on another file system (object storage): uploads beside the target
+    left by a process of this machine that is gone."""
+    from pyarrow import fs
+
+    try:
+        infos = filesystem.get_file_info(fs.FileSelector(parent or "/", allow_not_found=True))
+    except (OSError, NotImplementedError):
+        return
+    for info in infos:
+        if _stale_stage(info.base_name, name):
+            try:
+                filesystem.delete_dir(info.path)
+            except OSError:
+                pass

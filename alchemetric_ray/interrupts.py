@@ -67,3 +67,70 @@ def held_during() -> Iterator[None]:
         signal.signal(signal.SIGINT, before)
     if held:
         raise KeyboardInterrupt
+
+
+# ---- the signals a scheduler or a closed terminal sends ----------------------------------------
+
+STOP_SIGNALS = ("SIGTERM", "SIGHUP")
+_received: list[int] = []
+_routing = False
+
+
+def route_stop_signals() -> None:
+    """SIGTERM (Kubernetes' eviction, ``ray job stop``, ``kill``) and SIGHUP (a closed terminal) are
+    handled as a Ctrl-C: whatever SIGINT handler is in place at that moment runs (ours, Ray Train's,
+    Tune's, Python's ``KeyboardInterrupt``), so the finished work is kept the same way.  For the
+    command line (a notebook's kernel keeps its own handlers); :func:`stop_signal` then says which
+    signal it was.  ``ray.init`` installs its own SIGTERM handler (``sys.exit``) and a C++ one that
+    aborts with a crash dump: :func:`reroute_after_ray` puts ours back once Ray is up."""
+    global _routing
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _routing = True
+    for name in STOP_SIGNALS:
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _as_ctrl_c)
+
+
+def reroute_after_ray() -> None:
+    """After ``ray.init``: the stop signals handled as Ctrl-C again, where :func:`route_stop_signals` asked."""
+    if _routing:
+        route_stop_signals()
+
+
+def _as_ctrl_c(signum, frame) -> None:
+    _received.append(signum)
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+        return
+    raise KeyboardInterrupt  # SIGINT ignored or default: stop all the same
+
+
+def stop_signal() -> signal.Signals | None:
+    """The first stop signal (SIGTERM, SIGHUP) this process received, or None."""
+    return signal.Signals(_received[0]) if _received else None
+
+
+def exit_code() -> int:
+    """What a shell reports for a process the signal ended: 128 + its number (130 for Ctrl-C)."""
+    received = stop_signal()
+    return 128 + int(received if received is not None else signal.SIGINT)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[list[int]]:
+    """Hold SIGINT and the stop signals while the block runs (Ray's shutdown at the end of a command):
+    each is recorded in the yielded list, not raised, so the shutdown finishes and leaves no process."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    held: list[int] = []
+    names = ("SIGINT", *STOP_SIGNALS)
+    sigs = [getattr(signal, name) for name in names if hasattr(signal, name)]
+    before = {sig: signal.signal(sig, lambda s, f: held.append(s)) for sig in sigs}
+    try:
+        yield held
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -18,6 +18,7 @@ from alchemetric_ray.fsutil import atomic_write_json
 from alchemetric_ray.storage import Location, locate
 
 MANIFEST = "manifest.json"
+READ_TIME_KEYS = frozenset({"window"})  # features.* keys a run may set apart from the shards' build
 FORMAT_VERSION = 1
 
 
@@ -51,6 +52,8 @@ class Manifest:
     # the per-date pass (data/cross_section.py): its operations, threshold and what it dropped;
     # empty when the label and features are per ticker only (and in manifests from before it)
     cross_section: dict[str, Any] = field(default_factory=dict)
+    # the features.* settings the shards were built with (empty in manifests from before they were kept)
+    built_with: dict[str, Any] = field(default_factory=dict)
 
     @property
     def classes(self) -> list[str]:
@@ -81,6 +84,33 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def skipped(self) -> dict[str, str]:
+        """Every ticker left out, with why: by ingest (an empty or too short file, duplicates) and by
+        the features (too short once the indicators warmed up)."""
+        return {**dict((self.ingest or {}).get("skipped_tickers") or {}), **self.skipped_tickers}
+
+    def notes(self) -> list[str]:
+        """What a person should know of the build, one line each: every skipped ticker (its file) and
+        the rows ingest dropped, by rule; nothing where there is nothing to say."""
+        lines = []
+        skipped = self.skipped()
+        if skipped:
+            lines.append(f"skipped {len(skipped)} ticker(s): "
+                         + "; ".join(f"{ticker} ({why})" for ticker, why in skipped.items()))
+        dropped = {rule: n for rule, n in ((self.ingest or {}).get("dropped") or {}).items() if n}
+        if dropped:
+            lines.append("dropped rows: " + ", ".join(f"{rule}={n}" for rule, n in dropped.items()))
+        return lines
+
+    def feature_settings(self) -> dict[str, Any]:
+        """``features.*`` key -> the value the shards were built with: every build setting where the
+        manifest keeps them, else those its label and columns record.  ``features.window`` is not one:
+        sequences are cut as the files are read, so a run chooses its own."""
+        label = {("label" if name == "scheme" else name): self.label[name]
+                 for name in LabelSpec.__dataclass_fields__ if name in self.label}
+        kept = {key: value for key, value in self.built_with.items() if key not in READ_TIME_KEYS}
+        return {**kept, **label, "names": list(self.features)}
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = MANIFEST) -> Manifest:
         if raw.get("format_version") != FORMAT_VERSION:
@@ -106,3 +136,58 @@ class Manifest:
 
     def write(self, folder: str | Path) -> None:
         atomic_write_json(Path(folder) / MANIFEST, self.to_dict())
+
+
+def reconcile_features(cfg, manifest: Manifest, shards: str | Location, *, model: bool = False):
+    """``cfg`` with the shards' own ``features.*`` settings, so that a model's saved config says what
+    it was trained on.  A key left at its default takes the shards' value; a key the run set to a
+    value the shards were not built with is refused in one line naming each key, both values and
+    the remedy (rebuild the shards, or drop the override).  ``model``: ``shards`` is a saved model's
+    folder (whose manifest is that of the shards it was trained on)."""
+    from alchemetric_ray.config import FeaturesConfig
+    from alchemetric_ray.data.features import resolve_feature_names
+
+    default = FeaturesConfig()
+    adopt, conflicts = {}, []
+    for key, built in manifest.feature_settings().items():
+        if not hasattr(cfg.features, key):
+            continue
+        asked = getattr(cfg.features, key)
+        if key == "names":
+            asked = resolve_feature_names(asked)
+            left_default = cfg.features.names == default.names
+        else:
+            left_default = asked == getattr(default, key)
+        if asked == built or (isinstance(built, float) and asked == float(built)):
+            continue
+        if left_default:
+            adopt[key] = built
+        else:
+            conflicts.append((key, asked, built))
+    if conflicts:
+        asked = [f"features.{key}={_text(value)}" for key, value, _ in conflicts]
+        built = ", ".join(f"features.{key}={_text(value)}" for key, _, value in conflicts)
+        if model:
+            raise ShardError(f"the model in {shards} was trained on features with {built}, but this command asks for "
+                             f"{', '.join(asked)}: drop the override, or train a model on features built with "
+                             f"{' '.join(asked)}")
+        raise ShardError(f"the shards in {shards} were built with {built}, but this run asks for {', '.join(asked)}: "
+                         f"rebuild the features with those settings (alchemetric-ray features --out NEW_DIR "
+                         f"{' '.join(asked)}) and train on them, or drop the override to train on these shards")
+    if not adopt:
+        return cfg
+    raw = cfg.to_dict()
+    raw["features"].update(adopt)
+    return type(cfg).from_dict(raw)
+
+
+def with_shard_features(cfg, manifest: Manifest):
+    """``cfg`` with every ``features.*`` setting the shards record: a saved model's config as it was
+    trained, even one saved before configs were reconciled with their shards."""
+    raw = cfg.to_dict()
+    raw["features"].update({key: value for key, value in manifest.feature_settings().items() if key in raw["features"]})
+    return type(cfg).from_dict(raw)
+
+
+def _text(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else "null" if value is None else str(value)

@@ -47,6 +47,7 @@ from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
 from alchemetric_ray.data.splits import SPLITS, SplitPlan, label_end_dates, plan_splits
 from alchemetric_ray.fsutil import unwritable_ancestor
+from alchemetric_ray.outputs import claim
 from alchemetric_ray.storage import Location, locate, preflight
 
 ROWS_PER_FILE = 250_000
@@ -164,7 +165,7 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
         raise ShardError(f"staged features {staged.names} ({staged.label['scheme']}) are not this config's {names} "
                          f"({spec.scheme})")
     _check_output(out, cfg)
-    with out.staged(last=(MANIFEST,)) as tmp:
+    with out.staged(kind="shards", last=(MANIFEST,)) as tmp:
         features = staged or stage_features(cfg, tmp / "_staging", bars=bars,
                                             source_description=source_description, progress=progress)
         stats, staging = features.stats, features.folder
@@ -186,6 +187,7 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
             features=names,
             label={**spec.__dict__, "classes": spec.classes, "reach": spec.reach},
             window=cfg.features.window,
+            built_with=cfg.to_dict()["features"],
             splits=plan.as_dict(),
             normalization=normalizer.as_dict(),
             rows=counts["rows"],
@@ -204,8 +206,7 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
 
 def _check_output(out: Location, cfg: RunConfig) -> None:
     preflight(out)  # object storage: credentials, endpoint and bucket, before any work
-    if out.exists() and not (out / MANIFEST).is_file() and (out.listing(folders=True) or out.listing(folders=False)):
-        raise ShardError(f"output folder {out} exists and is not a feature-shard folder; refusing to replace it")
+    claim(out, "shards", what="output folder")  # only our own shards are replaced
     if not out.is_local:
         return
     if cfg.data.path:

@@ -31,6 +31,7 @@ from alchemetric_ray.data.normalize import Normalizer
 from alchemetric_ray.data.shards import feature_table
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import is_uri
+from alchemetric_ray.outputs import claim_signals_file, signals_metadata
 from alchemetric_ray.signals.metrics import quantile_positions
 from alchemetric_ray.storage import Location, local_copy, locate
 from alchemetric_ray.train.metrics import direction_score
@@ -232,6 +233,7 @@ def predict(model_dir: str | Path | Location, data: str | None, out: str | Path 
     loaded = load_model(model_dir)
     cfg = cfg or loaded.config
     _check_paths(data, out)
+    claim_signals_file(out, what="signals output")  # before any work: a folder or a foreign file is refused
     ensure_ray(cfg)
     with tempfile.TemporaryDirectory(prefix="alchemetric-predict-") as tmp:
         staging = staged or Path(tmp)
@@ -320,5 +322,9 @@ def _write_signals(scored: pd.DataFrame, loaded, model_dir: Location, out: Locat
     frame = frame.sort_values(["date", "ticker"]).reset_index(drop=True)
     if len(frame):
         warn_if_uncertified(model_dir, frame["device"].iloc[0].split(":")[0], frame["precision"].iloc[0])
-    out.write_bytes(frame.to_parquet(index=False))  # whole or not at all: renamed locally, one PUT on a bucket
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.replace_schema_metadata(signals_metadata(table.schema.metadata))  # marked as our signals file
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    out.write_bytes(sink.getvalue().to_pybytes())  # whole or not at all: renamed locally, one PUT on a bucket
     return frame

@@ -36,6 +36,7 @@ from alchemetric_ray.fsutil import (
 )
 from alchemetric_ray.hardware import resolve_device, resolve_precision
 from alchemetric_ray.models import build_model, model_spec
+from alchemetric_ray.outputs import claim
 from alchemetric_ray.storage import Location, locate
 from alchemetric_ray.train.checkpoint import CheckpointError, load_state, read_meta
 from alchemetric_ray.train.evaluate import model_inputs, predict_proba, split_frame
@@ -110,8 +111,7 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
                                            splits=("val", "test") if look else ("val",))
     metrics["history"] = meta["loop"]["history"]
     metrics.update(extra or {})
-    models = locate(cfg.storage.models_dir)
-    target = models / safe_child(".", cfg.storage.name, "storage.name").name
+    target = model_folder(cfg)
     chosen = {k: val.get(f"ls_{k}") for k in ("sr", "skew", "kurt", "days")}
     selection = selection or {"sweep": None, "srs": [chosen["sr"]], "chosen": chosen}
     ledger_files = ledger.carried(target, ledger.trial_entry(command, manifest.splits, **selection))
@@ -125,7 +125,7 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
              CARD: model_card(cfg, manifest, metrics, info).encode("utf-8")}
     check_models_dir(cfg.storage.models_dir, sum(len(data) for data in files.values())
                      + sum(len(data) for data in ledger_files.values()) + len(json_bytes(manifest.to_dict())))
-    with target.staged(last=(META,)) as tmp:  # meta.json last: a reader that sees it sees the rest
+    with target.staged(kind="model", last=(META,)) as tmp:  # meta.json last: a reader that sees it sees the rest
         for name in (WEIGHTS, CONFIG, METRICS):
             atomic_write_bytes(tmp / name, files[name])
         for name, data in ledger_files.items():
@@ -137,6 +137,16 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
         for name in (META, CARD):
             atomic_write_bytes(tmp / name, files[name])
     return target
+
+
+def model_folder(cfg: RunConfig) -> Location:
+    """Where this run's model is exported: ``storage.models_dir/storage.name``."""
+    return locate(cfg.storage.models_dir) / safe_child(".", cfg.storage.name, "storage.name").name
+
+
+def claim_model_folder(cfg: RunConfig) -> None:
+    """Before any work: the model folder is absent, empty or a model of ours, else refused in one line."""
+    claim(model_folder(cfg), "model", what="model folder (storage.models_dir/storage.name)")
 
 
 def check_models_dir(folder: str | Path, need: int | None = None) -> None:

@@ -17,10 +17,11 @@ import logging
 import os
 import time
 
-from alchemetric_ray import console
+from alchemetric_ray import console, interrupts
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import is_uri, safe_child
+from alchemetric_ray.outputs import check_writable
 from alchemetric_ray.storage import S3_SETTINGS, Location, StorageError, locate, preflight
 
 # Each ray.train.report() waits up to this interval (Ray's default is 2 s): a deliberate,
@@ -75,6 +76,7 @@ def ensure_ray(cfg: RunConfig) -> None:
     console.quiet_ray_logger()
     quiet = {"logging_level": logging.INFO if console.verbose() else logging.WARNING, "log_to_driver": True}
     if os.environ.get("RAY_ADDRESS"):
+        check_ray_address(os.environ["RAY_ADDRESS"])  # one line within seconds, not Ray's retries for minutes
         # Ray's own helpers in our actors (Train's placement-group cleaner) find the cluster through
         # RAY_ADDRESS too; without it they fail wherever several Ray instances share a machine.
         env["RAY_ADDRESS"] = os.environ["RAY_ADDRESS"]
@@ -95,10 +97,47 @@ def ensure_ray(cfg: RunConfig) -> None:
                  dashboard_port=port, runtime_env=runtime_env, **quiet)
         _written_api_servers.add(env[API_SERVER_ENV])
         os.environ[API_SERVER_ENV] = env[API_SERVER_ENV]
+    interrupts.reroute_after_ray()  # ray.init replaced SIGTERM's handler: a stop signal is a Ctrl-C again
     console.quiet_driver()
     logs = console.session_logs()
     if logs:
         print(f"ray: session logs in {logs}", flush=True)
+
+
+RAY_HEAD_PROBE_S = 5.0  # how long a head named by RAY_ADDRESS has to accept a connection
+
+
+class RayAddressError(UserError):
+    pass
+
+
+def check_ray_address(address: str) -> None:
+    """Refuse, in one line, a ``RAY_ADDRESS`` that cannot be joined: the dashboard's ``http://`` address
+    (the one ``ray job submit`` takes) or a head whose port does not accept a connection within
+    :data:`RAY_HEAD_PROBE_S` (``ray.init`` would retry for minutes).  ``auto``, ``local`` and
+    ``ray://`` (Ray Client) addresses are Ray's to resolve."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if address in ("auto", "local") or address.startswith("ray://"):
+        return
+    if address.startswith(("http://", "https://")):
+        raise RayAddressError(f"RAY_ADDRESS={address} is a Ray dashboard's address, the one `ray job submit` "
+                              "takes: unset RAY_ADDRESS for a local run (e.g. env -u RAY_ADDRESS ...), or submit "
+                              f"this command with: ray job submit --address {address} -- alchemetric-ray ...")
+    parts = urlsplit(f"//{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port = None, None
+    if not host or not port:
+        raise RayAddressError(f"RAY_ADDRESS={address} is not a Ray head's HOST:PORT (e.g. 10.0.0.5:6379); unset it "
+                              "for a local run")
+    try:
+        socket.create_connection((host, port), timeout=RAY_HEAD_PROBE_S).close()
+    except OSError as exc:
+        raise RayAddressError(f"RAY_ADDRESS={address}: no Ray head answers there ({exc.strerror or exc}); start it "
+                              "(ray start --head) or check the address, or unset RAY_ADDRESS for a local run") from None
 
 
 def reserve_local_port() -> int:
@@ -165,12 +204,14 @@ def train_storage(cfg: RunConfig) -> dict:
 
 
 def check_storage_access(cfg: RunConfig, *, export: bool = True) -> None:
-    """Before any work: every object-storage location the run will use has credentials, an
-    endpoint that answers and a bucket (``storage.preflight``); one line otherwise."""
+    """Before any work (and before Ray starts): every object-storage location the run will use has
+    credentials, an endpoint that answers and a bucket (``storage.preflight``), and a local
+    ``storage.path`` can be written (not a read-only file system); one line otherwise."""
     places = [cfg.storage.path, *([cfg.storage.models_dir] if export else []),
               *([cfg.data.path] if cfg.data.path and is_uri(cfg.data.path) else [])]
     for place in places:
         preflight(locate(place))
+    check_writable(cfg.storage.path, "config 'storage.path':", inside=True)
 
 
 def run_name(cfg: RunConfig, *, sweep: bool = False) -> str:

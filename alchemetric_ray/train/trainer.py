@@ -18,7 +18,7 @@ from typing import Any
 from alchemetric_ray import console
 from alchemetric_ray.config import ConfigError, RunConfig, loss_of
 from alchemetric_ray.data.loaders import build_datasets, check_shard_files
-from alchemetric_ray.data.manifest import MANIFEST, Manifest
+from alchemetric_ray.data.manifest import MANIFEST, Manifest, reconcile_features
 from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.errors import Interrupted, UserError
 from alchemetric_ray.fsutil import is_uri, safe_child
@@ -28,7 +28,7 @@ from alchemetric_ray.models import model_spec
 from alchemetric_ray.storage import Location, StorageError, local_copy, locate
 from alchemetric_ray.train.autoscale import CONTROLLER_FAILURE_LIMIT, run_bundles, scale_up
 from alchemetric_ray.train.capacity import discover_capacity
-from alchemetric_ray.train.export import check_models_dir, estimated_export_bytes, export_model
+from alchemetric_ray.train.export import check_models_dir, claim_model_folder, estimated_export_bytes, export_model
 from alchemetric_ray.train.metrics import selection_metric, selection_mode
 from alchemetric_ray.train.plan import ResourcePlan, plan_resources
 from alchemetric_ray.train.session import (
@@ -66,16 +66,27 @@ class TrainOutcome:
 def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Location:
     """The feature shards for ``cfg``: ``data.path`` itself if it holds shards (a local folder or
     object storage), else built from the raw bars into ``<storage.path>/features/<storage.name>``."""
-    if cfg.data.path and (locate(cfg.data.path) / MANIFEST).is_file():
-        return locate(cfg.data.path)
+    given = given_shards(cfg)
+    if given is not None:
+        return given
     out = storage_location(cfg) / "features" / safe_child(".", cfg.storage.name, "storage.name").name
     print(f"features: building shards from {cfg.data.path or cfg.data.source} into {out}", flush=True)
     if cfg.data.path and is_uri(cfg.data.path):  # raw bars on object storage: read from a temporary local copy
         with local_copy(cfg.data.path) as raw:
-            build_shards(cfg.replace(f"data.path={raw}"), out, source_description=cfg.data.path, progress=progress)
+            built = build_shards(cfg.replace(f"data.path={raw}"), out, source_description=cfg.data.path,
+                                 progress=progress)
     else:
-        build_shards(cfg, out, progress=progress)
+        built = build_shards(cfg, out, progress=progress)
+    for line in built.manifest.notes():
+        print(f"features: {line}", flush=True)
     return out
+
+
+def given_shards(cfg: RunConfig) -> Location | None:
+    """``data.path`` where it is a feature-shard folder already built (it holds a manifest), else None."""
+    if cfg.data.path and (locate(cfg.data.path) / MANIFEST).is_file():
+        return locate(cfg.data.path)
+    return None
 
 
 def adopt_target(cfg: RunConfig, manifest: Manifest) -> RunConfig:
@@ -194,7 +205,11 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
         preflight(cfg.tracking.mlflow_uri)
     if export:
         check_models_dir(cfg.storage.models_dir)  # refused now, not after the training
+        claim_model_folder(cfg)
     check_storage_access(cfg, export=export)  # credentials, endpoint, buckets: before Ray starts
+    given = given_shards(cfg)
+    if given is not None:  # features.* overrides the shards were not built with: refused before Ray starts
+        reconcile_features(cfg, Manifest.read(given), given)
     ensure_ray(cfg)
     check_storage_reaches_every_node(cfg)
     plan = plan_resources(cfg, ray.cluster_resources(), discover_capacity(cfg), trial=sweep)  # before any shard
@@ -203,7 +218,7 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     shards = prepare_shards(cfg, progress=progress)
     manifest = Manifest.read(shards)
     check_shard_files(shards, manifest)  # once, here: a sweep's trials skip it
-    cfg = adopt_target(cfg, manifest)
+    cfg = adopt_target(reconcile_features(cfg, manifest, shards), manifest)
     check_compatible(cfg, manifest)
     if export:  # the model's real size, now that its inputs are known
         check_models_dir(cfg.storage.models_dir, estimated_export_bytes(cfg, manifest))

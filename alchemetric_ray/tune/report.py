@@ -529,7 +529,7 @@ def write_sweep_report(out_dir: str | Path | Location, summary: dict) -> Path | 
     if not isinstance(summary, dict):
         raise TypeError(f"summary must be a dict, not {type(summary).__name__}")
     target = locate(out_dir)
-    with target.staged(last=(INDEX,)) as tmp:
+    with target.staged(kind="sweep-report", last=(INDEX,)) as tmp:
         _build(tmp, summary)
     index = target / INDEX
     return Path(out_dir) / INDEX if index.is_local else index  # a local report: the path as given

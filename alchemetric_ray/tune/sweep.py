@@ -27,7 +27,7 @@ from typing import Any
 from alchemetric_ray import console
 from alchemetric_ray.config import REGRESSION_LABELS, ConfigError, RunConfig, metric_target_problem
 from alchemetric_ray.data.loaders import build_datasets
-from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.data.manifest import Manifest, reconcile_features
 from alchemetric_ray.errors import Interrupted, UserError
 from alchemetric_ray.interrupts import seen_during
 from alchemetric_ray.models import load_model_module, model_spec
@@ -237,7 +237,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
         model_spec(name)
     run = prepare_run(trial_config(cfg), sweep=True, export=export, progress=progress)
     name, plan = run.name, run.plan
-    cfg, trial_cfg = adopt_target(cfg, run.manifest), run.cfg  # the shards' target
+    cfg, trial_cfg = adopt_target(reconcile_features(cfg, run.manifest, run.shards), run.manifest), run.cfg
     targets = {trial_cfg.features.label: (run.shards, run.manifest)}
     labels = _values_of(cfg.tune.space.get("features.label"), trial_cfg.features.label)
     for label in labels:  # a label kind in the space: shards per label, each trial reads its own
