@@ -128,9 +128,9 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
         try:
             result = evaluate(outcome.model_dir, args.data, report_dir, cfg)
         except KeyboardInterrupt:
-            raise Interrupted(f"interrupted while evaluating; the model is saved in {outcome.model_dir}: evaluate it "
-                              f"with alchemetric-ray evaluate --model {outcome.model_dir} --out {report_dir}",
-                              resumable=False) from None
+            raise Interrupted(f"interrupted while evaluating; the model is saved in {outcome.model_dir}",
+                              resumable=False, remedy=f"evaluate it with: alchemetric-ray evaluate --model "
+                                                  f"{outcome.model_dir} --out {report_dir}") from None
         print(verdict_table(result))
         print(f"report: {report_dir / 'report.md'} (equity curves: {report_dir / 'equity.png'})")
         if outcome.tracker is not None:
@@ -344,16 +344,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.set_verbose(args.verbose)
     console.plain_output()
     logging.basicConfig(level=logging.INFO if console.verbose() else logging.WARNING, format="%(message)s")
-    interrupts.route_stop_signals()  # SIGTERM and SIGHUP end a command as Ctrl-C does
     ray_before = _ray_running()
-    try:
-        return _run(args, list(sys.argv[1:] if argv is None else argv))
-    finally:
-        if _ray_running() and not ray_before:  # the Ray this command started: every process of it ended now
-            import ray
+    with interrupts.stop_signals_as_ctrl_c():  # SIGTERM and SIGHUP end a command as Ctrl-C does
+        try:
+            return _run(args, list(sys.argv[1:] if argv is None else argv))
+        finally:
+            if _ray_running() and not ray_before:  # the Ray this command started: every process of it ended now
+                import ray
 
-            with interrupts.deferred():  # a signal now cannot cut the shutdown short
-                ray.shutdown()
+                with interrupts.deferred():  # a signal now cannot cut the shutdown short
+                    ray.shutdown()
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -363,7 +363,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         return fn(args, cfg)
     except Interrupted as exc:  # Ctrl-C (or SIGTERM, SIGHUP), after the run kept what it finished
         hint = f"; continue with: alchemetric-ray {shlex.join([*argv, *([] if '--resume' in argv else ['--resume'])])}"
-        print(f"{_by_signal(str(exc))}{hint if exc.resumable else ''}", file=sys.stderr, flush=True)
+        print(f"{_by_signal(str(exc))}{hint if exc.resumable else '; ' + exc.remedy}", file=sys.stderr, flush=True)
         return interrupts.exit_code()
     except KeyboardInterrupt:
         print(f"alchemetric-ray {args.command}: {_by_signal('interrupted')} before it finished (nothing half-written "

@@ -74,6 +74,11 @@ RAY_LOG_MESSAGES = (
     "Token authentication is enabled for this Ray cluster.",
     # Ray Data's advert for its progress bars, once they are off (as we asked).
     "Progress bars disabled. To enable, set",
+    # Tune on a Ctrl-C, SIGTERM or SIGHUP: our one line says what was kept and which command resumes
+    # (Tune's names its own Python API, and a trial stopped before its first report as missing files)
+    "Stop signal received (e.g. via SIGINT/Ctrl+C), ending Ray Tune run",
+    "Experiment has been interrupted, but the most recent state was saved",
+    "Failed to fetch metrics for",
 )
 
 

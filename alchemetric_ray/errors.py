@@ -10,6 +10,7 @@ class Interrupted(UserError, KeyboardInterrupt):
     prints the message with the command that continues it (``resumable``) and exits as a shell
     reports that signal (130, 143, 129: ``interrupts.exit_code``)."""
 
-    def __init__(self, message: str, *, resumable: bool = True) -> None:
+    def __init__(self, message: str, *, resumable: bool = True, remedy: str = "run the same command again") -> None:
         super().__init__(message)
         self.resumable = resumable
+        self.remedy = remedy  # what to do where the run cannot be resumed

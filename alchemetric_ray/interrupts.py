@@ -76,17 +76,33 @@ _received: list[int] = []
 _routing = False
 
 
-def route_stop_signals() -> None:
-    """SIGTERM (Kubernetes' eviction, ``ray job stop``, ``kill``) and SIGHUP (a closed terminal) are
-    handled as a Ctrl-C: whatever SIGINT handler is in place at that moment runs (ours, Ray Train's,
-    Tune's, Python's ``KeyboardInterrupt``), so the finished work is kept the same way.  For the
-    command line (a notebook's kernel keeps its own handlers); :func:`stop_signal` then says which
-    signal it was.  ``ray.init`` installs its own SIGTERM handler (``sys.exit``) and a C++ one that
-    aborts with a crash dump: :func:`reroute_after_ray` puts ours back once Ray is up."""
+@contextlib.contextmanager
+def stop_signals_as_ctrl_c() -> Iterator[None]:
+    """While the block runs, SIGTERM (Kubernetes' eviction, ``ray job stop``, ``kill``) and SIGHUP (a
+    closed terminal) are handled as a Ctrl-C: whatever SIGINT handler is in place at that moment runs
+    (ours, Ray Train's, Tune's, Python's ``KeyboardInterrupt``), so the finished work is kept the
+    same way; :func:`stop_signal` says which signal it was.  For the command line (a notebook's
+    kernel keeps its own handlers).  ``ray.init`` installs its own SIGTERM handler (``sys.exit``) and
+    a C++ one that aborts with a crash dump: :func:`reroute_after_ray` puts ours back once Ray is up.
+    The handlers from before the block are put back after it."""
     global _routing
     if threading.current_thread() is not threading.main_thread():
+        yield
         return
+    sigs = [getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name)]
+    before = {sig: signal.getsignal(sig) for sig in sigs}
+    _received.clear()
     _routing = True
+    _route()
+    try:
+        yield
+    finally:
+        _routing = False
+        for sig, handler in before.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _route() -> None:
     for name in STOP_SIGNALS:
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), _as_ctrl_c)
@@ -94,8 +110,8 @@ def route_stop_signals() -> None:
 
 def reroute_after_ray() -> None:
     """After ``ray.init``: the stop signals handled as Ctrl-C again, where :func:`route_stop_signals` asked."""
-    if _routing:
-        route_stop_signals()
+    if _routing and threading.current_thread() is threading.main_thread():
+        _route()
 
 
 def _as_ctrl_c(signum, frame) -> None:

@@ -26,6 +26,7 @@ from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import DiskFullError, atomic_torch_save, atomic_write_json, atomic_write_text
+from alchemetric_ray.outputs import MARK
 from alchemetric_ray.train.checkpoint import CheckpointMeta, LoopState, checkpoint_problem, save_checkpoint
 from alchemetric_ray.train.export import (
     MIN_EXPORT_BYTES,
@@ -47,8 +48,9 @@ def one_line(exc: BaseException) -> str:
 
 
 def leftovers(folder: Path) -> list[str]:
-    """Hidden files and folders (the writers' temporary ``.name.tmp-*``) under ``folder``."""
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob(".*"))
+    """Hidden files and folders (the writers' temporary ``.name.tmp-*``) under ``folder``; an output's
+    mark (``outputs.MARK``) is no leftover."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob(".*") if p.name != MARK)
 
 
 def _usage(free: int):
@@ -228,7 +230,8 @@ def test_an_export_bigger_than_the_disk_and_the_same_export_elsewhere(tiny_disk,
     roomy = load_config(None, [*overrides, f"storage.models_dir={tmp_path / 'models'}"])
     target = export_model(ckpt, roomy, syn_shards)
     assert sorted(p.name for p in Path(target).iterdir()) == sorted(
-        ["weights.pt", "config.json", "manifest.json", "metrics.json", "meta.json", "model_card.md", "trials.json"])
+        ["weights.pt", "config.json", "manifest.json", "metrics.json", "meta.json", "model_card.md", "trials.json",
+         ".alchemetric-ray.json"])  # the mark: a model folder of ours, which a later export may replace
     assert json.loads((Path(target) / "manifest.json").read_text()) == manifest.to_dict()
     loaded = load_model(target)
     saved = torch.load(ckpt / "state.pt", weights_only=True)["model"]

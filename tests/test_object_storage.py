@@ -18,6 +18,7 @@ from conftest import S3_SECRET
 
 from alchemetric_ray.cli import main
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
+from alchemetric_ray.outputs import MARK
 from alchemetric_ray.storage import locate
 
 TICKERS = "AAPL,MSFT,XOM"
@@ -57,7 +58,8 @@ def test_shards_on_a_bucket_manifest_last_and_only_listed_files_are_read(s3, sto
     manifest = Manifest.read(f"{bucket}/shards")
     listed = [f"shards/{name}" for files in manifest.files.values() for name in files]
     assert listed and f"shards/{MANIFEST}" in keys and set(listed) <= set(keys)
-    assert not any(k.startswith("shards/.") or "/.shards" in k for k in keys)  # no upload prefix left behind
+    assert not any((k.startswith("shards/.") and k != f"shards/{MARK}") or "/.shards" in k for k in keys)  # no upload
+    assert f"shards/{MARK}" in keys  # the mark: shards of ours, which a later features --out may replace
     assert list(tmp_path.iterdir()) == []  # a URI never becomes a local folder (no "s3:" here)
 
     # a stray file in a split's folder (an older or unfinished build) is not read
