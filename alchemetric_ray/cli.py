@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import shlex
 import sys
 import typing
@@ -339,8 +340,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OVERRIDE = re.compile(r"^[A-Za-z_]\w*\.[A-Za-z_][\w.]*=")  # section.key=value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with ``section.key=value`` overrides anywhere in it: argparse takes the
+    positionals in one run, so an override after an option that follows another override is handed
+    back as unknown; each such ``key=value`` joins the overrides, in order, and anything else is the
+    usual "unrecognized arguments" error."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    stray = [arg for arg in rest if not OVERRIDE.match(arg)]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    args.overrides = [*args.overrides, *rest]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     console.set_verbose(args.verbose)
     console.plain_output()
     logging.basicConfig(level=logging.INFO if console.verbose() else logging.WARNING, format="%(message)s")
