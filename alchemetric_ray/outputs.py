@@ -2,7 +2,7 @@
 
 Every folder a command writes whole (feature shards, an exported model, an evaluation report, a
 sweep report) carries a small mark, :data:`MARK` (``{"kind": "model"}``), written into its stage
-(``Location.staged(kind=...)``).  Before any work, a command :func:`claim` s each place it will
+(:func:`staged_output`).  Before any work, a command :func:`claim` s each place it will
 write: a place that does not exist, an empty folder, or a folder whose mark names the same kind
 (or, made before the mark existed, that holds that kind's own files) may be replaced; anything
 else (a user's notes, a model where a report was asked for, a file where a folder goes) is
@@ -13,9 +13,13 @@ carries its kind in its Parquet schema's metadata (:func:`signals_metadata`).
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from alchemetric_ray.errors import UserError
+from alchemetric_ray.fsutil import is_uri, unwritable_ancestor
+from alchemetric_ray.storage import Location, locate
 
 MARK = ".alchemetric-ray.json"
 SIGNALS_KEY = b"alchemetric_ray.kind"
@@ -59,8 +63,6 @@ def check_writable(where, what: str, *, inside: bool = False) -> None:
     """Refuse a local folder (or file) this process cannot create or replace (beside it: its stage;
     ``inside``: write into it): a read-only file system, no permission, or a file where a folder
     must be.  Object storage is checked by ``storage.preflight``."""
-    from alchemetric_ray.fsutil import is_uri, unwritable_ancestor
-
     if is_uri(where):
         return
     path = Path(where).absolute()
@@ -75,8 +77,6 @@ def claim(where, kind: str, *, what: str | None = None) -> None:
     """Refuse, in one line, to replace ``where`` unless it is absent, an empty folder, or this
     product's own ``kind`` of output, in a place this process can write.  Call it before any work;
     ``what`` names the option."""
-    from alchemetric_ray.storage import locate
-
     location = locate(where)
     label = f"{what} {location}" if what else str(location)
     if location.is_local:
@@ -111,8 +111,6 @@ def signals_metadata(metadata: dict | None) -> dict:
 def claim_signals_file(where, *, what: str | None = None) -> None:
     """:func:`claim` for a signals Parquet file: a folder there, or a file that is not a signals file
     this product wrote, is refused."""
-    from alchemetric_ray.storage import locate
-
     location = locate(where)
     label = f"{what} {location}" if what else str(location)
     if location.is_local:
@@ -139,5 +137,13 @@ def _is_signals_file(location) -> bool:
     return metadata.get(SIGNALS_KEY) == b"signals" or _SIGNAL_COLUMNS.issubset(schema.names)
 
 
-def write_mark(stage: Path, kind: str) -> None:
-    (stage / MARK).write_bytes(mark_bytes(kind))
+@contextmanager
+def staged_output(where: str | Path | Location, kind: str, *, last: tuple[str, ...] = ()) -> Iterator[Path]:
+    """``with staged_output(out, "model") as stage:`` build an output folder of ``kind`` that then
+    replaces ``out`` whole (``Location.staged``), marked as ours; ``out`` is claimed first
+    (:func:`claim`: anything else there is refused, untouched)."""
+    location = locate(where)
+    claim(location, kind)
+    with location.staged(last=last) as stage:
+        (stage / MARK).write_bytes(mark_bytes(kind))
+        yield stage

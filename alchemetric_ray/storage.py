@@ -157,20 +157,14 @@ class Location:
         self.write_bytes(json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
 
     @contextmanager
-    def staged(self, *, kind: str | None, last: tuple[str, ...] = ()) -> Iterator[Path]:
-        """``with loc.staged(kind="model") as stage:`` build a local folder that then replaces this
-        location whole (``fsutil.staged_dir``); files named in ``last`` are put in place after all
-        others.  ``kind`` marks the folder as this product's output of that kind, and the location is
-        claimed first (``outputs.claim``: anything else there is refused, untouched); None for a
-        folder inside one the product made and names itself (a run's ``epoch-NNNN`` checkpoint)."""
-        from alchemetric_ray.outputs import claim, write_mark
-
-        if kind is not None:
-            claim(self, kind)
+    def staged(self, *, last: tuple[str, ...] = ()) -> Iterator[Path]:
+        """``with loc.staged() as stage:`` build a local folder that then replaces this location
+        whole (``fsutil.staged_dir``); files named in ``last`` are put in place after all others.
+        An output a command writes goes through ``outputs.staged_output``, which first makes sure
+        that what it replaces is the product's own; this is for a folder inside one the product made
+        and names itself (a run's ``epoch-NNNN`` checkpoint)."""
         target = self.local if self.is_local else self.path
         with staged_dir(target, None if self.is_local else self.filesystem, last=last) as stage:
-            if kind is not None:
-                write_mark(stage, kind)
             yield stage
 
     def download(self, into: Path) -> Path:

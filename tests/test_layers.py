@@ -21,7 +21,7 @@ ROOT = PACKAGE.name
 # of a higher one.  Names are the package's top-level modules and sub-packages.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # plain helpers: no Ray, no torch models, no devices
-    ("errors", "config", "config_reference", "fsutil", "storage", "console", "interrupts"),
+    ("errors", "config", "config_reference", "fsutil", "storage", "outputs", "console", "interrupts"),
     ("hardware",),  # the only package that knows device kinds
     ("data",),  # bars -> features -> shards -> Ray Data
     ("models",),  # nn.Modules chosen by name
@@ -189,3 +189,13 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
         [f"{ROOT}.train.a", f"{ROOT}.train.b", f"{ROOT}.train.a"],
     ]
     assert layer_of(f"{ROOT}.fsutil") < layer_of(f"{ROOT}.data.c") < layer_of(f"{ROOT}.train.a")
+
+
+def test_the_per_worker_loop_reads_in_one_screen():
+    """``run_loop`` stays at most 60 lines: what grows (checks, logging, interrupts) goes into the
+    objects that own it, not into the loop."""
+    import ast
+
+    source = (Path(__file__).resolve().parents[1] / "alchemetric_ray" / "train" / "loop.py").read_text()
+    loop = next(node for node in ast.parse(source).body if getattr(node, "name", None) == "run_loop")
+    assert loop.end_lineno - loop.lineno + 1 <= 60

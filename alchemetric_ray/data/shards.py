@@ -47,7 +47,7 @@ from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
 from alchemetric_ray.data.splits import SPLITS, SplitPlan, label_end_dates, plan_splits
 from alchemetric_ray.fsutil import unwritable_ancestor
-from alchemetric_ray.outputs import claim
+from alchemetric_ray.outputs import claim, staged_output
 from alchemetric_ray.storage import Location, locate, preflight
 
 ROWS_PER_FILE = 250_000
@@ -165,7 +165,7 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
         raise ShardError(f"staged features {staged.names} ({staged.label['scheme']}) are not this config's {names} "
                          f"({spec.scheme})")
     _check_output(out, cfg)
-    with out.staged(kind="shards", last=(MANIFEST,)) as tmp:
+    with staged_output(out, "shards", last=(MANIFEST,)) as tmp:
         features = staged or stage_features(cfg, tmp / "_staging", bars=bars,
                                             source_description=source_description, progress=progress)
         stats, staging = features.stats, features.folder

@@ -30,7 +30,7 @@ from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text, is_uri
-from alchemetric_ray.outputs import claim
+from alchemetric_ray.outputs import claim, staged_output
 from alchemetric_ray.signals import metrics as sm
 from alchemetric_ray.signals.predict import (
     direction_score,
@@ -356,7 +356,7 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
                               "evaluations; choose one (signals.refit_every sets the pooled one's refits)")
     metrics = json.loads((model_dir / "metrics.json").read_text()) if (model_dir / "metrics.json").is_file() else {}
     splits = loaded.manifest.splits
-    with out_dir.staged(kind="evaluation") as tmp:
+    with staged_output(out_dir, "evaluation") as tmp:
         signals = predict(model_dir, data, tmp / "signals.parquet", cfg)
         inputs = inputs_frame(loaded, data, on_duplicate=cfg.data.on_duplicate if data else None)
         window = new_data_window(inputs, loaded.manifest) if data else None

@@ -36,7 +36,7 @@ from alchemetric_ray.fsutil import (
 )
 from alchemetric_ray.hardware import resolve_device, resolve_precision
 from alchemetric_ray.models import build_model, model_spec
-from alchemetric_ray.outputs import claim
+from alchemetric_ray.outputs import claim, staged_output
 from alchemetric_ray.storage import Location, locate
 from alchemetric_ray.train.checkpoint import CheckpointError, load_state, read_meta
 from alchemetric_ray.train.evaluate import model_inputs, predict_proba, split_frame
@@ -125,7 +125,7 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
              CARD: model_card(cfg, manifest, metrics, info).encode("utf-8")}
     check_models_dir(cfg.storage.models_dir, sum(len(data) for data in files.values())
                      + sum(len(data) for data in ledger_files.values()) + len(json_bytes(manifest.to_dict())))
-    with target.staged(kind="model", last=(META,)) as tmp:  # meta.json last: a reader that sees it sees the rest
+    with staged_output(target, "model", last=(META,)) as tmp:  # meta.json last: a reader that sees it sees the rest
         for name in (WEIGHTS, CONFIG, METRICS):
             atomic_write_bytes(tmp / name, files[name])
         for name, data in ledger_files.items():

@@ -97,27 +97,11 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
     phases = phases or PhaseLog()
     console.quiet_worker()  # this worker's own Ray Data context and loggers: our lines only
     cfg = RunConfig.from_dict(config["run"])
-    train_cfg = cfg.train
-    manifest = config["manifest"]
+    train_cfg, manifest = cfg.train, config["manifest"]
     worker = _place_worker(cfg, config["plan"], runtime)
-
-    torch.manual_seed(train_cfg.seed)  # the same on every rank: DDP starts from identical weights
-    model = build_model(cfg.model, len(manifest.features), manifest.outputs,
-                        window=cfg.features.window)
-    model = runtime.prepare_model(model, worker.device)
-    core = model.module if hasattr(model, "module") else model  # checkpoints hold the plain module's keys
-    # the known-bug table against this run, here (the driver in local mode, each worker otherwise)
-    known = check_backend(cfg, len(manifest.features), manifest.outputs, worker.device, worker.precision,
-                          world=worker.world, fused_optimizer=fused_adamw_supported(list(core.parameters())))
-    for line in known.lines:
-        worker.say(line)
+    model, core, known = _model(cfg, manifest, worker, runtime)
     loss = loss_of(cfg)
-    data = WorkerBatches.open(runtime.shard("train"), runtime.shard("val"),
-                              collate_for(model_spec(cfg.model).inputs, manifest.features),
-                              Batching(train_cfg.batch_size, train_cfg.seed, by_date=loss == "ic"), worker.device,
-                              cache=train_cfg.cache_data, fraction=train_cfg.device_cache_fraction,
-                              sharers=gpu_sharers(config["plan"].gpus_per_worker),
-                              fewest=lambda n: min(_gather_list(n, worker.world)))
+    data = _batches(cfg, manifest, loss, worker, runtime, config["plan"])
     phases.mark("read")
     worker.say(f"worker {worker.rank}: data path {data.path}", detail=data.path.kind == HOST)
     trainables = _trainables(core, train_cfg, worker, data.steps_per_epoch(manifest.rows["train"] // worker.world))
@@ -143,8 +127,8 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
         phases.mark("validate", epoch)
         state.epoch = epoch
         row = {"epoch": epoch, "train_loss": train_loss, **_scalars(metrics), "samples_per_s": samples_per_s,
-               "skipped_steps": skipped, "lr": trainables.scheduler.get_last_lr()[0],
-               "improved": improved, **_shadow_row(shadow)}
+               "skipped_steps": skipped, "lr": trainables.scheduler.get_last_lr()[0], "improved": improved,
+               **_shadow_row(shadow)}
         if worker.rank == 0:
             state.history.append(row)
         _report(row, trainables, meta.at(state, metrics), worker.rank, runtime)
@@ -154,20 +138,57 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
         worker.say(_epoch_line(row, train_cfg, metric, worker.device, worker.precision.mode),
                    detail=not config.get("epoch_lines", True))
         # Stop only after the report: the last epoch's checkpoint is what a resumed run continues from.
-        if train_cfg.stop_after and epoch + 1 - start_epoch >= train_cfg.stop_after and epoch + 1 < train_cfg.epochs:
-            worker.say(f"stopping after {train_cfg.stop_after} epoch(s) this session (train.stop_after); "
-                       f"resume with the same storage.run to continue at epoch {epoch + 2}")
-            break
-        if stop:
-            stopped_early = epoch + 1 < train_cfg.epochs
-            if stopped_early:  # at the last epoch the run ends anyway: nothing was stopped early
-                worker.say(f"early stop after epoch {epoch + 1}: "
-                           f"no {metric} improvement for {train_cfg.patience} epoch(s)")
+        ended, stopped_early = _ends_here(worker, train_cfg, epoch, start_epoch, stop, metric)
+        if ended:
             break
 
     summary = _summary(worker, state, data, stopped_early, epochs_here=state.epoch + 1 - start_epoch, phases=phases)
     summary.update(known_bugs=known.as_dict(), shadow=shadow.stats.as_dict() if shadow else None)
     return summary
+
+
+def _model(cfg: RunConfig, manifest, worker: _Worker, runtime: TrainGroup | TrialProcess | LocalRun):
+    """The model on this worker's device (wrapped for DDP where the group has several), its plain
+    module (whose keys checkpoints hold), and the known-bug table checked against this run (here:
+    the driver in local mode, each worker otherwise), its findings said."""
+    torch.manual_seed(cfg.train.seed)  # the same on every rank: DDP starts from identical weights
+    model = build_model(cfg.model, len(manifest.features), manifest.outputs, window=cfg.features.window)
+    model = runtime.prepare_model(model, worker.device)
+    core = model.module if hasattr(model, "module") else model
+    known = check_backend(cfg, len(manifest.features), manifest.outputs, worker.device, worker.precision,
+                          world=worker.world, fused_optimizer=fused_adamw_supported(list(core.parameters())))
+    for line in known.lines:
+        worker.say(line)
+    return model, core, known
+
+
+def _batches(cfg: RunConfig, manifest, loss: str, worker: _Worker, runtime: TrainGroup | TrialProcess | LocalRun,
+             plan: ResourcePlan) -> WorkerBatches:
+    """This worker's shards of the train and val splits, batched (whole dates for the IC loss)."""
+    train_cfg = cfg.train
+    return WorkerBatches.open(runtime.shard("train"), runtime.shard("val"),
+                              collate_for(model_spec(cfg.model).inputs, manifest.features),
+                              Batching(train_cfg.batch_size, train_cfg.seed, by_date=loss == "ic"), worker.device,
+                              cache=train_cfg.cache_data, fraction=train_cfg.device_cache_fraction,
+                              sharers=gpu_sharers(plan.gpus_per_worker),
+                              fewest=lambda n: min(_gather_list(n, worker.world)))
+
+
+def _ends_here(worker: _Worker, train_cfg: TrainConfig, epoch: int, start_epoch: int, stop: bool,
+               metric: str) -> tuple[bool, bool]:
+    """Whether the run ends after ``epoch`` (0-based), and whether that is an early stop; says why.
+    ``train.stop_after`` ends this session after so many epochs; ``stop`` (patience ran out) ends the
+    run, early unless this was the last epoch anyway."""
+    if train_cfg.stop_after and epoch + 1 - start_epoch >= train_cfg.stop_after and epoch + 1 < train_cfg.epochs:
+        worker.say(f"stopping after {train_cfg.stop_after} epoch(s) this session (train.stop_after); "
+                   f"resume with the same storage.run to continue at epoch {epoch + 2}")
+        return True, False
+    if not stop:
+        return False, False
+    early = epoch + 1 < train_cfg.epochs
+    if early:
+        worker.say(f"early stop after epoch {epoch + 1}: no {metric} improvement for {train_cfg.patience} epoch(s)")
+    return True, early
 
 
 # ---- this worker --------------------------------------------------------------------------------

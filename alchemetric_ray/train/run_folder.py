@@ -101,7 +101,7 @@ class RunFolder:
         """Put the finished local checkpoint folder in place as ``epoch-NNNN`` (whole or not at all:
         a staged folder swapped in, ``meta.json`` uploaded last on object storage), then prune."""
         target = self.where / folder_name(epoch)
-        with target.staged(kind=None, last=(META,)) as stage:
+        with target.staged(last=(META,)) as stage:
             for item in Path(checkpoint_dir).iterdir():
                 shutil.copy2(item, stage / item.name)
         self._whole.discard(target.name)  # a folder of that name from before (a resumed epoch) was replaced

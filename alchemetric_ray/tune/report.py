@@ -18,6 +18,7 @@ import numbers
 from pathlib import Path
 from typing import Any
 
+from alchemetric_ray.outputs import staged_output
 from alchemetric_ray.storage import Location, locate
 
 INDEX = "index.html"
@@ -529,7 +530,7 @@ def write_sweep_report(out_dir: str | Path | Location, summary: dict) -> Path | 
     if not isinstance(summary, dict):
         raise TypeError(f"summary must be a dict, not {type(summary).__name__}")
     target = locate(out_dir)
-    with target.staged(kind="sweep-report", last=(INDEX,)) as tmp:
+    with staged_output(target, "sweep-report", last=(INDEX,)) as tmp:
         _build(tmp, summary)
     index = target / INDEX
     return Path(out_dir) / INDEX if index.is_local else index  # a local report: the path as given
