@@ -130,7 +130,7 @@ def test_a_sweep_trial_killed_mid_epoch_is_retried_from_the_checkpoint_tune_kept
 
     trial = outcome[0].summary["trials"][0]
     assert trial["status"] == "TERMINATED" and trial["epochs_run"] == 3
-    assert [row["epoch"] for row in trial["history"]] == [0, 1, 2]
+    assert [row["epoch"] for row in trial["history"]] == [1, 2, 3]  # epochs by their number, from 1
     said = "".join(capfd.readouterr())  # epochs count from 1; the folder is Tune's
     assert re.search(r"resumed from the checkpoint of epoch 1 \(\S+\): continuing at epoch 2 of 3", said), said[-2000:]
     assert pid not in _train_worker_pids("ImplicitFunc")

@@ -84,10 +84,11 @@ def test_a_local_run_keeps_checkpoints_scalars_and_the_export_as_a_worker_run_do
                             "train.metric=val_log_loss"))
     said = capsys.readouterr().out
     assert "train loop       in this process (Ray Train local mode) (one worker on a local Ray" in said
-    assert [h["epoch"] for h in out.summary["history"]] == [0, 1, 2, 3]
+    assert [h["epoch"] for h in out.summary["history"]] == [1, 2, 3, 4]  # epochs by their number, from 1
     # the run folder in Ray Train's layout: the 2 best epochs by val_log_loss, and the latest
     loss = {h["epoch"]: h["val_log_loss"] for h in out.summary["history"]}
-    want = {f"epoch-{e:04d}" for e in {*sorted(loss, key=loss.get)[:2], 3}}
+    # epoch numbers from 1; their checkpoint folders from 0 (epoch-0000 holds epoch 1)
+    want = {f"epoch-{e - 1:04d}" for e in {*sorted(loss, key=loss.get)[:2], 4}}
     run_dir = Path(out.run_path)
     assert {p.name for p in run_dir.glob("epoch-*")} == want
     for folder in run_dir.glob("epoch-*"):
@@ -99,8 +100,8 @@ def test_a_local_run_keeps_checkpoints_scalars_and_the_export_as_a_worker_run_do
     assert json.loads((out.model_dir / "metrics.json").read_text())["best_epoch"] == min(loss, key=loss.get)
     # every epoch's scalars in TensorBoard, read back
     events = EventAccumulator(str(out.tensorboard)).Reload()
-    assert [e.step for e in events.Scalars("train_loss")] == [0, 1, 2, 3]
-    assert [e.value for e in events.Scalars("val_log_loss")] == pytest.approx([loss[e] for e in range(4)], rel=1e-6)
+    assert [e.step for e in events.Scalars("train_loss")] == [1, 2, 3, 4]  # TensorBoard's step: the epoch's number
+    assert [e.value for e in events.Scalars("val_log_loss")] == pytest.approx([loss[e] for e in range(1, 5)], rel=1e-6)
     # and its hyperparameters with the best epoch's figures in the HParams tab, read back as TensorBoard does
     from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -133,7 +134,7 @@ def test_resume_after_a_truncated_checkpoint_uses_the_one_before(ray_session, sh
     assert len(warning) == 1 and warning[0].endswith("; using epoch 2 (epoch-0001)"), said[-3000:]
     assert "state.pt is 100 bytes, meta.json says" in warning[0]
     assert "resumed from the checkpoint of epoch 2 (epoch-0001): continuing at epoch 3 of 5" in said
-    assert [h["epoch"] for h in out.summary["history"]] == [0, 1, 2, 3, 4]
+    assert [h["epoch"] for h in out.summary["history"]] == [1, 2, 3, 4, 5]
     assert out.summary["epochs_per_rank"] == [3]  # epochs 3, 4 and 5 ran again here
 
 
@@ -161,9 +162,9 @@ def test_worker_mode_prefers_a_newer_complete_checkpoint_on_disk_over_rays_snaps
     loss = {h["epoch"]: h["val_log_loss"] for h in out.summary["history"]}
     listed = set(re.findall(r'"checkpoint_dir_name": ?"(epoch-\d+)"', (run_dir / "checkpoint_manager_snapshot.json")
                             .read_text()))
-    best_and_latest = {f"epoch-{e:04d}" for e in {min(loss, key=loss.get), 4}}
+    best_and_latest = {f"epoch-{e - 1:04d}" for e in {min(loss, key=loss.get), 5}}  # numbers from 1, folders from 0
     assert {p.name for p in run_dir.glob("epoch-*")} == best_and_latest | listed
-    if min(loss, key=loss.get) != 2:
+    if min(loss, key=loss.get) != 3:
         assert not (run_dir / "epoch-0002").exists()
 
 
@@ -240,7 +241,7 @@ def test_ctrl_c_keeps_the_finished_epochs_and_resume_continues_after_them(shards
     assert not (tmp_path / "models").exists()  # nothing exported from an interrupted run
     if store:
         (run_id, status), steps = _mlflow_run(store)
-        assert status == "KILLED" and steps == list(range(done)), (status, steps, err[-2000:])
+        assert status == "KILLED" and steps == list(range(1, done + 1)), (status, steps, err[-2000:])
     argv = _resume_line(err)
     resumed = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", *argv], cwd=tmp_path, capture_output=True,
                              text=True, timeout=900, env=_env())
@@ -251,7 +252,7 @@ def test_ctrl_c_keeps_the_finished_epochs_and_resume_continues_after_them(shards
     assert lines == list(range(done + 1, total + 1))  # each remaining epoch once, none redone
     assert (tmp_path / "models" / "ctrlc" / "weights.pt").is_file()
     if store:  # the same MLflow run, every epoch's step once
-        assert _mlflow_run(store) == ((run_id, "FINISHED"), list(range(total)))
+        assert _mlflow_run(store) == ((run_id, "FINISHED"), list(range(1, total + 1)))
 
 
 def _mlflow_run(store: str) -> tuple[tuple[str, str], list[int]]:

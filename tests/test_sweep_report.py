@@ -25,7 +25,7 @@ NASTY = "<script>alert(1)</script>"
 def _history(vals, losses, log_losses=None):
     rows = []
     for e, (v, loss) in enumerate(zip(vals, losses)):
-        row = {"epoch": e, "train_loss": loss, "val_balanced_accuracy": v}
+        row = {"epoch": e + 1, "train_loss": loss, "val_balanced_accuracy": v}  # epochs by number, from 1
         if log_losses is not None and log_losses[e] is not None:
             row["val_log_loss"] = log_losses[e]
         rows.append(row)
@@ -53,7 +53,7 @@ def make_summary() -> dict:
              "history": _history([0.34, 0.38, 0.37], [1.08, 1.02, 0.98], [1.09, 1.07, 1.07])},
             {"trial_id": "bad-lr", "config": {"train.lr": 10.0, "model.hidden": 16, "model.name": "mlp"},
              "status": "TERMINATED", "best_value": float("nan"), "epochs_run": 1, "stopped_early": True,
-             "history": [{"epoch": 0, "train_loss": float("nan"), "val_balanced_accuracy": float("nan")}]},
+             "history": [{"epoch": 1, "train_loss": float("nan"), "val_balanced_accuracy": float("nan")}]},
             {"trial_id": "crashed", "config": {"train.lr": 0.01, "model.hidden": 16, "model.name": "lstm"},
              "status": "ERROR", "best_value": None, "epochs_run": 0, "stopped_early": False, "history": []},
         ],

@@ -130,7 +130,7 @@ def test_train_is_logged_and_registered_and_predict_reads_the_registry(tmp_path,
     assert run.data.params["train.epochs"] == "2" and run.data.params["model.hidden"] == "8"
     assert run.data.params["tracking.mlflow_uri"] == mlflow_server
     loss = client.get_metric_history(run.info.run_id, "train_loss")
-    assert sorted(m.step for m in loss) == [0, 1]
+    assert sorted(m.step for m in loss) == [1, 2]  # the step is the epoch's number, from 1
     tags = run.data.tags
     assert tags["device"] == "cpu" and tags["device.reason"] and tags["plan.accelerator.reason"]
     assert tags["torch_version"] and tags["ray_version"] and len(tags["data.manifest_sha256"]) == 64
@@ -213,7 +213,7 @@ def test_a_sweep_is_a_parent_run_with_its_trials_nested(tmp_path, capsys, ray_se
     assert parent.data.tags["torch_version"] and len(parent.data.tags["data.manifest_sha256"]) == 64
     assert sorted(t.data.params["train.lr"] for t in trials) == ["0.001", "0.01"]
     for trial in trials:
-        assert sorted(m.step for m in client.get_metric_history(trial.info.run_id, "train_loss")) == [0, 1]
+        assert sorted(m.step for m in client.get_metric_history(trial.info.run_id, "train_loss")) == [1, 2]
     assert client.get_model_version("swept", "1").run_id == parent.info.run_id
 
 
@@ -232,7 +232,7 @@ def test_a_resumed_run_continues_its_mlflow_run_and_evaluations_tag_the_versions
     assert run.info.status == "FINISHED"
     assert run.data.params["train.epochs"] == "1"  # as first logged; the change is a tag
     assert run.data.tags["resume.changed.train.epochs"] == "1 -> 2"
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss")) == [0, 1]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss")) == [1, 2]
     evaluation = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
     assert {"evaluation/report.md", "evaluation/evaluation.json", "evaluation/equity.png"} <= evaluation
     verdict = run.data.tags["verdict"]
@@ -332,7 +332,7 @@ def test_epochs_reach_mlflow_while_the_run_trains(tmp_path, ray_session, stockne
         watcher.join(timeout=30)
     assert rc == 0
     partial = [steps for steps in seen if 0 < len(steps) < epochs]
-    assert partial and all(steps == list(range(len(steps))) for steps in partial), seen
+    assert partial and all(steps == list(range(1, len(steps) + 1)) for steps in partial), seen
     client = MlflowClient(tracking_uri=store)
     (run,) = client.search_runs([client.get_experiment_by_name("live").experiment_id])
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss")) == list(range(epochs))

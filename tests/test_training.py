@@ -167,7 +167,7 @@ def test_ddp_two_workers_equal_one_process_on_the_same_global_batches(ray_sessio
     # rank 0's time and memory per phase, recorded in the worker (train/phases.py)
     phases = two.summary["phases"]
     assert [(p["phase"], p["epoch"]) for p in phases] == [("start", None), ("read", None)] + [
-        (kind, epoch) for epoch in range(3) for kind in ("train", "validate", "checkpoint")]
+        (kind, epoch) for epoch in range(1, 4) for kind in ("train", "validate", "checkpoint")]  # epochs from 1
     assert all(p["seconds"] >= 0 for p in phases) and phases[-1]["at"] > phases[0]["at"]
     assert all(p["peak_mib"] is None or p["peak_mib"] >= p["private_mib"] > 0 for p in phases)
     a, b = _final_state(two), _final_state(one)
@@ -261,10 +261,10 @@ def test_num_to_keep_leaves_the_k_best_checkpoints_by_a_min_metric_plus_the_late
                "storage.num_to_keep=2", "storage.name=keep", "train.lr=0.003", "train.batch_size=64")
     out = run_training(cfg, export=False)
     loss = {h["epoch"]: h["val_log_loss"] for h in out.summary["history"]}
-    assert sorted(loss) == [0, 1, 2, 3, 4] and len(set(loss.values())) == 5, loss
+    assert sorted(loss) == [1, 2, 3, 4, 5] and len(set(loss.values())) == 5, loss  # epochs by number, from 1
     best_two = sorted(loss, key=loss.get)[:2]
     kept = {p.name for p in Path(out.run_path).glob("epoch-*") if p.is_dir()}
-    assert kept == {f"epoch-{e:04d}" for e in {*best_two, 4}}, (kept, loss)
+    assert kept == {f"epoch-{e - 1:04d}" for e in {*best_two, 5}}, (kept, loss)  # folders from 0
     # the loop's best and the checkpoint the run would export agree with the history
     assert out.summary["best"] == min(loss.values())
     assert out.best_metrics["epoch"] == best_two[0]
@@ -335,10 +335,10 @@ def test_train_cli_exports_a_model_that_predicts_like_its_checkpoint(ray_session
     (run_dir,) = (tmp_path / "results").glob("cli-gru-*")
     latest = max(int(p.name.removeprefix("epoch-")) for p in run_dir.glob("epoch-*"))
     history = read_meta(run_dir / f"epoch-{latest:04d}")["loop"]["history"]
-    assert [h["epoch"] for h in history] == list(range(latest + 1))
+    assert [h["epoch"] for h in history] == list(range(1, latest + 2))  # numbers from 1, folders from 0
     scores = [h["val_balanced_accuracy"] for h in history]  # train.metric's default; larger is better
     best_epoch = scores.index(max(scores))
-    assert metrics["best_epoch"] == best_epoch, (metrics["best_epoch"], scores)
+    assert metrics["best_epoch"] == best_epoch + 1, (metrics["best_epoch"], scores)
     assert metrics["val"]["balanced_accuracy"] == scores[best_epoch]
     # the export predicts exactly what that epoch's checkpoint predicts
     reference = load_model(model_dir).model

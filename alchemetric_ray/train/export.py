@@ -97,7 +97,7 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
     features = manifest.features
     mode = model_spec(cfg.model.name).inputs
     val = {k.removeprefix("val_"): v for k, v in meta["metrics"].items()}
-    metrics = {"best_epoch": meta["epoch"], "selection_metric": selection_metric(cfg), "val": val}
+    metrics = {"best_epoch": meta["epoch"] + 1, "selection_metric": selection_metric(cfg), "val": val}
     look = None
     if cfg.train.score_test:  # a look at the test segment, asked for
         test = split_frame(shards, "test", features, manifest)
@@ -115,7 +115,8 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
     chosen = {k: val.get(f"ls_{k}") for k in ("sr", "skew", "kurt", "days")}
     selection = selection or {"sweep": None, "srs": [chosen["sr"]], "chosen": chosen}
     ledger_files = ledger.carried(target, ledger.trial_entry(command, manifest.splits, **selection))
-    info = {k: meta[k] for k in ("device", "precision", "plan", "world_size", "environment", "epoch")}
+    info = {k: meta[k] for k in ("device", "precision", "plan", "world_size", "environment")}
+    info["epoch"] = meta["epoch"] + 1  # the exported epoch's number, from 1 (its checkpoint: epoch-NNNN, from 0)
     info["known_bugs"] = meta.get("known_bugs") or {}
     # every file in memory first (the manifest's own writer is manifest.write): the space they need
     # is known before the stage is made, and each write is checked again (fsutil.atomic_write_bytes)
@@ -261,7 +262,7 @@ def _backend_lines(known: dict, history: list[dict]) -> list[str]:
     if checked:
         largest = max(row["shadow_max_error"] for row in checked)
         lines.append(f"- shadow check against a float32 CPU copy: {checked[-1]['shadow_checks']} checks up to "
-                     f"epoch {checked[-1]['epoch'] + 1} (the exported one), largest whole-gradient error {largest:.2e}")
+                     f"epoch {checked[-1]['epoch']} (the exported one), largest whole-gradient error {largest:.2e}")
     return lines
 
 
@@ -285,7 +286,7 @@ def model_card(cfg: RunConfig, manifest: Manifest, metrics: dict, info: dict) ->
         f"test {splits['test_start']}..{splits['test_end']} (embargo {splits['embargo']} bars)",
         f"- trained on: {info['device']['device']} ({info['device']['reason']}); precision {info['precision']['mode']} "
         f"({info['precision']['reason']})",
-        f"- best epoch: {metrics['best_epoch'] + 1} by {metrics['selection_metric']}",
+        f"- best epoch: {metrics['best_epoch']} by {metrics['selection_metric']}",
         *_backend_lines(info.get("known_bugs") or {}, metrics["history"]),
         f"- torch {info['environment']['torch']}, ray {info['environment']['ray']}, "
         f"git {info['environment']['git_commit']}",

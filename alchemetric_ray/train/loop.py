@@ -121,18 +121,18 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
     for epoch in range(start_epoch, train_cfg.epochs):
         train_loss, samples_per_s, skipped = _train_epoch(model, trainables, loss_fn, data, epoch, train_cfg.seed,
                                                           worker, known.micro_rows, shadow)
-        phases.mark("train", epoch)
+        phases.mark("train", epoch + 1)
         metrics, improved, stop = _validate_and_decide(core, data, state, train_cfg, worker, manifest, metric, mode,
                                                        cfg.signals.quantile)
-        phases.mark("validate", epoch)
+        phases.mark("validate", epoch + 1)
         state.epoch = epoch
-        row = {"epoch": epoch, "train_loss": train_loss, **_scalars(metrics), "samples_per_s": samples_per_s,
+        row = {"epoch": epoch + 1, "train_loss": train_loss, **_scalars(metrics), "samples_per_s": samples_per_s,
                "skipped_steps": skipped, "lr": trainables.scheduler.get_last_lr()[0], "improved": improved,
                **_shadow_row(shadow)}
         if worker.rank == 0:
             state.history.append(row)
         _report(row, trainables, meta.at(state, metrics), worker.rank, runtime)
-        phases.mark("checkpoint", epoch)
+        phases.mark("checkpoint", epoch + 1)
         # after the report: an epoch whose line was printed has its checkpoint (what a Ctrl-C keeps);
         # a sweep prints one line per finished trial instead (epoch_lines=False)
         worker.say(_epoch_line(row, train_cfg, metric, worker.device, worker.precision.mode),
@@ -471,7 +471,7 @@ def _epoch_line(row: dict, train_cfg: TrainConfig, metric: str, device, precisio
         shown[metric] = row[metric]
     vals = "  ".join(f"{k} {v:.4f}" for k, v in shown.items())
     mark = " *" if row.get("improved") else ""
-    return (f"epoch {row['epoch'] + 1}/{train_cfg.epochs}  train_loss {row['train_loss']:.4f}  {vals}  "
+    return (f"epoch {row['epoch']}/{train_cfg.epochs}  train_loss {row['train_loss']:.4f}  {vals}  "
             f"{row['samples_per_s']:,.0f} samples/s  {device} {precision_mode}{mark}")
 
 

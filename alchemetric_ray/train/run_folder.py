@@ -89,8 +89,8 @@ class RunFolder:
         meta = json.loads((where / META).read_text())
         epoch = int(meta.get("epoch", _epoch_of(where.name)))
         history = list((meta.get("loop") or {}).get("history", []))
-        row = next((h for h in history if h.get("epoch") == epoch), {})
-        return Kept(where, epoch, {**row, **(meta.get("metrics") or {}), "epoch": epoch}, history)
+        row = next((h for h in history if h.get("epoch") == epoch + 1), {})  # rows number epochs from 1
+        return Kept(where, epoch, {**row, **(meta.get("metrics") or {}), "epoch": epoch + 1}, history)
 
     def best(self) -> Kept | None:
         """The best complete checkpoint by the metric (the latest where none has it)."""

@@ -135,6 +135,6 @@ class LocalRun(_OneWorker):
         an epoch whose report began is kept whole."""
         with held_during():
             if checkpoint_dir:
-                self.folder.save(checkpoint_dir, int(metrics["epoch"]))
+                self.folder.save(checkpoint_dir, int(metrics["epoch"]) - 1)  # folders by index: epoch-0000 is epoch 1
             if self.scalars is not None:
                 self.scalars.write(metrics)

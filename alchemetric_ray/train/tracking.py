@@ -161,7 +161,7 @@ class Tracker:
             self._tags({f"resume.changed.{k}"[:250]: f"{logged[k]} -> {v}"[:5000] for k, v in changed.items()})
             self._params(new)
             params = {**logged, **new}
-            self._saved = {"last_step": saved.get("last_step", -1)}
+            self._saved = {"last_step": saved.get("last_step", 0)}
         else:
             all_tags = {"mlflow.runName": name, **(tags or {})}
             if parent:
@@ -199,17 +199,17 @@ class Tracker:
             self._call("tags", self.client.log_batch, self.run_id, tags=items[i:i + 100])
 
     def log_history(self, history: list[dict]) -> None:
-        """Every epoch's numeric metrics, with the epoch (0-based) as the step; a resumed run's
-        epochs that its first part already logged are not logged twice."""
+        """Every epoch's numeric metrics, with the epoch's number (from 1, as the console counts) as the
+        step; a resumed run's epochs that its first part already logged are not logged twice."""
         from mlflow.entities import Metric
 
         if not self.run_id:
             return
         now = int(time.time() * 1000)
-        done = int(self._saved.get("last_step", -1))
+        done = int(self._saved.get("last_step", 0))
         items, last = [], done
         for index, row in enumerate(history):
-            step = int(row.get("epoch", index))
+            step = int(row.get("epoch", index + 1))
             if step <= done:
                 continue
             last = max(last, step)

@@ -507,17 +507,18 @@ def _reports(result):
     the restart, the loop's history in that trial's latest checkpoint (every epoch, as reported)."""
     df = result.metrics_dataframe
     checkpoint = getattr(result, "checkpoint", None)
-    if df is None or "epoch" not in df or checkpoint is None or _from_zero(df["epoch"].dropna().tolist()):
+    if df is None or "epoch" not in df or checkpoint is None or _every_epoch(df["epoch"].dropna().tolist()):
         return df
     import pandas as pd
 
     with checkpoint.as_directory() as directory:
         history = read_meta(directory)["loop"]["history"]
-    return pd.DataFrame(history) if _from_zero([row["epoch"] for row in history]) else df
+    return pd.DataFrame(history) if _every_epoch([row["epoch"] for row in history]) else df
 
 
-def _from_zero(epochs: list) -> bool:
-    return sorted(int(e) for e in epochs) == list(range(len(epochs)))
+def _every_epoch(epochs: list) -> bool:
+    """The reports hold every epoch from the first (numbered from 1)."""
+    return sorted(int(e) for e in epochs) == list(range(1, len(epochs) + 1))
 
 
 def _history(df) -> list[dict]:
