@@ -122,21 +122,7 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
     if outcome.model_dir:
         print(f"saved model: {outcome.model_dir} (model card: {outcome.model_dir / 'model_card.md'})")
     if args.evaluate and outcome.model_dir:
-        from alchemetric_ray.signals.evaluate import evaluate, verdict_table
-
-        report_dir = outcome.model_dir / "evaluation"
-        print(f"evaluating {cfg.model.name} on the held-back test segment against the baselines ...", flush=True)
-        try:
-            result = evaluate(outcome.model_dir, args.data, report_dir, cfg)
-        except KeyboardInterrupt:
-            raise Interrupted(f"interrupted while evaluating; the model is saved in {outcome.model_dir}",
-                              resumable=False, remedy=f"evaluate it with: alchemetric-ray evaluate --model "
-                                                  f"{outcome.model_dir} --out {report_dir}") from None
-        print(verdict_table(result))
-        print(f"report: {report_dir / 'report.md'} (equity curves: {report_dir / 'equity.png'})")
-        if outcome.tracker is not None:
-            outcome.tracker.log_evaluation(report_dir, result.get("verdict"))
-            outcome.tracker.close()
+        _evaluate_export(outcome.model_dir, args.data, outcome.config, outcome.tracker)
     if outcome.tensorboard:
         print(f"TensorBoard: tensorboard --logdir {outcome.tensorboard}")
     if outcome.tracker is not None and outcome.tracker.run_id:
@@ -146,14 +132,36 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def _evaluate_export(model_dir, data: str | None, cfg: RunConfig, tracker) -> None:
+    """``--evaluate`` after an export: the model on its test segment against the baselines, the report
+    in the model folder, the verdict printed and, with tracking on, logged into the model version's
+    run and tagged on the version."""
+    from alchemetric_ray.signals.evaluate import evaluate, verdict_table
+
+    report_dir = model_dir / "evaluation"
+    print(f"evaluating {cfg.model.name} on the held-back test segment against the baselines ...", flush=True)
+    try:
+        result = evaluate(model_dir, data, report_dir, cfg)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while evaluating; the model is saved in {model_dir}", resumable=False,
+                          remedy=f"evaluate it with: alchemetric-ray evaluate --model {model_dir} "
+                                 f"--out {report_dir}") from None
+    print(verdict_table(result))
+    print(f"report: {report_dir / 'report.md'} (equity curves: {report_dir / 'equity.png'})")
+    if tracker is not None:
+        tracker.log_evaluation(report_dir, result.get("verdict"))
+        tracker.close()
+
+
 def _tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="OHLCV folder/file, or a feature-shard folder; "
                                   "default: the packaged stocknet prices (data.source)")
     p.add_argument("--resume", action="store_true",
                    help="resume the latest sweep of this name (finished trials are kept)")
     p.add_argument("--evaluate", action="store_true",
-                   help="score the exported best trial on the test segment (train.score_test=true; a look, recorded "
-                        "in the model folder); without it the test segment stays sealed")
+                   help="then score the exported best trial on its test segment against the baselines (report in "
+                        "the model folder, the verdict tagged on its MLflow version; a look, recorded in the model "
+                        "folder); without it the test segment stays sealed")
 
 
 @command("tune", "sweep hyperparameters with Ray Tune (ASHA), report, and export the best trial", _tune_args)
@@ -162,8 +170,6 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
 
     if args.resume:
         cfg = cfg.replace("storage.resume=true")
-    if args.evaluate:
-        cfg = cfg.replace("train.score_test=true")
     out = run_sweep(cfg)
     summary = out.summary
     early = sum(1 for trial in summary["trials"] if trial["stopped_early"])
@@ -176,15 +182,27 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
     if scored:
         print("best trial on the test split (a look, recorded in the model folder): "
               + ", ".join(f"{name.replace('_', ' ')} {value:.4f}" for name, value in scored))
-    elif out.model_dir:
+    elif out.model_dir and not args.evaluate:
         print("test segment sealed: not scored (tune --evaluate, or alchemetric-ray evaluate, scores it; "
               "each look is recorded)")
     if out.model_dir:
         print(f"saved model: {out.model_dir}")
     if out.report:
         print(f"report: {out.report}")
+    if args.evaluate and out.model_dir:
+        saved = load_model_config(out.model_dir).replace(f"device.name={cfg.device.name}")
+        _evaluate_export(out.model_dir, args.data, saved, out.tracker)
     print(f"TensorBoard: tensorboard --logdir {out.path}")
+    if out.tracker is not None and out.tracker.version:
+        print(f"MLflow: model version {out.tracker.model_name}/{out.tracker.version} (run {out.tracker.run_id}, the "
+              f"exported trial's) in experiment {out.tracker.experiment} ({cfg.tracking.mlflow_uri})")
     return 0
+
+
+def load_model_config(model_dir) -> RunConfig:
+    from alchemetric_ray.train.export import load_model
+
+    return load_model(model_dir).config
 
 
 def _predict_args(p: argparse.ArgumentParser) -> None:

@@ -245,8 +245,11 @@ def test_a_sweep_over_label_kinds_resumes_after_the_driver_is_killed(ray_session
     assert Manifest.read(features / "kinds-cs_rank").label["scheme"] == "cs_rank"
     best = max(s["trials"], key=lambda t: t["best_value"])
     assert Manifest.read(tmp_path / "models" / "kinds").label["scheme"] == best["config"]["features.label"]
-    assert "best trial on the test split (a look, recorded in the model folder): " in out.stdout
-    assert "rank ic " in out.stdout
+    # --evaluate: the exported trial against the baselines on its test segment, the report in its folder
+    report = tmp_path / "models" / "kinds" / "evaluation"
+    assert f"report: {report / 'report.md'}" in out.stdout and "rank IC [95% CI]" in out.stdout
+    assert json.loads((report / "evaluation.json").read_text())["looks"]["count"] == 1  # the one look
+    assert "test segment sealed" not in out.stdout
 
 
 def test_one_selection_metric_for_every_label_the_trials_train_on():

@@ -4,6 +4,7 @@ CI installs Debian's ``chromium``): without one the browser tests fail, they do 
 
 from __future__ import annotations
 
+import base64
 import copy
 import os
 import shutil
@@ -225,13 +226,15 @@ def test_chromium_dom_images_exist_and_have_alt(rendered):
     rendered = _need(rendered)
     dom = _parse(rendered["dom"])
     folder = rendered["index"].parent
-    srcs = [img.get("src") for img in dom.imgs]
-    assert set(srcs) == {"learning_curves.png", "train_loss.png", "hparams.png", "confusion_matrix.png"}
+    files = [img.get("data-file") for img in dom.imgs]
+    assert set(files) == {"learning_curves.png", "train_loss.png", "hparams.png", "confusion_matrix.png"}
     for img in dom.imgs:
-        src = img["src"]
-        assert "/" not in src and not src.startswith(("http:", "https:", "file:")), src  # relative, beside index
-        assert (folder / src).is_file(), src
-        assert (img.get("alt") or "").strip(), f"{src} has no alt text"
+        # inlined, so that index.html alone renders (MLflow's artifact view serves one file): the same
+        # bytes as the PNG beside it
+        prefix = "data:image/png;base64,"
+        assert img["src"].startswith(prefix), img["src"][:40]
+        assert base64.b64decode(img["src"][len(prefix):]) == (folder / img["data-file"]).read_bytes()
+        assert (img.get("alt") or "").strip(), f"{img['data-file']} has no alt text"
 
 
 def test_chromium_screenshot_not_blank(rendered):
@@ -284,7 +287,8 @@ def test_escapes_nasty_strings(tmp_path):
     assert "&quot;quoted&quot; &amp;" in markup
     dom = _parse(markup)
     assert dom.scripts == 0
-    assert all(img["src"].endswith(".png") and "/" not in img["src"] for img in dom.imgs)
+    assert all(img["src"].startswith("data:image/png;base64,") and img["data-file"].endswith(".png")
+               and "/" not in img["data-file"] for img in dom.imgs)
     best = [r for r in dom.rows if "best" in _classes(r)]
     assert [r["data-trial-id"] for r in best] == [NASTY]   # the attribute round-trips unescaped
     for png in index.parent.glob("*.png"):
@@ -342,6 +346,6 @@ def test_all_failed_no_test_no_model(tmp_path):
     assert len(dom.rows) == 2 and not any("best" in _classes(r) for r in dom.rows)
     assert "the test split was not used: it stays sealed" in markup
     assert not (index.parent / "confusion_matrix.png").exists()
-    assert {img["src"] for img in dom.imgs} == {"learning_curves.png", "train_loss.png", "hparams.png"}
+    assert {img["data-file"] for img in dom.imgs} == {"learning_curves.png", "train_loss.png", "hparams.png"}
     for img in dom.imgs:
-        _assert_not_blank(index.parent / img["src"])
+        _assert_not_blank(index.parent / img["data-file"])

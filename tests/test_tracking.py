@@ -3,6 +3,7 @@ local artifact root), and its refusals: an unreachable or malformed URI, MLflow 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -214,7 +215,13 @@ def test_a_sweep_is_a_parent_run_with_its_trials_nested(tmp_path, capsys, ray_se
     assert sorted(t.data.params["train.lr"] for t in trials) == ["0.001", "0.01"]
     for trial in trials:
         assert sorted(m.step for m in client.get_metric_history(trial.info.run_id, "train_loss")) == [1, 2]
-    assert client.get_model_version("swept", "1").run_id == parent.info.run_id
+    # the version is the exported trial's run, with that trial's params (not the sweep's base config)
+    version = client.get_model_version("swept", "1")
+    exported = next(t for t in trials if t.info.run_id == version.run_id)
+    assert exported.data.tags["trial_id"] == parent.data.tags["best_trial_id"]
+    assert parent.data.tags["exported_run_id"] == version.run_id
+    best_lr = json.loads(parent.data.tags["best_config"])["train.lr"]
+    assert float(exported.data.params["train.lr"]) == best_lr
 
 
 @pytest.mark.slow

@@ -381,8 +381,13 @@ figcaption { color: #555; font-size: .9rem; }
 """
 
 
-def _figure(src: str, alt: str, caption: str) -> str:
-    return (f'<figure><img src="{_esc(src)}" alt="{_esc(alt)}">'
+def _figure(png: Path, alt: str, caption: str) -> str:
+    """The plot inlined as a data URI, so that index.html alone renders (as in MLflow's artifact view,
+    which serves one file at a time); ``data-file`` names the same PNG beside it."""
+    import base64
+
+    data = base64.b64encode(png.read_bytes()).decode("ascii")
+    return (f'<figure><img src="data:image/png;base64,{data}" data-file="{_esc(png.name)}" alt="{_esc(alt)}">'
             f"<figcaption>{_esc(caption)}</figcaption></figure>")
 
 
@@ -451,18 +456,19 @@ def _build(folder: Path, summary: dict) -> None:
     _curves_plot(folder / LEARNING_PNG, trials, best_id, metric,
                  f"validation {metric} per epoch ({mode}; best trial bold, x: stopped early)", f"validation {metric}")
     figures.append("<h2>Learning curves</h2>" + _figure(
-        LEARNING_PNG, f"Validation {metric} per epoch, one line per trial; the best trial is the thick red line.",
+        folder / LEARNING_PNG,
+        f"Validation {metric} per epoch, one line per trial; the best trial is the thick red line.",
         f"Validation {metric} per epoch, one line per trial. The best trial is bold red; "
         "an x marks the last epoch of a trial the scheduler stopped early."))
     _curves_plot(folder / TRAIN_LOSS_PNG, trials, best_id, "train_loss", "training loss per epoch (best trial bold)",
                  "train loss")
     figures.append("<h2>Training loss</h2>" + _figure(
-        TRAIN_LOSS_PNG, "Training loss per epoch, one line per trial; the best trial is the thick red line.",
+        folder / TRAIN_LOSS_PNG, "Training loss per epoch, one line per trial; the best trial is the thick red line.",
         "Training loss per epoch, one line per trial."))
     if names:
         _hparams_plot(folder / HPARAMS_PNG, summary, trials, names, best_id, metric)
         figures.append("<h2>Hyperparameters</h2>" + _figure(
-            HPARAMS_PNG, f"Best validation {metric} of each trial against each hyperparameter; "
+            folder / HPARAMS_PNG, f"Best validation {metric} of each trial against each hyperparameter; "
             "the best trial is a red star.",
             f"Best validation {metric} against each hyperparameter of the space (one panel each; "
             "log x-axis where a numeric hyperparameter spans more than two orders of magnitude). "
@@ -470,7 +476,7 @@ def _build(folder: Path, summary: dict) -> None:
     if _valid_matrix(matrix):
         _confusion_plot(folder / CONFUSION_PNG, matrix, list(classes))
         figures.append("<h2>Best trial: confusion matrix</h2>" + _figure(
-            CONFUSION_PNG, "Validation confusion matrix of the best trial at its best epoch, with counts "
+            folder / CONFUSION_PNG, "Validation confusion matrix of the best trial at its best epoch, with counts "
             "(rows: true class, columns: predicted class).",
             "Validation confusion matrix of the best trial at its best epoch (rows: true, columns: predicted)."))
 

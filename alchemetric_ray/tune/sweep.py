@@ -62,6 +62,7 @@ class SweepOutcome:
     summary: dict[str, Any]
     model_dir: Location | None
     report: Path | Location | None
+    tracker: Any = None  # the MLflow run of the exported trial (its model version), where tracking is on
 
 
 # ---- the search space ----------------------------------------------------------------------
@@ -280,20 +281,23 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
 
     (where / "sweep_summary.json").write_json(summary)
     report = write_sweep_report(where / "report", summary)
-    if cfg.tracking.mlflow_uri:
-        _track(trial_cfg, name, where, summary, model_dir, report, run.shards)
-    return SweepOutcome(name, where.path if where.is_local else where.uri, summary, model_dir, report)
+    tracker = _track(trial_cfg, name, where, summary, model_dir, report, run.shards) if cfg.tracking.mlflow_uri \
+        else None
+    return SweepOutcome(name, where.path if where.is_local else where.uri, summary, model_dir, report, tracker)
 
 
 def _track(cfg: RunConfig, name: str, where: Location, summary: dict, model_dir: Location | None,
-           report: Any, shards: Location | None) -> None:
-    """The sweep as an MLflow parent run, each trial a nested run with its per-epoch history
-    (train/tracking.py), written here in the driver from the sweep's summary."""
+           report: Any, shards: Location | None):
+    """The sweep as an MLflow parent run, each trial a nested run with its params and per-epoch
+    history (train/tracking.py), written here in the driver from the sweep's summary.  The exported
+    model is a version of the exported trial's run, whose params are that trial's; that run's
+    Tracker is returned (a later evaluation tags its version), else None."""
     from alchemetric_ray.train.tracking import RUN_FILE, Tracker, environment_tags
 
     parent = Tracker(cfg)
     parent.start(where / RUN_FILE, name, tags={"command": "tune", "best_trial_id": summary["best_trial_id"],
                                                "metric": summary["metric"], "mode": summary["mode"]})
+    exported = None
     for trial in summary["trials"]:
         try:
             trial_cfg = cfg.with_values(trial["config"])
@@ -305,15 +309,17 @@ def _track(cfg: RunConfig, name: str, where: Location, summary: dict, model_dir:
                                                 "trial_id": trial["trial_id"]})
         child.log_history(trial["history"])
         child.log_tags({"best_value": trial["best_value"], "error": trial["error"]})
+        if model_dir is not None and trial["trial_id"] == summary["best_trial_id"]:
+            child.log_folder(model_dir / "model_card.md")
+            child.register(model_dir)
+            exported = child
         child.close("FAILED" if trial["error"] else "FINISHED")
     parent.log_tags({"best_value": summary["best_value"], "best_config": json.dumps(summary["best_config"]),
-                     **environment_tags(shards)})
+                     **environment_tags(shards), "exported_run_id": exported.run_id if exported else None})
     if report is not None:
         parent.log_folder(report, "sweep_report")
-    if model_dir is not None:
-        parent.log_folder(model_dir / "model_card.md")
-        parent.register(model_dir)
     parent.close()
+    return exported
 
 
 def trial_config(cfg: RunConfig) -> RunConfig:
