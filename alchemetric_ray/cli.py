@@ -9,6 +9,7 @@ import re
 import shlex
 import sys
 import typing
+from pathlib import Path
 from typing import Callable, Sequence
 
 from alchemetric_ray import console, interrupts
@@ -149,7 +150,7 @@ def _evaluate_export(model_dir, data: str | None, cfg: RunConfig, tracker) -> No
     print(verdict_table(result))
     print(f"report: {report_dir / 'report.md'} (equity curves: {report_dir / 'equity.png'})")
     if tracker is not None:
-        tracker.log_evaluation(report_dir, result.get("verdict"))
+        tracker.log_evaluation(report_dir, result.get("verdict"), result)
         tracker.close()
 
 
@@ -290,7 +291,9 @@ def _evaluate(args: argparse.Namespace, cfg: RunConfig) -> int:
         from alchemetric_ray.train.tracking import registered_version
 
         tracker = registered_version(registered, cfg)
-        tracker.log_evaluation(locate(args.out), result.get("verdict"))
+        tracker.log_evaluation(locate(args.out), result.get("verdict"), result)
+        # this look at the test segment goes back beside the version's model: the next download counts it
+        tracker.log_folder(Path(args.model_dir) / "looks", "model/looks")
         if tracker.close() is None:
             print(f"MLflow: evaluation logged into run {tracker.run_id}; model version "
                   f"{tracker.model_name}/{tracker.version} tagged with its verdict")

@@ -222,6 +222,12 @@ def test_a_sweep_is_a_parent_run_with_its_trials_nested(tmp_path, capsys, ray_se
     assert parent.data.tags["exported_run_id"] == version.run_id
     best_lr = json.loads(parent.data.tags["best_config"])["train.lr"]
     assert float(exported.data.params["train.lr"]) == best_lr
+    # each trial's best figure as a metric (runs sort by it), and its real start and end, inside the sweep's
+    metric = parent.data.tags["metric"]
+    for trial in trials:
+        assert f"best.{metric}" in trial.data.metrics
+        assert parent.info.start_time <= trial.info.start_time < trial.info.end_time <= parent.info.end_time
+    assert version.tags[f"best.{metric}"] == f"{exported.data.metrics[f'best.{metric}']:.6g}"
 
 
 @pytest.mark.slow
@@ -244,6 +250,11 @@ def test_a_resumed_run_continues_its_mlflow_run_and_evaluations_tag_the_versions
     assert {"evaluation/report.md", "evaluation/evaluation.json", "evaluation/equity.png"} <= evaluation
     verdict = run.data.tags["verdict"]
     assert verdict
+    # the figures as numbers: the best epoch's and the evaluation's, on the run and tagged on its version
+    assert {"best.val_balanced_accuracy", "best.epoch", "evaluation.rank_ic", "evaluation.ls_sharpe",
+            "evaluation.edge"} <= set(run.data.metrics)
+    assert client.get_model_version("resumed", "2").tags["evaluation.rank_ic"] == \
+        f"{run.data.metrics['evaluation.rank_ic']:.6g}"
     assert client.get_model_version("resumed", "2").tags["verdict"] == verdict  # the evaluated export
     assert "verdict" not in client.get_model_version("resumed", "1").tags
 
@@ -255,6 +266,27 @@ def test_a_resumed_run_continues_its_mlflow_run_and_evaluations_tag_the_versions
     out = capsys.readouterr().out
     assert "model version resumed/1 tagged with its verdict" in out
     assert client.get_model_version("resumed", "1").tags["verdict"] in out  # the line evaluate printed
+    first = json.loads((tmp_path / "eval" / "evaluation.json").read_text())
+    assert first["model"]["id"].startswith("models:/resumed/1 sha256:"), first["model"]["id"]
+    signals = pd.read_parquet(tmp_path / "eval" / "signals.parquet")
+    assert set(signals["model_id"]) == {first["model"]["id"]}
+    # a second evaluate of the same version counts the first one's look (it went back beside the model)
+    client.set_registered_model_alias("resumed", "champion", "1")
+    assert cli.main(["evaluate", "--model", "models:/resumed@champion", "--data", str(stocknet_dir), "--device", "cpu",
+                     "--out", str(tmp_path / "eval2"), "data.tickers=AAPL,MSFT",
+                     f"tracking.mlflow_uri={mlflow_server}"]) == 0
+    second = json.loads((tmp_path / "eval2" / "evaluation.json").read_text())
+    assert second["looks"]["count"] == first["looks"]["count"] + 1
+    assert second["model"]["id"].startswith("models:/resumed/1 (alias champion) sha256:")
+
+    # a version in Python, as docs/tracking.md shows it: the project's loader on the downloaded folder
+    from alchemetric_ray.config import load_config
+    from alchemetric_ray.train.export import load_model
+    from alchemetric_ray.train.tracking import download_model
+
+    cfg = load_config(None, [f"tracking.mlflow_uri={mlflow_server}"])
+    loaded = load_model(download_model("models:/resumed/2", cfg))
+    assert loaded.manifest.tickers == ["AAPL", "MSFT"] and not loaded.model.training
 
 
 @pytest.mark.slow

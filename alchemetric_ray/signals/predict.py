@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -73,8 +74,17 @@ class ModelPredictor:
 
 
 def model_id(model_dir: str | Path | Location) -> str:
+    """What signals and reports call a model: its folder's name and a digest of its weights, or for a
+    version downloaded from the MLflow registry, the registered name, version and alias."""
+    from alchemetric_ray.train.tracking import REGISTERED
+
     model_dir = locate(model_dir)
     digest = hashlib.sha256((model_dir / "weights.pt").read_bytes()).hexdigest()[:12]
+    registered = model_dir / REGISTERED
+    if registered.is_file():
+        version = json.loads(registered.read_text())
+        alias = f" (alias {version['alias']})" if version.get("alias") else ""
+        return f"models:/{version['name']}/{version['version']}{alias} sha256:{digest}"
     return f"{model_dir.name}@{digest}"
 
 

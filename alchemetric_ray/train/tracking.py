@@ -26,6 +26,7 @@ from alchemetric_ray.errors import UserError
 from alchemetric_ray.storage import Location
 
 RUN_FILE = "mlflow_run.json"  # in the run folder: the MLflow run a --resume continues
+REGISTERED = "registered.json"  # in a model downloaded from the registry: the version it is (name, version, alias)
 HEALTH_TIMEOUT_S = 5.0
 # bounded client calls: MLflow's defaults (7 retries, 120 s timeout) took minutes to fail on a dead server
 HTTP_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -116,6 +117,7 @@ class Tracker:
         self._client = None
         self._experiment_id: str | None = None
         self._said = 0  # how many of not_logged a line already named
+        self._figures: dict[str, float] = {}  # the run's figures (best epoch, test, verdict): tagged on its version
 
     # ---- calls that never stop the training ------------------------------------------------
     def _call(self, what: str, fn, *args, **kwargs):
@@ -146,8 +148,10 @@ class Tracker:
 
     # ---- the run -------------------------------------------------------------------------------
     def start(self, run_file: Location | None, name: str, *, tags: dict[str, str] | None = None,
-              parent: str | None = None) -> None:
-        """Start (or, where ``run_file`` names one, continue) the MLflow run; log the config as params."""
+              parent: str | None = None, start_time: float | None = None) -> None:
+        """Start (or, where ``run_file`` names one, continue) the MLflow run; log the config as params.
+        ``start_time`` (Unix seconds): when what the run records began, where it is logged after the fact
+        (a sweep's trials); else now."""
         saved = _read_run_file(run_file)
         self._run_file = run_file
         params = flatten(self.cfg)
@@ -166,8 +170,9 @@ class Tracker:
             all_tags = {"mlflow.runName": name, **(tags or {})}
             if parent:
                 all_tags["mlflow.parentRunId"] = parent
+            started = int(start_time * 1000) if start_time else None
             run = self._call("the run", lambda: self.client.create_run(self._experiment(), run_name=name,
-                                                                       tags=all_tags))
+                                                                       tags=all_tags, start_time=started))
             if run is None:
                 return
             self.run_id = run.info.run_id
@@ -228,6 +233,30 @@ class Tracker:
         if self.run_id:
             self._tags(tags)
 
+    def log_figures(self, prefix: str, figures: dict[str, Any], *, step: int = 0) -> None:
+        """The run's summary figures (``best.val_rank_ic``, ``test.rank_ic``, ``verdict.edge``) as metrics,
+        so that runs sort by them in MLflow's UI, and as tags of its model version (now and once it is
+        registered).  Numbers only: None, NaN and text are left out; booleans are 1 or 0."""
+        from mlflow.entities import Metric
+
+        if not self.run_id:
+            return
+        numbers = {f"{prefix}.{key}": number for key, value in figures.items()
+                   if (number := _finite_number(value)) is not None}
+        if not numbers:
+            return
+        now = int(time.time() * 1000)
+        self._call("metrics", self.client.log_batch, self.run_id,
+                   metrics=[Metric(key, value, now, step) for key, value in numbers.items()])
+        self._figures.update(numbers)
+        if self.version:
+            self._tag_version(numbers)
+
+    def _tag_version(self, numbers: dict[str, float]) -> None:
+        for key, value in numbers.items():
+            self._call("the figures of the model version", self.client.set_model_version_tag, self.model_name,
+                       self.version, key, f"{value:.6g}")
+
     def log_folder(self, folder: Location | Path, artifact_path: str | None = None) -> None:
         if not self.run_id:
             return
@@ -262,10 +291,14 @@ class Tracker:
 
         version = self._call("the model version", _register)
         self.version = version.version if version is not None else None
+        if self.version and self._figures:
+            self._tag_version(self._figures)
         return self.version
 
-    def log_evaluation(self, report_dir: Location | Path, verdict: dict | None) -> None:
-        """An evaluation's report, evaluation.json and equity.png as artifacts; its verdict as tags."""
+    def log_evaluation(self, report_dir: Location | Path, verdict: dict | None, result: dict | None = None) -> None:
+        """An evaluation's report, evaluation.json and equity.png as artifacts; its verdict as tags, and
+        the model's figures (rank IC and its interval, long-short Sharpe and return, signal, edge, the
+        difference to the best baseline) as numbers (:meth:`log_figures`)."""
         if not self.run_id:
             return
         for file in ("report.md", "evaluation.json", "equity.png"):
@@ -273,16 +306,20 @@ class Tracker:
             exists = path.is_file()
             if exists:
                 self.log_folder(path, "evaluation")
+        if result:
+            self.log_figures("evaluation", evaluation_figures(result))
         if verdict:
             self.log_tags({"verdict": verdict.get("line"), "verdict.edge": verdict.get("edge")})
             if self.version:
                 self._call("the verdict tag of the model version", self.client.set_model_version_tag,
                            self.model_name, self.version, "verdict", str(verdict.get("line"))[:5000])
 
-    def close(self, status: str = "FINISHED") -> str | None:
-        """End the run; one line (printed) saying what was not logged, if anything."""
+    def close(self, status: str = "FINISHED", *, end_time: float | None = None) -> str | None:
+        """End the run (``end_time``, Unix seconds: when what it records ended, where it is logged after
+        the fact); one line (printed) saying what was not logged, if anything."""
         if self.run_id and self._owned:
-            self._call("the run's end", self.client.set_terminated, self.run_id, status)
+            ended = int(end_time * 1000) if end_time else None
+            self._call("the run's end", self.client.set_terminated, self.run_id, status, ended)
         missing = self.not_logged[self._said:]
         if not missing:
             return None
@@ -332,6 +369,29 @@ class LiveEpochs:
                     self.tracker.log_history(latest.history)
             except Exception:  # a folder being pruned or written as it is read: the next look, or the run's end
                 continue
+
+
+def _finite_number(value: Any) -> float | None:
+    """``value`` as a finite float (numpy numbers and booleans too), else None."""
+    if value is None or isinstance(value, (str, bytes, dict, list)):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and abs(number) != float("inf") else None
+
+
+def evaluation_figures(result: dict) -> dict[str, Any]:
+    """The model's figures in an evaluation's result (its first row) and its verdict, flat."""
+    model = (result.get("rows") or [{}])[0]
+    rank_ic, long_short = model.get("rank_ic") or {}, model.get("long_short") or {}
+    verdict = result.get("verdict") or {}
+    difference = verdict.get("difference") or {}
+    return {"rank_ic": rank_ic.get("mean"), "rank_ic_ci_low": rank_ic.get("ci_low"),
+            "rank_ic_ci_high": rank_ic.get("ci_high"), "ls_sharpe": long_short.get("sharpe"),
+            "ls_annual_return": long_short.get("annual_return"), "signal": verdict.get("signal"),
+            "edge": verdict.get("edge"), "edge_difference": difference.get("mean")}
 
 
 def registered_version(uri: str, cfg: RunConfig) -> Tracker:
@@ -441,4 +501,10 @@ def download_model(uri: str, cfg: RunConfig) -> Path:
                                                     tracking_uri=tracking)
     except MlflowException as exc:
         raise TrackingError(f"--model {uri}: {str(exc).splitlines()[0][:300]}") from None
+    # what the copy is a version of: its signals and reports name it (signals/predict.py:model_id)
+    name, which, by_alias = _model_uri_parts(uri)
+    import json
+
+    (Path(local) / REGISTERED).write_text(json.dumps({"uri": uri, "name": name, "version": str(version.version),
+                                                      "alias": which if by_alias else None}))
     return Path(local)

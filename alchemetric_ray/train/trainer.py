@@ -319,6 +319,8 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
 
         tracker.log_history(outcome.summary.get("history") or [])
         tracker.log_tags(run_tags(outcome))
+        best_row = outcome.best_metrics or {}
+        tracker.log_figures("best", best_row, step=int(best_row.get("epoch") or 0))  # runs sort by them
         outcome.tracker = tracker
     if export and best is not None:
         outcome.model_dir = export_model(outcome.best_checkpoint, cfg, run.shards)

@@ -295,8 +295,10 @@ def _track(cfg: RunConfig, name: str, where: Location, summary: dict, model_dir:
     from alchemetric_ray.train.tracking import RUN_FILE, Tracker, environment_tags
 
     parent = Tracker(cfg)
+    began = [t["started"] for t in summary["trials"] if t.get("started")]
     parent.start(where / RUN_FILE, name, tags={"command": "tune", "best_trial_id": summary["best_trial_id"],
-                                               "metric": summary["metric"], "mode": summary["mode"]})
+                                               "metric": summary["metric"], "mode": summary["mode"]},
+                 start_time=min(began) if began else None)
     exported = None
     for trial in summary["trials"]:
         try:
@@ -306,14 +308,15 @@ def _track(cfg: RunConfig, name: str, where: Location, summary: dict, model_dir:
         child = Tracker(trial_cfg)
         child.start(where / f"mlflow_trial_{trial['trial_id']}.json", f"{name}-{trial['trial_id']}",
                     parent=parent.run_id, tags={"command": "tune trial", "status": trial["status"],
-                                                "trial_id": trial["trial_id"]})
+                                                "trial_id": trial["trial_id"]}, start_time=trial.get("started"))
         child.log_history(trial["history"])
         child.log_tags({"best_value": trial["best_value"], "error": trial["error"]})
+        child.log_figures("best", {summary["metric"]: trial["best_value"], "val_rank_ic": trial.get("val_rank_ic")})
         if model_dir is not None and trial["trial_id"] == summary["best_trial_id"]:
             child.log_folder(model_dir / "model_card.md")
             child.register(model_dir)
             exported = child
-        child.close("FAILED" if trial["error"] else "FINISHED")
+        child.close("FAILED" if trial["error"] else "FINISHED", end_time=trial.get("ended"))
     parent.log_tags({"best_value": summary["best_value"], "best_config": json.dumps(summary["best_config"]),
                      **environment_tags(shards), "exported_run_id": exported.run_id if exported else None})
     if report is not None:
@@ -475,7 +478,7 @@ def summarize(grid, cfg: RunConfig, targets: dict[str, tuple[Location, Manifest]
         config = {k: _plain(v) for k, v in (result.config or {}).items()}
         epochs = len(history)
         trial = {"trial_id": trial_id, "config": config, "status": "ERROR" if result.error else "TERMINATED",
-                 "best_value": best_value, "epochs_run": epochs,
+                 "best_value": best_value, "epochs_run": epochs, **_times(df),
                  "val_long_short": _long_short_at(df, metric, best_value),
                  "val_rank_ic": _value_at(df, metric, best_value, "val_rank_ic"),
                  "stopped_early": (not result.error) and epochs < cfg.train.epochs
@@ -520,6 +523,15 @@ def _reports(result):
     with checkpoint.as_directory() as directory:
         history = read_meta(directory)["loop"]["history"]
     return pd.DataFrame(history) if _every_epoch([row["epoch"] for row in history]) else df
+
+
+def _times(df) -> dict[str, float | None]:
+    """When a trial began and ended (Unix seconds): its first report's time less that epoch's, and its
+    last report's (Tune stamps each report); None where it reported nothing."""
+    if df is None or "timestamp" not in df or not len(df):
+        return {"started": None, "ended": None}
+    first = float(df["timestamp"].min()) - float(df["time_this_iter_s"].iloc[0] if "time_this_iter_s" in df else 0)
+    return {"started": first, "ended": float(df["timestamp"].max())}
 
 
 def _every_epoch(epochs: list) -> bool:
