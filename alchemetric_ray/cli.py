@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import shlex
+import signal
 import sys
 import typing
 from pathlib import Path
@@ -405,12 +406,22 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"{_by_signal(str(exc))}{hint if exc.resumable else '; ' + exc.remedy}", file=sys.stderr, flush=True)
         return interrupts.exit_code()
     except KeyboardInterrupt:
-        print(f"alchemetric-ray {args.command}: {_by_signal('interrupted')} before it finished (nothing half-written "
-              "is left); run the same command again", file=sys.stderr, flush=True)
-        return interrupts.exit_code()
+        return _interrupted(args.command)
+    except SystemExit as exc:
+        if exc.code != signal.SIGTERM:
+            raise
+        # a SIGTERM while ray.init runs: Ray's own handler (in place until init returns) calls sys.exit(15)
+        interrupts.received(signal.SIGTERM)
+        return _interrupted(args.command)
     except UserError as exc:
         print(f"alchemetric-ray {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _interrupted(command: str) -> int:
+    print(f"alchemetric-ray {command}: {_by_signal('interrupted')} before it finished (nothing half-written is left); "
+          "run the same command again", file=sys.stderr, flush=True)
+    return interrupts.exit_code()
 
 
 def _by_signal(message: str) -> str:
@@ -424,5 +435,14 @@ def _ray_running() -> bool:
     return bool(ray is not None and hasattr(ray, "is_initialized") and ray.is_initialized())
 
 
+def run(argv: Sequence[str] | None = None) -> typing.NoReturn:
+    """The process's entry point (the console script, ``python -m alchemetric_ray.cli``, ``jobs/*.py``):
+    :func:`main`, then exit with its code.  A stop signal that arrives once the command is done (its
+    outputs written, its Ray shut down) changes nothing: the exit code stays the command's."""
+    code = main(argv)
+    interrupts.ignore_stop_signals()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -114,8 +114,21 @@ def reroute_after_ray() -> None:
         _route()
 
 
-def _as_ctrl_c(signum, frame) -> None:
+def ignore_stop_signals() -> None:
+    """From here to the process's exit, SIGINT and the stop signals are ignored (the work is done)."""
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGINT", *STOP_SIGNALS):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
+def received(signum: int) -> None:
+    """Record a stop signal that reached the process another way (Ray's own handler during ``ray.init``)."""
     _received.append(signum)
+
+
+def _as_ctrl_c(signum, frame) -> None:
+    received(signum)
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):
         handler(signal.SIGINT, frame)

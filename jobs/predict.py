@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alchemetric_ray.cli import main
+from alchemetric_ray.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main(["predict", *sys.argv[1:]]))
+    run(["predict", *sys.argv[1:]])

@@ -305,7 +305,9 @@ def test_artifacts_on_object_storage_through_the_tracking_server(tmp_path, capsy
         local = tmp_path / "models" / "on-s3"
         downloaded = download_model("models:/on-s3/1", RunConfig().replace(f"tracking.mlflow_uri={uri}"))
         files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
-        assert files == sorted(p.relative_to(downloaded).as_posix() for p in downloaded.rglob("*") if p.is_file())
+        # the download: every file of the model, and the note of which version it is (tracking.REGISTERED)
+        got = sorted(p.relative_to(downloaded).as_posix() for p in downloaded.rglob("*") if p.is_file())
+        assert sorted([*files, "registered.json"]) == got
         for name in files:
             assert (local / name).read_bytes() == (downloaded / name).read_bytes(), name
     finally:
@@ -374,4 +376,5 @@ def test_epochs_reach_mlflow_while_the_run_trains(tmp_path, ray_session, stockne
     assert partial and all(steps == list(range(1, len(steps) + 1)) for steps in partial), seen
     client = MlflowClient(tracking_uri=store)
     (run,) = client.search_runs([client.get_experiment_by_name("live").experiment_id])
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss")) == list(range(epochs))
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss")) == \
+        list(range(1, epochs + 1))
