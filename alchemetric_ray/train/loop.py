@@ -353,8 +353,9 @@ def _resume(trainables: Trainables, worker: _Worker, runtime: TrainGroup | Trial
         trainables.load_state_dict(load_state(ckpt_dir))
         state = CheckpointMeta.from_dict(read_meta(ckpt_dir)).loop_state()
     folder = str(checkpoint.path).rstrip("/").rpartition("/")[2]  # epoch-NNNN, or Tune's checkpoint_NNNNNN
-    worker.say(f"resumed from the checkpoint of epoch {state.epoch + 1} ({folder}): continuing at epoch "
-               f"{state.epoch + 2} of {epochs}")
+    rest = f"continuing at epoch {state.epoch + 2} of {epochs}" if state.epoch + 1 < epochs else \
+        f"all {epochs} epoch(s) done, none trained again"
+    worker.say(f"resumed from the checkpoint of epoch {state.epoch + 1} ({folder}): {rest}")
     return state
 
 

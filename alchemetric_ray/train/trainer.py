@@ -323,7 +323,13 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
         tracker.log_figures("best", best_row, step=int(best_row.get("epoch") or 0))  # runs sort by them
         outcome.tracker = tracker
     if export and best is not None:
-        outcome.model_dir = export_model(outcome.best_checkpoint, cfg, run.shards)
+        try:
+            outcome.model_dir = export_model(outcome.best_checkpoint, cfg, run.shards)
+        except KeyboardInterrupt:  # the epochs are kept: --resume trains none again and exports
+            if tracker is not None:
+                tracker.close("KILLED")
+            raise Interrupted(f"interrupted after epoch {latest.epoch + 1} of {cfg.train.epochs}, while exporting the "
+                              "model (nothing of it written)") from None
         if tracker is not None:
             tracker.log_folder(outcome.model_dir / "model_card.md")
             tracker.register(outcome.model_dir)
