@@ -54,7 +54,7 @@ lint: install
 	$(BIN)/ruff check .
 
 test: install test-deps lint
-	$(PYTEST) tests
+	$(PYTEST) tests --durations=25
 
 test-fast: install lint
 	$(PYTEST) tests -m "not slow"
