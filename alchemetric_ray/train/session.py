@@ -136,8 +136,8 @@ def check_ray_address(address: str) -> None:
     try:
         socket.create_connection((host, port), timeout=RAY_HEAD_PROBE_S).close()
     except OSError as exc:
-        raise RayAddressError(f"RAY_ADDRESS={address}: no Ray head answers there ({exc.strerror or exc}); start it "
-                              "(ray start --head) or check the address, or unset RAY_ADDRESS for a local run") from None
+        raise RayAddressError(f"RAY_ADDRESS={address}: no Ray head answers there ({exc.strerror or exc}); start that "
+                              "head or check the address, or unset RAY_ADDRESS for a local run") from None
 
 
 def reserve_local_port() -> int:
