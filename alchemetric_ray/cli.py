@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
+import os
 import re
 import shlex
 import signal
@@ -385,6 +387,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.plain_output()
     logging.basicConfig(level=logging.INFO if console.verbose() else logging.WARNING, format="%(message)s")
     ray_before = _ray_running()
+    # No C++ signal handler of Ray's in this process: it turns a SIGTERM into a crash dump, and
+    # ray.shutdown() resets SIGTERM to the default action (a SIGTERM then kills the process mid-way).
+    # Python's faulthandler prints a crash's traceback instead.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
     with interrupts.stop_signals_as_ctrl_c():  # SIGTERM and SIGHUP end a command as Ctrl-C does
         try:
             return _run(args, list(sys.argv[1:] if argv is None else argv))

@@ -246,6 +246,26 @@ def test_a_stop_signal_ends_every_long_command_as_ctrl_c_does(stock_model, stock
     assert not [p for folder in ("models", "out") for p in (tmp_path / folder).rglob("*") if p.is_file()]
 
 
+def test_sigterm_to_features_while_it_writes_leaves_no_stage_and_says_so(tmp_path):
+    """The packaged 88 tickers take a few seconds: the signal is sent once the stage beside the output
+    exists, i.e. while the shards are being written."""
+    out = tmp_path / "shards"
+    proc = subprocess.Popen([*CLI, "features", "--out", str(out), "--quiet"], cwd=tmp_path, env=_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".shards.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list(tmp_path.glob(".shards.tmp-*")), "the stage never appeared"
+    proc.send_signal(signal.SIGTERM)
+    out_text, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (proc.returncode, err[-2000:])
+    _clean_stop(err, out_text)
+    assert err.strip() == ("alchemetric-ray features: interrupted by SIGTERM before it finished (nothing "
+                           "half-written is left); run the same command again"), err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
 _HOLD_A_STAGE = textwrap.dedent("""
     import sys, time
     from alchemetric_ray.fsutil import staged_dir
