@@ -381,7 +381,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
+    """The command line; ``exiting``: the process exits next (:func:`run`), so SIGINT and the stop
+    signals stay ignored after it rather than handed back to the caller's handlers."""
     args = parse_args(argv)
     console.set_verbose(args.verbose)
     console.plain_output()
@@ -393,15 +395,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     if not faulthandler.is_enabled():
         faulthandler.enable()
-    with interrupts.stop_signals_as_ctrl_c():  # SIGTERM and SIGHUP end a command as Ctrl-C does
+    # SIGTERM and SIGHUP end a command as Ctrl-C does; once its work is over, a signal changes nothing
+    with interrupts.stop_signals_as_ctrl_c(then_ignore=exiting):
         try:
             return _run(args, list(sys.argv[1:] if argv is None else argv))
         finally:
+            interrupts.work_done()
             if _ray_running() and not ray_before:  # the Ray this command started: every process of it ended now
                 import ray
 
-                with interrupts.deferred():  # a signal now cannot cut the shutdown short
-                    ray.shutdown()
+                ray.shutdown()
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -447,9 +450,7 @@ def run(argv: Sequence[str] | None = None) -> typing.NoReturn:
     """The process's entry point (the console script, ``python -m alchemetric_ray.cli``, ``jobs/*.py``):
     :func:`main`, then exit with its code.  A stop signal that arrives once the command is done (its
     outputs written, its Ray shut down) changes nothing: the exit code stays the command's."""
-    code = main(argv)
-    interrupts.ignore_stop_signals()
-    sys.exit(code)
+    sys.exit(main(argv, exiting=True))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ is done, then raises it.  Both work in the main thread only, where Python delive
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from typing import Callable, Iterator
 
@@ -77,29 +79,61 @@ _routing = False
 
 
 @contextlib.contextmanager
-def stop_signals_as_ctrl_c() -> Iterator[None]:
+def stop_signals_as_ctrl_c(*, then_ignore: bool = False) -> Iterator[None]:
     """While the block runs, SIGTERM (Kubernetes' eviction, ``ray job stop``, ``kill``) and SIGHUP (a
     closed terminal) are handled as a Ctrl-C: whatever SIGINT handler is in place at that moment runs
     (ours, Ray Train's, Tune's, Python's ``KeyboardInterrupt``), so the finished work is kept the
     same way; :func:`stop_signal` says which signal it was.  For the command line (a notebook's
     kernel keeps its own handlers).  ``ray.init`` installs its own SIGTERM handler (``sys.exit``) and
     a C++ one that aborts with a crash dump: :func:`reroute_after_ray` puts ours back once Ray is up.
-    The handlers from before the block are put back after it."""
+    :func:`work_done` ends the routing early.  The handlers from before the block are put back after
+    it, or, with ``then_ignore`` (the process exits next), SIGINT and the stop signals are ignored."""
     global _routing
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    sigs = [getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name)]
+    sigs = [getattr(signal, name) for name in ("SIGINT", *STOP_SIGNALS) if hasattr(signal, name)]
     before = {sig: signal.getsignal(sig) for sig in sigs}
     _received.clear()
     _routing = True
     _route()
+    hook = sys.unraisablehook
+    sys.unraisablehook = _stop_again(hook)
     try:
         yield
     finally:
         _routing = False
+        sys.unraisablehook = hook
         for sig, handler in before.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            signal.signal(sig, signal.SIG_IGN if then_ignore else handler if handler is not None else signal.SIG_DFL)
+
+
+def _stop_again(hook):
+    """``sys.unraisablehook`` for the block: a :class:`StopSignal` raised where Python cannot raise it
+    (a finalizer, a weakref callback: Python prints it and goes on) is not printed; the signal is
+    sent again a moment later (from a timer thread: sent from here, Python would handle it at once,
+    still inside the hook), to be handled where the run can stop."""
+    def handle(unraisable) -> None:
+        if isinstance(unraisable.exc_value, StopSignal) and _routing:
+            again = threading.Timer(0.05, os.kill, (os.getpid(), signal.Signals[str(unraisable.exc_value)]))
+            again.daemon = True
+            again.start()
+            return
+        hook(unraisable)
+    return handle
+
+
+def work_done() -> None:
+    """Inside :func:`stop_signals_as_ctrl_c`, once the command's work is over (what is left: Ray's
+    shutdown): from here SIGINT and the stop signals are recorded, never raised, so that neither the
+    shutdown nor a finalizer running meanwhile is cut short by one."""
+    global _routing
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _routing = False
+    for name in ("SIGINT", *STOP_SIGNALS):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), lambda signum, frame: _received.append(signum))
 
 
 def _route() -> None:
@@ -109,17 +143,9 @@ def _route() -> None:
 
 
 def reroute_after_ray() -> None:
-    """After ``ray.init``: the stop signals handled as Ctrl-C again, where :func:`route_stop_signals` asked."""
+    """After ``ray.init``: the stop signals handled as Ctrl-C again, inside :func:`stop_signals_as_ctrl_c`."""
     if _routing and threading.current_thread() is threading.main_thread():
         _route()
-
-
-def ignore_stop_signals() -> None:
-    """From here to the process's exit, SIGINT and the stop signals are ignored (the work is done)."""
-    if threading.current_thread() is threading.main_thread():
-        for name in ("SIGINT", *STOP_SIGNALS):
-            if hasattr(signal, name):
-                signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 def received(signum: int) -> None:
@@ -152,21 +178,3 @@ def exit_code() -> int:
     """What a shell reports for a process the signal ended: 128 + its number (130 for Ctrl-C)."""
     received = stop_signal()
     return 128 + int(received if received is not None else signal.SIGINT)
-
-
-@contextlib.contextmanager
-def deferred() -> Iterator[list[int]]:
-    """Hold SIGINT and the stop signals while the block runs (Ray's shutdown at the end of a command):
-    each is recorded in the yielded list, not raised, so the shutdown finishes and leaves no process."""
-    if threading.current_thread() is not threading.main_thread():
-        yield []
-        return
-    held: list[int] = []
-    names = ("SIGINT", *STOP_SIGNALS)
-    sigs = [getattr(signal, name) for name in names if hasattr(signal, name)]
-    before = {sig: signal.signal(sig, lambda s, f: held.append(s)) for sig in sigs}
-    try:
-        yield held
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)

@@ -401,3 +401,27 @@ def test_a_skipped_file_is_named_on_the_console_and_no_empty_line_is_printed(sto
     assert re.search(r"^skipped 1 ticker\(s\): EMPTY \(0 rows of clean history", proc.stdout, re.M), proc.stdout
     assert not [ln for ln in proc.stdout.splitlines() if ln.rstrip().endswith(":")], proc.stdout
     assert "dropped rows" not in proc.stdout  # the packaged files of these three tickers drop nothing
+
+
+def test_a_stop_signal_that_lands_in_a_finalizer_stops_the_run_after_it(capsys):
+    """Python cannot raise out of a finalizer: it prints the exception and goes on.  A SIGTERM handled
+    there is sent again, so the run stops right after the finalizer, with nothing printed."""
+    from alchemetric_ray import interrupts
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs in here, at the next instruction
+            sum(range(1000))
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as a terminal has
+    try:
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            with interrupts.stop_signals_as_ctrl_c():
+                thing = Finalized()
+                del thing
+                for _ in range(1000):  # the signal sent again is raised here, in the run's own code
+                    time.sleep(0.001)
+        assert isinstance(stopped.value, interrupts.StopSignal) and interrupts.stop_signal() == signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert "Exception ignored" not in capsys.readouterr().err

@@ -93,8 +93,12 @@ def ensure_ray(cfg: RunConfig) -> None:
         # Logical CPUs above the physical count let Train workers and Ray Data readers coexist on a
         # small laptop without waiting on each other (the plan still keeps one free for Ray Data).
         # address="local": always a new Ray of our own, never one a `ray start` on this machine left running
-        ray.init(address="local", num_cpus=max(4, cpu_count()), include_dashboard=True, dashboard_host="127.0.0.1",
-                 dashboard_port=port, runtime_env=runtime_env, **quiet)
+        try:
+            ray.init(address="local", num_cpus=max(4, cpu_count()), include_dashboard=True,
+                     dashboard_host="127.0.0.1", dashboard_port=port, runtime_env=runtime_env, **quiet)
+        except BaseException:  # a Ctrl-C or SIGTERM while Ray starts: none of its processes outlives this one
+            _end_partial_start()
+            raise
         _written_api_servers.add(env[API_SERVER_ENV])
         os.environ[API_SERVER_ENV] = env[API_SERVER_ENV]
     interrupts.reroute_after_ray()  # ray.init replaced SIGTERM's handler: a stop signal is a Ctrl-C again
@@ -138,6 +142,31 @@ def check_ray_address(address: str) -> None:
     except OSError as exc:
         raise RayAddressError(f"RAY_ADDRESS={address}: no Ray head answers there ({exc.strerror or exc}); start that "
                               "head or check the address, or unset RAY_ADDRESS for a local run") from None
+
+
+def _end_partial_start() -> None:
+    """After a ``ray.init`` that did not finish: shut down what it registered, then end the processes it
+    started before it could register them (children of this process, and theirs)."""
+    import signal
+    import subprocess
+
+    import ray
+
+    try:
+        ray.shutdown()
+    except Exception:
+        pass
+    found, todo = [], [os.getpid()]
+    while todo:
+        out = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout
+        children = [int(pid) for pid in out.split()]
+        found += children
+        todo += children
+    for pid in reversed(found):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def reserve_local_port() -> int:
