@@ -66,7 +66,6 @@ def stage_name(name: str) -> str:
 
 
 def _tmp_beside(path: Path) -> Path:
-    remove_stale_stages(path)
     return path.parent / stage_name(path.name)
 
 
@@ -312,8 +311,11 @@ def replace_dir(tmp: Path, target: Path) -> None:
 
 
 def staging_dir(target: Path) -> Path:
-    """A fresh temporary folder beside ``target`` (same file system, so the final rename is atomic)."""
+    """A fresh temporary folder beside ``target`` (same file system, so the final rename is atomic); the
+    stages a killed process left beside it go first (not on every file write: a folder of shards or
+    checkpoints is written file by file, and a stage is what a kill during an export leaves)."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_stages(target)
     tmp = _tmp_beside(target)
     tmp.mkdir()
     return tmp
