@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import logging
@@ -11,6 +12,7 @@ import re
 import shlex
 import signal
 import sys
+import tempfile
 import typing
 from pathlib import Path
 from typing import Callable, Sequence
@@ -252,7 +254,9 @@ def _download_registered(args: argparse.Namespace, cfg: RunConfig) -> str | None
         return None
     from alchemetric_ray.train.tracking import download_model
 
-    args.model_dir = str(download_model(uri, cfg))
+    # a copy for this command only, removed when it ends (_run)
+    scratch = args.scratch.enter_context(tempfile.TemporaryDirectory(prefix="alchemetric-registry-"))
+    args.model_dir = str(download_model(uri, cfg, scratch))
     return uri
 
 
@@ -410,8 +414,9 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     _, _, fn = COMMANDS[args.command]
     try:
-        cfg = config_from_args(args)
-        return fn(args, cfg)
+        with contextlib.ExitStack() as args.scratch:  # what a command makes for itself only (a registry download)
+            cfg = config_from_args(args)
+            return fn(args, cfg)
     except Interrupted as exc:  # Ctrl-C (or SIGTERM, SIGHUP), after the run kept what it finished
         hint = f"; continue with: alchemetric-ray {shlex.join([*argv, *([] if '--resume' in argv else ['--resume'])])}"
         print(f"{_by_signal(str(exc))}{hint if exc.resumable else '; ' + exc.remedy}", file=sys.stderr, flush=True)

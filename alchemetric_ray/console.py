@@ -238,6 +238,13 @@ def quiet_driver() -> None:
     logging.getLogger("ray").setLevel(logging.WARNING)
 
 
+def quiet_without_ray() -> None:
+    """A run that starts no Ray: Ray's libraries it still uses in this process (Train's local mode)
+    log as they would after ``ray.init``, so the same quieting."""
+    quiet_ray_logger()
+    quiet_driver()
+
+
 def filter_forwarded_lines() -> None:
     """Wrap the handler through which the driver prints its workers' output (Ray's log monitor), once;
     also where this process joined a Ray it did not start (our lines then still lose their mark)."""

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from alchemetric_ray.data.loaders import (
+    ShardReader,
     arrow_to_xy,
     build_datasets,
     collate_for,
@@ -92,6 +93,33 @@ def test_deterministic_order_with_seeded_shuffle(ray_session, shards):
             keys.append([(r["ticker"], r["date"]) for r in rows])
         assert windows[0].shape[0] > 0 and torch.equal(windows[0], windows[1])
         assert keys[0] == keys[1] == sorted(keys[0]) and len(set(keys[0])) == len(keys[0])
+    finally:
+        ctx.execution_options.preserve_order = old
+
+
+@pytest.mark.parametrize("mode", ["tabular", "sequence"])
+def test_shards_read_in_this_process_with_pyarrow_equal_ray_datas_ordered_read(ray_session, shards, mode):
+    """A one-worker run that caches its shards reads them with pyarrow and no Ray (ShardReader):
+    the same tensors, row for row, as Ray Data's ordered read through the same collate."""
+    from ray.data import DataContext
+
+    from alchemetric_ray.data.batches import read_all
+
+    ctx = DataContext.get_current()
+    old = ctx.execution_options.preserve_order
+    try:
+        deterministic_context()
+        datasets, m = build_datasets(shards, mode, WINDOW)
+        reader = ShardReader(shards, m, mode, WINDOW)
+        for split in ("train", "val"):
+            ours, ray_data = reader.rows(split), read_all(datasets[split], 256, collate_for(mode, m.features))
+            assert len(ours[1]) > 0 and len(ours) == len(ray_data) == 4
+            for a, b in zip(ours, ray_data):
+                assert a.dtype == b.dtype and torch.equal(a, b)
+            if mode == "tabular":
+                assert len(ours[1]) == m.rows[split]
+            else:  # a window per bar after each ticker's first WINDOW - 1
+                assert ours[0].shape[1:] == (WINDOW, len(m.features))
     finally:
         ctx.execution_options.preserve_order = old
 
@@ -197,8 +225,8 @@ def test_streamed_epochs_shuffle_in_windows_and_see_every_row_once(ray_session, 
         batch = 32
 
         def epoch(seed, ep):
-            data = WorkerBatches.open(datasets["train"], datasets["val"], collate, Batching(batch, seed),
-                                      torch.device("cpu"), cache=False)
+            data = WorkerBatches.streamed(datasets["train"], datasets["val"], collate, Batching(batch, seed),
+                                          torch.device("cpu"))
             batches = list(data.train_batches(ep))
             assert data.rows_seen == m.rows["train"]
             return batches

@@ -23,7 +23,7 @@ import torch
 
 from alchemetric_ray.config import ConfigError, load_config
 from alchemetric_ray.train.plan import plan_resources
-from alchemetric_ray.train.trainer import run_training, runs_locally
+from alchemetric_ray.train.trainer import run_training, runs_locally, uses_ray
 
 REPO = Path(__file__).resolve().parents[1]
 # An LSTM on small batches: epochs of a second or two here, long enough to be interrupted in one
@@ -51,7 +51,7 @@ def test_local_mode_is_chosen_for_one_worker_on_a_local_ray_and_refused_in_one_l
     one = load_config(None, ["device.name=cpu"])
     plan = plan_resources(one, {"CPU": 4.0})
     local, why = runs_locally(one, plan)
-    assert local and "one worker on a local Ray" in why
+    assert local and "one worker on this machine" in why
     two_cfg = one.replace("scaling.workers=2")
     two = plan_resources(two_cfg, {"CPU": 4.0})
     assert runs_locally(two_cfg, two) == (False, "2 workers (local mode runs one)")
@@ -71,6 +71,36 @@ def test_local_mode_is_chosen_for_one_worker_on_a_local_ray_and_refused_in_one_l
     assert not runs_locally(one, plan)[0]
 
 
+def test_ray_is_used_only_for_what_needs_it():
+    """The plan's `ray` line: a sweep (Tune), a worker group (Train) or streamed shards (Ray Data)
+    need Ray; a one-worker run in this process that caches its shards reads them with pyarrow."""
+    cfg = load_config(None, ["device.name=cpu"])
+    assert uses_ray(cfg, True, sweep=True, up=False) == (True, "Ray Tune runs the sweep's trials")
+    assert uses_ray(cfg, False, sweep=False, up=False) == (True, "a Ray Train worker group runs the loop")
+    assert uses_ray(cfg.replace("train.cache_data=false"), True, sweep=False, up=False) == \
+        (True, "Ray Data streams the shards every epoch (train.cache_data=false)")
+    needed, why = uses_ray(cfg, True, sweep=False, up=False)
+    assert not needed and why.startswith("not started: one worker in this process reads its cached shards with pyarrow")
+    needed, why = uses_ray(cfg, True, sweep=False, up=True)  # a notebook's ray.init(): left unused
+    assert not needed and why.startswith("up, unused: ")
+
+
+def test_a_run_planned_without_ray_asks_for_what_ray_would_give(monkeypatch):
+    """Planned before any Ray starts: the CPUs a local Ray of ours would advertise, this machine's
+    CUDA GPUs (none here, and a probe patched to two: a two-worker DDP plan, which then needs Ray)."""
+    from alchemetric_ray.hardware import device
+    from alchemetric_ray.train.session import local_ray_cpus, machine_resources
+
+    assert machine_resources() == {"CPU": float(local_ray_cpus()), "GPU": 0.0}
+    monkeypatch.setattr(device, "cuda_available", lambda: True)
+    monkeypatch.setattr(device.torch.cuda, "device_count", lambda: 2)
+    cfg = load_config(None, [])
+    plan = plan_resources(cfg, machine_resources())
+    assert (plan.num_workers, plan.use_gpu) == (2, True)
+    local, _ = runs_locally(cfg, plan)
+    assert uses_ray(cfg, local, sweep=False, up=False) == (True, "a Ray Train worker group runs the loop")
+
+
 # ---- a run in the driver ----------------------------------------------------------------------------
 
 
@@ -83,7 +113,7 @@ def test_a_local_run_keeps_checkpoints_scalars_and_the_export_as_a_worker_run_do
     out = run_training(_cfg(shards, tmp_path, "train.epochs=4", "storage.num_to_keep=2", "storage.name=local",
                             "train.metric=val_log_loss"))
     said = capsys.readouterr().out
-    assert "train loop       in this process (Ray Train local mode) (one worker on a local Ray" in said
+    assert "train loop       in this process (Ray Train local mode) (one worker on this machine" in said
     assert [h["epoch"] for h in out.summary["history"]] == [1, 2, 3, 4]  # epochs by their number, from 1
     # the run folder in Ray Train's layout: the 2 best epochs by val_log_loss, and the latest
     loss = {h["epoch"]: h["val_log_loss"] for h in out.summary["history"]}
@@ -251,6 +281,16 @@ def test_ctrl_c_keeps_the_finished_epochs_and_resume_continues_after_them(shards
     lines = [int(m.group(1)) for m in re.finditer(EPOCH_LINE.format(n=r"(\d+)", m=total), resumed.stdout, re.M)]
     assert lines == list(range(done + 1, total + 1))  # each remaining epoch once, none redone
     assert (tmp_path / "models" / "ctrlc" / "weights.pt").is_file()
+    # a one-worker local run reads its cached shards with pyarrow and starts no Ray (no session, no
+    # Ray process); a worker group starts one
+    for said in (out, resumed.stdout):
+        ray_line = [ln for ln in said.splitlines() if ln.startswith("ray  ")]
+        started = "ray: session logs in " in said
+        if mode == "local":
+            assert ray_line[0].startswith("ray              not started: one worker in this process reads its cached "
+                                          "shards with pyarrow") and not started, said[-3000:]
+        else:
+            assert ray_line == ["ray              a Ray Train worker group runs the loop"] and started, said[-3000:]
     if store:  # the same MLflow run, every epoch's step once
         assert _mlflow_run(store) == ((run_id, "FINISHED"), list(range(1, total + 1)))
 

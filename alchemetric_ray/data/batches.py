@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from alchemetric_ray.data.loaders import Batch
+from alchemetric_ray.data.loaders import Batch, concat_batches
 from alchemetric_ray.hardware.staging import BatchSource, DataPath, choose_data_path, nbytes
 
 SHUFFLE_WINDOW = 16  # batches mixed together when the training split is streamed
@@ -64,10 +64,7 @@ def shuffled_stream(shard, batch_size: int, collate, seed: int) -> Iterator[Batc
 
 def read_all(shard, batch_size: int, collate) -> Batch:
     """Every row of the shard as one (x, y, date, fwd) tuple of host tensors."""
-    parts = [tuple(t.contiguous() for t in batch) for batch in stream(shard, batch_size, collate)]
-    if not parts:
-        return (torch.zeros(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0))
-    return tuple(torch.cat(column) for column in zip(*parts))
+    return concat_batches(list(stream(shard, batch_size, collate)))
 
 
 def fingerprint(columns: Batch) -> float:
@@ -126,14 +123,16 @@ class WorkerBatches:
     _made: dict = field(default_factory=dict)  # the last epoch's date batches, made once
 
     @classmethod
-    def open(cls, train_shard, val_shard, collate, batching: Batching, device: torch.device, *, cache: bool,
-             fraction: float = 0.0, sharers: int = 1, fewest: Callable[[int], int] = lambda n: n) -> WorkerBatches:
-        """Stream the shards, or read both once (``cache``) where the staging puts them."""
-        if not cache:
-            path = choose_data_path(device, cached=False, shard_bytes=0, fraction=0.0, sharers=sharers)
-            return cls(batching, path, shards=(train_shard, val_shard, collate), fewest=fewest)
-        train = read_all(train_shard, batching.batch_size, collate)
-        val = read_all(val_shard, batching.batch_size, collate)
+    def streamed(cls, train_shard, val_shard, collate, batching: Batching, device: torch.device, *,
+                 sharers: int = 1, fewest: Callable[[int], int] = lambda n: n) -> WorkerBatches:
+        """The shards streamed every epoch (``train.cache_data=false``)."""
+        path = choose_data_path(device, cached=False, shard_bytes=0, fraction=0.0, sharers=sharers)
+        return cls(batching, path, shards=(train_shard, val_shard, collate), fewest=fewest)
+
+    @classmethod
+    def read(cls, train: Batch, val: Batch, batching: Batching, device: torch.device, *, fraction: float = 0.0,
+             sharers: int = 1, fewest: Callable[[int], int] = lambda n: n) -> WorkerBatches:
+        """Every row of both splits, read once (``train.cache_data``), put where the staging says."""
         path = choose_data_path(device, cached=True, shard_bytes=nbytes(train) + nbytes(val), fraction=fraction,
                                 sharers=sharers)
         return cls.cached(train, val, batching, device, path, fewest=fewest)

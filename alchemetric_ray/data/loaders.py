@@ -330,8 +330,7 @@ def build_datasets(shards: str | Path | Location, mode: str, window: int, splits
     manifest = Manifest.read(shards)
     if check:  # a sweep checks once on its driver, not again in every trial
         check_shard_files(shards, manifest)
-    features = manifest.features
-    cols = ["date", "ticker", *features, "label", "fwd_ret"]
+    cols = shard_columns(manifest)
     datasets = {}
     for split in splits:
         if mode == "sequence":
@@ -343,3 +342,33 @@ def build_datasets(shards: str | Path | Location, mode: str, window: int, splits
 
 def collate_for(mode: str, features: list[str]):
     return SequenceCollate() if mode == "sequence" else TabularCollate(features)
+
+
+def concat_batches(parts: list[Batch]) -> Batch:
+    """Batches as one (x, y, date, fwd) tuple of contiguous host tensors."""
+    if not parts:
+        return (torch.zeros(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0))
+    return tuple(torch.cat([t.contiguous() for t in column]) for column in zip(*parts))
+
+
+class ShardReader:
+    """A split of the shards read whole in this process with pyarrow, for a one-worker run that caches
+    its shard (``train.cache_data``) and so needs no Ray Data: the same columns, windows and tensors
+    as the Ray Data path (:func:`build_datasets` and :func:`collate_for`), in the files' order
+    (ticker, then date) and one file at a time (a sequence file's windows one ticker at a time)."""
+
+    def __init__(self, shards: str | Path | Location, manifest: Manifest, mode: str, window: int) -> None:
+        self.shards, self.manifest, self.mode, self.window = shards, manifest, mode, window
+
+    def rows(self, split: str) -> Batch:
+        import pyarrow.parquet as pq
+
+        files, cols = _listed_files(self.shards, split, self.manifest), shard_columns(self.manifest)
+        collate = collate_for(self.mode, self.manifest.features)
+        if self.mode != "sequence":
+            return concat_batches([collate(pq.read_table(f.path, filesystem=f.filesystem, columns=cols))
+                                   for f in files])
+        check_whole_tickers(self.shards, split, self.manifest)
+        return concat_batches([collate(chunk) for f in files
+                               for chunk in _file_windows({"path": [f.path]}, f.filesystem, self.manifest.features,
+                                                          self.window, cols)])

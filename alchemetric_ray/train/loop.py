@@ -164,14 +164,18 @@ def _model(cfg: RunConfig, manifest, worker: _Worker, runtime: TrainGroup | Tria
 
 def _batches(cfg: RunConfig, manifest, loss: str, worker: _Worker, runtime: TrainGroup | TrialProcess | LocalRun,
              plan: ResourcePlan) -> WorkerBatches:
-    """This worker's shards of the train and val splits, batched (whole dates for the IC loss)."""
+    """This worker's shards of the train and val splits, batched (whole dates for the IC loss): read
+    once (``train.cache_data``) or streamed every epoch."""
     train_cfg = cfg.train
-    return WorkerBatches.open(runtime.shard("train"), runtime.shard("val"),
-                              collate_for(model_spec(cfg.model).inputs, manifest.features),
-                              Batching(train_cfg.batch_size, train_cfg.seed, by_date=loss == "ic"), worker.device,
-                              cache=train_cfg.cache_data, fraction=train_cfg.device_cache_fraction,
-                              sharers=gpu_sharers(plan.gpus_per_worker),
-                              fewest=lambda n: min(_gather_list(n, worker.world)))
+    batching = Batching(train_cfg.batch_size, train_cfg.seed, by_date=loss == "ic")
+    collate = collate_for(model_spec(cfg.model).inputs, manifest.features)
+    sharers, fewest = gpu_sharers(plan.gpus_per_worker), lambda n: min(_gather_list(n, worker.world))
+    if not train_cfg.cache_data:
+        return WorkerBatches.streamed(runtime.shard("train"), runtime.shard("val"), collate, batching, worker.device,
+                                      sharers=sharers, fewest=fewest)
+    train, val = (runtime.rows(split, batching.batch_size, collate) for split in ("train", "val"))
+    return WorkerBatches.read(train, val, batching, worker.device, fraction=train_cfg.device_cache_fraction,
+                              sharers=sharers, fewest=fewest)
 
 
 def _ends_here(worker: _Worker, train_cfg: TrainConfig, epoch: int, start_epoch: int, stop: bool,

@@ -40,6 +40,7 @@ class PlanReasons:
     data: str  # what Ray Data reads with
     node_type: str = ""  # on an autoscaling cluster's node types: why that type
     data_path: str = ""  # where a worker's batches will live (hardware.staging)
+    ray: str = ""  # what the run uses Ray for, if anything (train/trainer.py: uses_ray)
 
 
 @dataclass
@@ -89,6 +90,8 @@ class ResourcePlan:
         ]
         if why.data_path:
             lines.append(f"data path        {why.data_path}")
+        if why.ray:
+            lines.append(f"ray              {why.ray}")
         if self.node_type:
             lines.append(f"node type        {self.node_type} {_shape(self.node_resources)} x {self.nodes} "
                          f"(of at most {self.max_nodes}; {why.node_type})")

@@ -13,13 +13,16 @@ epoch (with rank 0's checkpoint), and its model made ready for the group.
   (``bench/PROFILE.md``, section 5).  Reports and checkpoints go to Tune itself (its
   ``report``/``get_checkpoint``: kept, ranked and restored by Tune's checkpoint config), and the
   datasets are read through the same ``CompleteValidationConfig`` as a one-worker Train run.
-- :class:`LocalRun`: a one-worker ``train`` on a Ray this process started runs the loop in the
-  driver's own process (``TorchTrainer``'s local mode, ``ScalingConfig(num_workers=0)``): no
-  controller, worker group or Train helper process to start.  Local mode keeps checkpoints in
-  memory only, ignores the dataset config and runs no callbacks; this runtime supplies them: the
-  shards configured as a one-worker Train run configures them, each report's checkpoint put in
-  the run folder in Ray Train's layout (``train/run_folder.py``: atomically, ranked and pruned by
-  the selection metric), the TensorBoard scalars, and the checkpoint to resume from read from disk.
+- :class:`LocalRun`: a one-worker ``train`` on this machine runs the loop in the driver's own
+  process (``TorchTrainer``'s local mode, ``ScalingConfig(num_workers=0)``): no controller, worker
+  group or Train helper process to start.  Local mode keeps checkpoints in memory only, ignores the
+  dataset config and runs no callbacks; this runtime supplies them: the shards (read whole with
+  pyarrow where the run caches them, ``data/loaders.py:ShardReader``, so that no Ray needs to start;
+  else configured as a one-worker Train run configures them), each report's checkpoint put in the
+  run folder in Ray Train's layout (``train/run_folder.py``: atomically, ranked and pruned by the
+  selection metric), the TensorBoard scalars, and the checkpoint to resume from read from disk.
+
+Each gives a split's rows read whole (``rows``, for a cached shard) or its shard to stream (``shard``).
 """
 
 from __future__ import annotations
@@ -28,14 +31,25 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from alchemetric_ray import console
+from alchemetric_ray.data.batches import read_all
 from alchemetric_ray.interrupts import held_during
 
 if TYPE_CHECKING:
+    from alchemetric_ray.data.loaders import Batch, ShardReader
     from alchemetric_ray.train.run_folder import RunFolder
     from alchemetric_ray.train.tensorboard import ScalarWriter
 
 
-class TrainGroup:
+class _Runtime:
+    def shard(self, name: str):
+        raise NotImplementedError
+
+    def rows(self, name: str, batch_size: int, collate) -> Batch:
+        """Every row of the split ``name``, read once from this runtime's shard."""
+        return read_all(self.shard(name), batch_size, collate)
+
+
+class TrainGroup(_Runtime):
     """The loop as a Ray Train worker; ``folder``: the run's folder, where a checkpoint newer than
     the one Ray Train's snapshot names may lie (the snapshot is written behind the reports)."""
 
@@ -78,15 +92,16 @@ class TrainGroup:
                                              parallel_strategy="ddp" if self.world > 1 else None)
 
 
-class _OneWorker:
+class _OneWorker(_Runtime):
     """Rank 0 of 1, in a process of ours: the datasets as a one-worker Train run reads them."""
 
     rank, world, local_world = 0, 1, 1
 
-    def __init__(self, datasets: dict[str, Any], data_config) -> None:
+    def __init__(self, datasets: dict[str, Any] | None, data_config) -> None:
         # the one-worker branch of the DataConfig a TorchTrainer would use: each dataset whole,
         # through its own iterator, with the run's execution options
-        self._shards = data_config.configure(datasets, world_size=1, worker_handles=None, worker_node_ids=None)[0]
+        self._shards = {} if datasets is None else \
+            data_config.configure(datasets, world_size=1, worker_handles=None, worker_node_ids=None)[0]
 
     def shard(self, name: str):
         return self._shards[name]
@@ -119,9 +134,14 @@ class TrialProcess(_OneWorker):
 class LocalRun(_OneWorker):
     """The loop in the driver's process: its checkpoints in ``folder``, its scalars in ``scalars``."""
 
-    def __init__(self, datasets: dict[str, Any], data_config, folder: RunFolder, scalars: ScalarWriter | None) -> None:
+    def __init__(self, datasets: dict[str, Any] | None, data_config, folder: RunFolder, scalars: ScalarWriter | None,
+                 *, reader: ShardReader | None = None) -> None:
         super().__init__(datasets, data_config)
-        self.folder, self.scalars = folder, scalars
+        self.folder, self.scalars, self.reader = folder, scalars, reader
+
+    def rows(self, name: str, batch_size: int, collate) -> Batch:
+        """With a ``reader`` (no Ray Data): the split read here with pyarrow, in the files' order."""
+        return self.reader.rows(name) if self.reader is not None else super().rows(name, batch_size, collate)
 
     def latest_checkpoint(self):
         """The newest complete checkpoint in the run folder (as Ray Train, a run whose folder holds

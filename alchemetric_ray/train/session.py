@@ -82,19 +82,15 @@ def ensure_ray(cfg: RunConfig) -> None:
         env["RAY_ADDRESS"] = os.environ["RAY_ADDRESS"]
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, **quiet)
     else:
-        from alchemetric_ray.hardware.inventory import cpu_count
-
         # Ray's helpers in our actors (Train's placement-group cleaner asks the State API whether
         # the controller lives) must find this Ray, not scan the machine for one: its dashboard on
         # a port chosen here, named to every worker and to this process's own State API calls.
         # Not RAY_ADDRESS in this process: that says a cluster was joined (train/capacity.py).
         port = reserve_local_port()
         env[API_SERVER_ENV] = f"http://127.0.0.1:{port}"
-        # Logical CPUs above the physical count let Train workers and Ray Data readers coexist on a
-        # small laptop without waiting on each other (the plan still keeps one free for Ray Data).
         # address="local": always a new Ray of our own, never one a `ray start` on this machine left running
         try:
-            ray.init(address="local", num_cpus=max(4, cpu_count()), include_dashboard=True,
+            ray.init(address="local", num_cpus=local_ray_cpus(), include_dashboard=True,
                      dashboard_host="127.0.0.1", dashboard_port=port, runtime_env=runtime_env, **quiet)
         except BaseException:  # a Ctrl-C or SIGTERM while Ray starts: none of its processes outlives this one
             _end_partial_start()
@@ -106,6 +102,24 @@ def ensure_ray(cfg: RunConfig) -> None:
     logs = console.session_logs()
     if logs:
         print(f"ray: session logs in {logs}", flush=True)
+
+
+def local_ray_cpus() -> int:
+    """The CPUs a local Ray of ours advertises: logical CPUs above the physical count let Train
+    workers and Ray Data readers coexist on a small laptop without waiting on each other (the plan
+    still keeps one free for Ray Data)."""
+    from alchemetric_ray.hardware.inventory import cpu_count
+
+    return max(4, cpu_count())
+
+
+def machine_resources() -> dict[str, float]:
+    """What a local Ray of ours would advertise (its CPUs, this machine's CUDA GPUs), read without
+    starting one: the resources a run on this machine is planned with before it knows whether it
+    needs Ray at all."""
+    from alchemetric_ray.hardware.device import cuda_count
+
+    return {"CPU": float(local_ray_cpus()), "GPU": float(cuda_count())}
 
 
 RAY_HEAD_PROBE_S = 5.0  # how long a head named by RAY_ADDRESS has to accept a connection

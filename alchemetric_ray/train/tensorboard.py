@@ -29,6 +29,7 @@ class ScalarWriter:
         self.remote = logdir if isinstance(logdir, Location) and not logdir.is_local else None
         self.logdir = None if self.remote else (logdir.path if isinstance(logdir, Location) else str(logdir))
         self._writer = None  # made on the first report, in the process that writes
+        self._staging = None  # on object storage: the local folder the event file is written in, then uploaded
 
     def write(self, row: dict[str, Any]) -> None:
         if self._writer is None:
@@ -36,7 +37,9 @@ class ScalarWriter:
 
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(self.logdir or tempfile.mkdtemp(prefix="alchemetric-tb-"))
+            if self.remote is not None:
+                self._staging = tempfile.TemporaryDirectory(prefix="alchemetric-tb-")
+            self._writer = SummaryWriter(self.logdir or self._staging.name)
         step = int(row.get("epoch", 0))
         for key, value in row.items():
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -50,6 +53,8 @@ class ScalarWriter:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+        if self._staging is not None:
+            self._staging.cleanup()
 
 
 HPARAMS_RUN = "hparams"  # add_hparams' subfolder of the run's event files
@@ -65,14 +70,16 @@ def write_hparams(logdir: str | Path | Location, hparams: dict[str, Any], metric
     from torch.utils.tensorboard import SummaryWriter
 
     remote = logdir if isinstance(logdir, Location) and not logdir.is_local else None
-    local = tempfile.mkdtemp(prefix="alchemetric-tb-") if remote is not None else \
-        (logdir.path if isinstance(logdir, Location) else str(logdir))
     shown = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
     finals = {f"hparam/{k}": float(v) for k, v in metrics.items()
               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
-    with SummaryWriter(local) as writer:
-        writer.add_hparams(shown, finals, run_name=HPARAMS_RUN)
-    if remote is not None:
+    if remote is None:
+        with SummaryWriter(logdir.path if isinstance(logdir, Location) else str(logdir)) as writer:
+            writer.add_hparams(shown, finals, run_name=HPARAMS_RUN)
+        return
+    with tempfile.TemporaryDirectory(prefix="alchemetric-tb-") as local:  # written here, then uploaded
+        with SummaryWriter(local) as writer:
+            writer.add_hparams(shown, finals, run_name=HPARAMS_RUN)
         for path in (Path(local) / HPARAMS_RUN).iterdir():
             (remote / HPARAMS_RUN / path.name).write_bytes(path.read_bytes())
 

@@ -482,8 +482,9 @@ def git_commit() -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def download_model(uri: str, cfg: RunConfig) -> Path:
-    """A ``models:/NAME/VERSION`` (or ``models:/NAME@alias``) as a local model folder, for the project's loader."""
+def download_model(uri: str, cfg: RunConfig, into: str | Path | None = None) -> Path:
+    """A ``models:/NAME/VERSION`` (or ``models:/NAME@alias``) as a local model folder, for the project's
+    loader; ``into``: the folder to download into (None: a new temporary folder, the caller's to remove)."""
     tracking = cfg.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
     if not tracking:
         raise TrackingError(f"--model {uri}: set tracking.mlflow_uri (or MLFLOW_TRACKING_URI) to the registry's store")
@@ -491,7 +492,7 @@ def download_model(uri: str, cfg: RunConfig) -> Path:
     mlflow = _mlflow()
     from mlflow.exceptions import MlflowException
 
-    into = Path(tempfile.mkdtemp(prefix="alchemetric-registry-"))
+    into = Path(into) if into is not None else Path(tempfile.mkdtemp(prefix="alchemetric-registry-"))
     # the version looked up with a client of this store (no process-wide registry URI is set), then
     # its source (``runs:/<run>/model``) downloaded from the same store
     client = mlflow.MlflowClient(tracking_uri=tracking, registry_uri=tracking)

@@ -11,13 +11,14 @@ trials build their ``TorchTrainer`` with ``build_trainer`` too); the Ray session
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from alchemetric_ray import console
 from alchemetric_ray.config import ConfigError, RunConfig, loss_of
-from alchemetric_ray.data.loaders import build_datasets, check_shard_files
+from alchemetric_ray.data.loaders import ShardReader, build_datasets, check_shard_files
 from alchemetric_ray.data.manifest import MANIFEST, Manifest, reconcile_features
 from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.errors import Interrupted, UserError
@@ -35,6 +36,7 @@ from alchemetric_ray.train.session import (
     check_storage_access,
     check_storage_reaches_every_node,
     ensure_ray,
+    machine_resources,
     run_name,
     storage_location,
     train_storage,
@@ -161,7 +163,7 @@ def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: Reso
                                      placement_strategy=cfg.scaling.placement),
         torch_config=TorchConfig(backend=plan.backend),
         datasets=datasets,
-        dataset_config=data_config(cfg),
+        dataset_config=data_config(cfg) if datasets else None,
         run_config=TrainRunConfig(
             name=name,
             **train_storage(cfg),
@@ -186,18 +188,20 @@ class Prepared:
     plan: ResourcePlan
     shards: Location
     manifest: Manifest
-    datasets: dict[str, Any] | None  # None for a sweep: each trial builds its own
+    datasets: dict[str, Any] | None  # Ray Datasets; None for a sweep (each trial builds its own) or with a reader
+    local: bool = False  # the loop runs in this process (runs_locally), and why
+    local_why: str = ""
+    reader: ShardReader | None = None  # the loop's cached shards read here with pyarrow: no Ray Data, no Ray
 
 
 def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, name: str | None = None,
-                progress: bool = True) -> Prepared:
+                progress: bool = True, local_mode: bool | None = None) -> Prepared:
     """The steps before ``fit()`` that ``train`` and ``tune`` share, in one order: the cheap checks
-    first, then Ray, the plan (before any shard is written), the shards and what they must hold.
+    first, then the plan (with Ray, where the run needs it: :func:`plan_run`; before any shard is
+    written), the shards and what they must hold.
 
     A sweep passes its trial config (its plan is per trial) and gets no datasets: each trial builds
-    its own, without checking the shard files again."""
-    import ray
-
+    its own, without checking the shard files again.  ``local_mode``: as :func:`run_training`'s."""
     model_spec(cfg.model)  # an unknown model (or model.module) fails before anything starts
     if cfg.tracking.mlflow_uri:  # MLflow installed and its store answering: before anything starts
         from alchemetric_ray.train.tracking import preflight
@@ -210,9 +214,7 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     given = given_shards(cfg)
     if given is not None:  # features.* overrides the shards were not built with: refused before Ray starts
         reconcile_features(cfg, Manifest.read(given), given)
-    ensure_ray(cfg)
-    check_storage_reaches_every_node(cfg)
-    plan = plan_resources(cfg, ray.cluster_resources(), discover_capacity(cfg), trial=sweep)  # before any shard
+    plan, local, local_why = plan_run(cfg, sweep=sweep, local_mode=local_mode)  # before any shard
     _check_storage_for_new_nodes(cfg, plan)
     require_doctor_checked_precision(cfg, plan.accelerator)
     shards = prepare_shards(cfg, progress=progress)
@@ -226,9 +228,60 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     print(("resource plan per trial:\n" if sweep else "resource plan:\n") + plan.describe(), flush=True)
     if sweep:
         return Prepared(name, cfg, plan, shards, manifest, None)
+    inputs = model_spec(cfg.model.name).inputs
+    if local and cfg.train.cache_data:
+        return Prepared(name, cfg, plan, shards, manifest, None, local, local_why,
+                        ShardReader(shards, manifest, inputs, cfg.features.window))
     console.quiet_ray_data()
-    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window, check=False)
-    return Prepared(name, cfg, plan, shards, manifest, datasets)
+    datasets, _ = build_datasets(shards, inputs, cfg.features.window, check=False)
+    return Prepared(name, cfg, plan, shards, manifest, datasets, local, local_why)
+
+
+def plan_run(cfg: RunConfig, *, sweep: bool = False, local_mode: bool | None = None
+             ) -> tuple[ResourcePlan, bool, str]:
+    """The resource plan, whether the loop runs in this process and why, with Ray started only where
+    the run needs it (:func:`uses_ray`).  A run on this machine (no Ray joined or up) is planned with
+    what a local Ray would advertise (``session.machine_resources``); where it needs no Ray, none
+    starts.  Otherwise Ray is joined or started, and the plan made with what it advertises."""
+    import ray
+
+    if not (sweep or ray.is_initialized() or os.environ.get("RAY_ADDRESS")):
+        plan = plan_resources(cfg, machine_resources())
+        local, why = _where(cfg, plan, 1, local_mode)
+        needed, plan.reasons.ray = uses_ray(cfg, local, sweep=False, up=False)
+        if not needed:
+            console.quiet_without_ray()
+            plan.cpus_for_data, plan.reasons.data = 0, "pyarrow reads the shards once, in this process"
+            return plan, local, why
+    up = ray.is_initialized()
+    ensure_ray(cfg)
+    check_storage_reaches_every_node(cfg)
+    plan = plan_resources(cfg, ray.cluster_resources(), discover_capacity(cfg), trial=sweep)
+    local, why = (False, "a sweep's trials") if sweep else \
+        _where(cfg, plan, sum(1 for node in ray.nodes() if node.get("Alive")), local_mode)
+    needed, plan.reasons.ray = uses_ray(cfg, local, sweep=sweep, up=up)
+    if not needed:
+        plan.cpus_for_data, plan.reasons.data = 0, "pyarrow reads the shards once, in this process"
+    return plan, local, why
+
+
+def uses_ray(cfg: RunConfig, local: bool, *, sweep: bool, up: bool) -> tuple[bool, str]:
+    """Whether a run needs Ray, and what for (the plan's ``ray`` line): a sweep's trials (Tune), a
+    worker group (Train), or shards streamed every epoch (Ray Data).  A one-worker run in this process
+    that caches its shards reads them with pyarrow and needs none (``up``: a Ray that was up before
+    this run, such as a notebook's ``ray.init()``, is left unused)."""
+    if sweep:
+        return True, "Ray Tune runs the sweep's trials"
+    if not local:
+        return True, "a Ray Train worker group runs the loop"
+    if not cfg.train.cache_data:
+        return True, "Ray Data streams the shards every epoch (train.cache_data=false)"
+    return False, (("up, unused" if up else "not started") + ": one worker in this process reads its cached "
+                   "shards with pyarrow (a worker group, train.cache_data=false or a sweep would use Ray)")
+
+
+def _where(cfg: RunConfig, plan: ResourcePlan, nodes: int, local_mode: bool | None) -> tuple[bool, str]:
+    return runs_locally(cfg, plan, nodes) if local_mode is None else (local_mode, "asked by the caller")
 
 
 def _check_storage_for_new_nodes(cfg: RunConfig, plan: ResourcePlan) -> None:
@@ -249,17 +302,14 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     this process.  A Ctrl-C raises :class:`Interrupted` once the run has stopped: every checkpoint
     finished before it stays in the run folder, and ``--resume`` continues after the latest."""
     started = time.monotonic()
-    run = prepare_run(cfg, export=export, name=name, progress=progress)
-    cfg = run.cfg
-    import ray
+    run = prepare_run(cfg, export=export, name=name, progress=progress, local_mode=local_mode)
+    cfg, local = run.cfg, run.local
 
     from alchemetric_ray.train.run_folder import RunFolder
     from alchemetric_ray.train.tensorboard import SUBDIR, ScalarWriter, TensorBoardScalars, write_hparams
 
-    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
-    local, why = runs_locally(cfg, run.plan, nodes) if local_mode is None else (local_mode, "asked by the caller")
     print(f"train loop       {'in this process (Ray Train local mode)' if local else 'a Ray Train worker group'} "
-          f"({why})", flush=True)
+          f"({run.local_why})", flush=True)
     where = storage_location(cfg)
     folder = RunFolder(where / run.name, keep=cfg.storage.num_to_keep, metric=selection_metric(cfg),
                        mode=selection_mode(cfg))
@@ -273,7 +323,8 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     if local:
         from alchemetric_ray.train.runtime import LocalRun
 
-        runtime = LocalRun(run.datasets, data_config(cfg), folder, ScalarWriter(tensorboard))
+        runtime = LocalRun(run.datasets, run.datasets and data_config(cfg), folder, ScalarWriter(tensorboard),
+                           reader=run.reader)
         trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name, local_mode=True,
                                 runtime=runtime)
     else:
@@ -341,11 +392,10 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
 
 def runs_locally(cfg: RunConfig, plan: ResourcePlan, nodes: int = 1) -> tuple[bool, str]:
     """Whether the loop runs in this process, and why: ``train.local_mode=auto`` does for one worker
-    on a Ray of one node that this process did not join through RAY_ADDRESS (a local Ray: the
-    worker would run on this machine anyway), and not under torchrun (whose variables make Ray's
-    local mode join a process group); ``true`` where that does not hold is refused in one line."""
-    import os
-
+    on this machine (no Ray, or a Ray of one node that this process did not join through
+    RAY_ADDRESS: the worker would run on this machine anyway), and not under torchrun (whose
+    variables make Ray's local mode join a process group); ``true`` where that does not hold is
+    refused in one line."""
     mode = cfg.train.local_mode
     if mode == "false":
         return False, "train.local_mode=false"
@@ -363,7 +413,7 @@ def runs_locally(cfg: RunConfig, plan: ResourcePlan, nodes: int = 1) -> tuple[bo
                           "use train.local_mode=auto or false")
     if problems:
         return False, "; ".join(problems)
-    return True, "one worker on a local Ray; train.local_mode=false for a worker process"
+    return True, "one worker on this machine; train.local_mode=false for a worker process"
 
 
 class _SigintExit(Exception):
