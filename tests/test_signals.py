@@ -10,7 +10,7 @@ import torch
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.hardware import resolve_precision
-from alchemetric_ray.signals.predict import SignalError, predict, stage_inputs
+from alchemetric_ray.signals.predict import SignalError, predict, scored_here, stage_inputs
 from alchemetric_ray.train.evaluate import predict_proba
 from alchemetric_ray.train.export import load_model
 from alchemetric_ray.train.trainer import run_training
@@ -77,6 +77,14 @@ def test_predict_on_a_stocknet_slice(ray_session, stock_model, stocknet_dir, tmp
     np.testing.assert_allclose(p, expect, rtol=1e-5, atol=1e-6)
     assert set(frame["device"]) == {"cpu"} and set(frame["precision"]) == {"fp32"}
     assert frame["model_id"].iloc[0].startswith("stock@")
+    # one actor on this machine: scored in this process, no Ray started; an actor pool (two actors
+    # here, as for several GPUs or a cluster) scores through Ray Data: the same signals
+    cfg = loaded.config
+    assert scored_here(cfg) == "cpu" and scored_here(cfg.replace("signals.actors=2")) is None
+    pooled = predict(stock_model, str(data), tmp_path / "pooled.parquet", cfg.replace("signals.actors=2"))
+    pd.testing.assert_frame_equal(pooled.drop(columns=["p_down", "p_flat", "p_up", "score"]),
+                                  frame.drop(columns=["p_down", "p_flat", "p_up", "score"]))
+    np.testing.assert_allclose(pooled[["p_down", "p_flat", "p_up"]].to_numpy(), p, rtol=1e-6, atol=1e-7)
 
 
 def test_model_refuses_shards_of_another_feature_set(ray_session, stock_model, stocknet_dir, tmp_path):

@@ -203,6 +203,20 @@ def _file_windows(batch: dict[str, np.ndarray], filesystem, features: list[str],
             yield make_windows({c: v[:0] for c, v in cols.items()}, features, window)
 
 
+def folder_batches(folder: str | Path, *, windows: tuple[list[str], int] | None = None
+                   ) -> Iterator[dict[str, np.ndarray]]:
+    """The rows :func:`read_parquet_folder` gives as a Ray Dataset, read in this process with pyarrow:
+    numpy batches, a file at a time (with ``windows``, a ticker's windows at a time), in the files' order."""
+    import pyarrow.parquet as pq
+
+    for path in sorted(Path(folder).resolve().glob("*.parquet")):
+        if windows:
+            yield from _file_windows({"path": [str(path)]}, None, *windows, None)
+        else:
+            table = pq.read_table(path)
+            yield {name: _column(table, name) for name in table.column_names}
+
+
 def check_whole_tickers(shards: str | Path | Location, split: str, manifest: Manifest) -> None:
     """No ticker of ``split`` spans two of its files, which sequence windows need (:func:`read_windows`).
 

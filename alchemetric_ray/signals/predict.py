@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -45,14 +46,14 @@ class SignalError(UserError, ValueError):
 class ModelPredictor:
     """A Ray Data actor: loads the model once, then scores numpy batches."""
 
-    def __init__(self, model_dir: str, device_name: str, features: list[str], mode: str):
+    def __init__(self, model_dir: str, device_name: str, features: list[str], mode: str, loaded=None):
         import torch
 
         from alchemetric_ray.hardware import device_for_worker, resolve_precision
         from alchemetric_ray.train.export import load_model
 
         self.torch = torch
-        self.loaded = load_model(model_dir)
+        self.loaded = loaded or load_model(model_dir)  # ``loaded``: scoring in the caller's process, already loaded
         self.device = device_for_worker(device_name, source="the prediction plan").device
         self.precision = resolve_precision("fp32", self.device)  # scoring in fp32: no rounding in the decision
         self.model = self.loaded.model.to(self.device)
@@ -244,15 +245,19 @@ def predict(model_dir: str | Path | Location, data: str | None, out: str | Path 
     cfg = cfg or loaded.config
     _check_paths(data, out)
     claim_signals_file(out, what="signals output")  # before any work: a folder or a foreign file is refused
-    ensure_ray(cfg)
+    here = scored_here(cfg)
+    if here is None:
+        ensure_ray(cfg)
     with tempfile.TemporaryDirectory(prefix="alchemetric-predict-") as tmp:
         staging = staged or Path(tmp)
         if staged is None:
             stage_inputs(loaded, data, staging, on_duplicate=cfg.data.on_duplicate)
         names = loaded.manifest.features
         # a file per ticker: a sequence model's windows are built as each file is read
-        ds = read_parquet_folder(staging, windows=(names, loaded.config.features.window)
-                                 if loaded.mode == "sequence" else None)
+        windows = (names, loaded.config.features.window) if loaded.mode == "sequence" else None
+        if here is not None:
+            return _write_signals(_score_here(staging, windows, loaded, model_dir, here), loaded, model_dir, out, cfg)
+        ds = read_parquet_folder(staging, windows=windows)
         gpus = ray.cluster_resources().get("GPU", 0)
         actors, per_actor_gpu, device_kind = _actor_plan(cfg, gpus, discover_capacity(cfg))
         if per_actor_gpu:  # GPU actors: check torch can use the GPUs there first (and scale a cold cluster up)
@@ -269,6 +274,31 @@ def predict(model_dir: str | Path | Location, data: str | None, out: str | Path 
             max_restarts=0,
         ).to_pandas()
     return _write_signals(scored, loaded, model_dir, out, cfg)
+
+
+def scored_here(cfg: RunConfig) -> str | None:
+    """The device kind to score with in this process, where the plan is one actor on this machine
+    (no cluster joined through RAY_ADDRESS): Ray Data's actor pool would start a process to do the
+    same, so no Ray starts (an actor per GPU, ``signals.actors`` > 1 and a cluster's nodes use it)."""
+    if os.environ.get("RAY_ADDRESS"):
+        return None
+    from alchemetric_ray.train.capacity import now
+    from alchemetric_ray.train.session import machine_resources
+
+    actors, _, kind = _actor_plan(cfg, machine_resources()["GPU"], now())
+    return kind if actors == 1 else None
+
+
+def _score_here(staging: Path, windows, loaded, model_dir: Location, kind: str) -> pd.DataFrame:
+    """The staged inputs scored in this process, batch by batch, as one actor of the pool would."""
+    from alchemetric_ray.data.loaders import folder_batches
+
+    predictor = ModelPredictor(model_dir.path if model_dir.is_local else model_dir.uri, kind, loaded.manifest.features,
+                               loaded.mode, loaded=loaded)
+    parts = [predictor(batch) for batch in folder_batches(staging, windows=windows)]
+    columns = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]} if parts else {}
+    proba = columns.pop("proba", np.zeros((0, 0), np.float32))
+    return pd.DataFrame({**columns, "proba": list(proba)})
 
 
 def _actor_plan(cfg: RunConfig, gpus: float, capacity=None) -> tuple[int, float, str]:
