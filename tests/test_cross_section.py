@@ -282,6 +282,7 @@ def test_date_batches_hold_whole_dates_every_date_once_in_a_seeded_order():
     assert data.steps_per_epoch(0) == 10
 
 
+@pytest.mark.slow
 def test_ic_loss_on_two_ddp_workers_splits_dates_not_rows(ray_session, tmp_path):
     """train.loss=ic with DDP: each rank holds whole dates (together every train row exactly once),
     both take the same number of steps, and the run learns a finite loss with IC metrics."""

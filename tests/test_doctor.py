@@ -215,6 +215,7 @@ def test_certificate_for_a_saved_model(stock_model, tmp_path, capsys):
         assert warn_if_uncertified(model_dir, "cpu", "bf16") is None
 
 
+@pytest.mark.slow
 def test_doctor_cli_json_and_exit_code(monkeypatch, capsys):
     out = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", "doctor", "--device", "cpu", "--quick", "--json",
                           "model.hidden=8"],

@@ -188,6 +188,7 @@ def _count_loop(config):
     return seen
 
 
+@pytest.mark.slow
 def test_loaders_feed_a_ray_train_worker(ray_session, shards, tmp_path):
     """Both kinds of input through one real TorchTrainer worker: rows, and sequence windows."""
     from ray.train import RunConfig, ScalingConfig

@@ -65,6 +65,7 @@ def _user_folder(where: Path) -> Path:
 # ---- 1. only our own outputs are replaced ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_command_refuses_a_folder_or_file_it_did_not_make_before_any_work(stock_model, stocknet_shards,
                                                                                tmp_path):
     shards = stocknet_shards("AAPL,MSFT,XOM")

@@ -162,6 +162,7 @@ def _acceptance(k: int) -> tuple[int, int]:
     return int(binom.ppf(TAIL, k, NULL_RATE)), int(binom.isf(TAIL, k, NULL_RATE))
 
 
+@pytest.mark.slow
 def test_calibration_matches_real_data(planted, null):
     """The planted IC and the day-to-day sd are what the docstring's arithmetic says, measured over
     200 x 1000 planted and 400 x 1000 null days (mean within 4 standard errors; sd within 2 %, the
@@ -193,6 +194,7 @@ def test_180_day_interval_cannot_resolve_the_planted_ic(planted):
     assert (half >= realised).all(), (half.min(), realised, int((half < realised).sum()))
 
 
+@pytest.mark.slow
 def test_null_false_positive_rate_pooled(null):
     """No edge, 1000 days: the interval excludes 0 in ~5 % of 400 seeds (count within [8, 35])."""
     hits = int(_excludes_zero(null.long_ci).sum())
@@ -200,6 +202,7 @@ def test_null_false_positive_rate_pooled(null):
     assert lo <= hits <= hi, (hits, lo, hi)
 
 
+@pytest.mark.slow
 def test_null_false_positive_rate_180_days(null):
     """No edge, 180 days (the test segment evaluate reports): ~5 % of 2000 disjoint windows
     exclude 0 (count within [71, 131])."""

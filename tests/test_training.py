@@ -42,7 +42,8 @@ def _final_state(outcome):
 # ---- models: each one can memorise 256 rows (Train's local mode: the loop runs in-process) ------
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "transformer" else n
+                                  for n in sorted(MODELS)])
 def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
     cfg = _cfg(shards, tmp_path, f"model.name={name}", "model.hidden=128", "model.dropout=0.0", "train.epochs=80",
                "train.lr=0.003", "train.schedule=constant", "train.batch_size=64", "train.weight_decay=0",
