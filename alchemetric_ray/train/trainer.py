@@ -248,10 +248,8 @@ def plan_run(cfg: RunConfig, *, sweep: bool = False, local_mode: bool | None = N
     if not (sweep or ray.is_initialized() or os.environ.get("RAY_ADDRESS")):
         plan = plan_resources(cfg, machine_resources())
         local, why = _where(cfg, plan, 1, local_mode)
-        needed, plan.reasons.ray = uses_ray(cfg, local, sweep=False, up=False)
-        if not needed:
+        if not _say_ray_use(cfg, plan, local, sweep=False, up=False):
             console.quiet_without_ray()
-            plan.cpus_for_data, plan.reasons.data = 0, "pyarrow reads the shards once, in this process"
             return plan, local, why
     up = ray.is_initialized()
     ensure_ray(cfg)
@@ -259,10 +257,16 @@ def plan_run(cfg: RunConfig, *, sweep: bool = False, local_mode: bool | None = N
     plan = plan_resources(cfg, ray.cluster_resources(), discover_capacity(cfg), trial=sweep)
     local, why = (False, "a sweep's trials") if sweep else \
         _where(cfg, plan, sum(1 for node in ray.nodes() if node.get("Alive")), local_mode)
+    _say_ray_use(cfg, plan, local, sweep=sweep, up=up)
+    return plan, local, why
+
+
+def _say_ray_use(cfg: RunConfig, plan: ResourcePlan, local: bool, *, sweep: bool, up: bool) -> bool:
+    """The plan's ``ray`` line (and, where no Ray Data reads, its data line); whether Ray is needed."""
     needed, plan.reasons.ray = uses_ray(cfg, local, sweep=sweep, up=up)
     if not needed:
         plan.cpus_for_data, plan.reasons.data = 0, "pyarrow reads the shards once, in this process"
-    return plan, local, why
+    return needed
 
 
 def uses_ray(cfg: RunConfig, local: bool, *, sweep: bool, up: bool) -> tuple[bool, str]:
