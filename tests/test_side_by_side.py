@@ -101,8 +101,8 @@ def _check(results: list[tuple[int, str, Path]]) -> None:
 def test_a_train_and_a_tune_command_at_once_each_on_its_own_ray(ray_session, tmp_path):
     """Both through a Train worker group, whose controller starts the PlacementGroupCleaner: a
     worker-mode train, and a sweep whose trial builds a TorchTrainer (one starts the cleaner as two
-    would).  ray_session: a third Ray
-    on the machine whatever else runs, so that a lookup by scanning fails."""
+    would).  ray_session: a third Ray on the machine whatever else runs, so that a lookup by
+    scanning fails."""
     start = time.monotonic()
     _check(_run_together([
         ("train", [*WORKER_MODE_ARGS, "train.epochs=2", "train.patience=0"]),
