@@ -216,15 +216,16 @@ def _cli(tmp_path, shards, command: str, *args: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def _interrupt_after(proc: subprocess.Popen, pattern: str, *, group: bool, timeout: float = 600) -> tuple[str, str]:
-    """Read the process's stdout until a line matches ``pattern``, send SIGINT (to the process, or to
+def _interrupt_after(proc: subprocess.Popen, pattern: str, *, group: bool, timeout: float = 600,
+                     sig: int = signal.SIGINT) -> tuple[str, str]:
+    """Read the process's stdout until a line matches ``pattern``, send ``sig`` (to the process, or to
     its process group as a terminal's Ctrl-C does), and return all it printed."""
     seen, deadline = [], time.monotonic() + timeout
     try:
         for line in proc.stdout:
             seen.append(line)
             if re.search(pattern, line):
-                (os.killpg(proc.pid, signal.SIGINT) if group else proc.send_signal(signal.SIGINT))
+                (os.killpg(proc.pid, sig) if group else proc.send_signal(sig))
                 break
             if time.monotonic() > deadline:
                 break
@@ -245,54 +246,96 @@ def _resume_line(err: str) -> list[str]:
     return argv[1:]
 
 
+def _epochs_printed(out: str, total: int) -> list[int]:
+    return [int(m.group(1)) for m in re.finditer(EPOCH_LINE.format(n=r"(\d+)", m=total), out, re.M)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, group", [("local", False), ("local", True), ("worker", True)])
-def test_ctrl_c_keeps_the_finished_epochs_and_resume_continues_after_them(shards, tmp_path, mode, group):
-    worker = ["train.local_mode=false"] if mode == "worker" else []
-    total = 20 if worker else 6  # worker mode trains on while Ray's controller stops the group: room for that
-    # one of them tracked in MLflow (an embedded store): the finished epochs are logged at the Ctrl-C
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}" if (mode, group) == ("local", False) else None
-    tracked = [f"tracking.mlflow_uri={store}"] if store else []
-    args = [*TRAIN, f"train.epochs={total}", f"storage.num_to_keep={total}", *worker, *tracked]
+def test_three_stops_keep_the_finished_epochs_and_each_resume_continues_after_them(stocknet_shards, tmp_path):
+    """One local-mode `train` (no Ray started) stopped three times and resumed each time, as a user
+    and a scheduler stop it: a Ctrl-C to the process after epoch 2, a Ctrl-C to its process group (a
+    terminal's) after epoch 3, a SIGTERM after epoch 4 (exit 143, one line, no process left); the
+    last resume runs to the end.  Each stop keeps exactly the epochs whose lines were printed and
+    exports nothing; each resume continues after them, no epoch twice; MLflow (an embedded store)
+    holds the finished epochs at each stop (KILLED) and every step once at the end, in one run.  The
+    shards were built with settings of their own and are trained on without naming them: the saved
+    config says them."""
+    from test_no_loss import _session_processes
+
+    names = "ret_1,ret_5,vol_20,rsi_14"
+    shards = stocknet_shards("AAPL,MSFT,XOM", "features.window=8", "features.horizon=2", f"features.names={names}")
+    total, store = 8, f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = _cli(tmp_path, shards, "train", *TRAIN, f"train.epochs={total}", f"storage.num_to_keep={total}",
+                f"tracking.mlflow_uri={store}")
+    run_id, after = None, 0
+    for done, sig, group in ((2, signal.SIGINT, False), (3, signal.SIGINT, True), (4, signal.SIGTERM, False)):
+        out, err = _interrupt_after(proc, EPOCH_LINE.format(n=done, m=total), group=group, sig=sig)
+        by = " by SIGTERM" if sig == signal.SIGTERM else ""
+        assert proc.returncode == 128 + sig, (proc.returncode, err[-3000:])
+        assert re.search(rf"^interrupted{by} after epoch {done} of {total}; continue with: ", err, re.M), err[-3000:]
+        assert "Traceback" not in err + out and "SIGTERM received" not in err, err[-3000:]
+        assert _epochs_printed(out, total) == list(range(after + 1, done + 1)), out[-3000:]
+        if after:
+            assert (f"resumed from the checkpoint of epoch {after} (epoch-{after - 1:04d}): continuing at epoch "
+                    f"{after + 1} of {total}" in out + err), out[-3000:]
+        run_dir = next((tmp_path / "results").glob("ctrlc-*"))
+        kept = sorted(p.name for p in run_dir.glob("epoch-*") if (p / "meta.json").is_file())
+        assert kept[-1] == f"epoch-{done - 1:04d}", kept
+        assert not (tmp_path / "models").exists()  # nothing exported from an interrupted run
+        (rid, status), steps = _mlflow_run(store)
+        assert status == "KILLED" and steps == list(range(1, done + 1)) and rid == (run_id or rid), (status, steps)
+        run_id = rid
+        # a one-worker local run reads its cached shards with pyarrow and starts no Ray: no session,
+        # and nothing of the stopped process is left
+        ray_line = [ln for ln in out.splitlines() if ln.startswith("ray  ")]
+        assert ray_line[0].startswith("ray              not started: one worker in this process reads its cached "
+                                      "shards with pyarrow") and "ray: session logs in " not in out, out[-3000:]
+        assert _session_processes(proc.pid) == []
+        after = done
+        proc = subprocess.Popen([sys.executable, "-m", "alchemetric_ray.cli", *_resume_line(err)], cwd=tmp_path,
+                                env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:]
+    assert f"continuing at epoch {after + 1} of {total}" in out + err and \
+        _epochs_printed(out, total) == list(range(after + 1, total + 1)), out[-3000:]
+    assert (tmp_path / "models" / "ctrlc" / "weights.pt").is_file()
+    assert _mlflow_run(store) == ((run_id, "FINISHED"), list(range(1, total + 1)))  # every epoch's step once
+    features = json.loads((tmp_path / "models" / "ctrlc" / "config.json").read_text())["features"]
+    assert (features["horizon"], features["names"]) == (2, names.split(","))
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_a_worker_group_keeps_the_finished_epochs_and_resume_continues_after_them(shards, tmp_path):
+    """A Ctrl-C to the process group of a worker-mode `train` (Ray Train's own SIGINT handler), and
+    its resume to the end (local mode's stops: the test above)."""
+    total = 20  # worker mode trains on while Ray's controller stops the group: room for that
+    args = [*TRAIN, f"train.epochs={total}", f"storage.num_to_keep={total}", "train.local_mode=false"]
     # a worker's epoch lines reach the driver's stdout as the worker printed them
-    out, err = _interrupt_after(_cli(tmp_path, shards, "train", *args), EPOCH_LINE.format(n="2", m=total),
-                                group=group)
+    out, err = _interrupt_after(_cli(tmp_path, shards, "train", *args), EPOCH_LINE.format(n="2", m=total), group=True)
     found = re.search(rf"^interrupted after epoch (\d+) of {total}; continue with: ", err, re.M)
     assert found, (out[-2000:], err[-3000:])
     done = int(found.group(1))
-    # local mode: exactly the epochs whose lines were printed.  Worker mode: the line reaches the
-    # driver a little after the worker wrote it, and Ray's controller takes a few seconds to stop
-    # the worker group, which trains on meanwhile: later, but before the end
-    assert done == 2 if mode == "local" else 2 <= done < total, err[-2000:]
+    # the line reaches the driver a little after the worker wrote it, and Ray's controller takes a
+    # few seconds to stop the worker group, which trains on meanwhile: later, but before the end
+    assert 2 <= done < total, err[-2000:]
     assert "Traceback" not in err, err[-3000:]
     run_dir = next((tmp_path / "results").glob("ctrlc-*"))
     kept = sorted(p.name for p in run_dir.glob("epoch-*") if (p / "meta.json").is_file())
     assert kept[-1] == f"epoch-{done - 1:04d}", kept
     assert not (tmp_path / "models").exists()  # nothing exported from an interrupted run
-    if store:
-        (run_id, status), steps = _mlflow_run(store)
-        assert status == "KILLED" and steps == list(range(1, done + 1)), (status, steps, err[-2000:])
     argv = _resume_line(err)
     resumed = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", *argv], cwd=tmp_path, capture_output=True,
                              text=True, timeout=900, env=_env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (f"resumed from the checkpoint of epoch {done} (epoch-{done - 1:04d}): continuing at epoch {done + 1} of "
             f"{total}" in resumed.stdout + resumed.stderr), resumed.stdout[-3000:]
-    lines = [int(m.group(1)) for m in re.finditer(EPOCH_LINE.format(n=r"(\d+)", m=total), resumed.stdout, re.M)]
-    assert lines == list(range(done + 1, total + 1))  # each remaining epoch once, none redone
+    assert _epochs_printed(resumed.stdout, total) == list(range(done + 1, total + 1))  # each remaining epoch once
     assert (tmp_path / "models" / "ctrlc" / "weights.pt").is_file()
-    # a one-worker local run reads its cached shards with pyarrow and starts no Ray (no session, no
-    # Ray process); a worker group starts one
-    for said in (out, resumed.stdout):
+    for said in (out, resumed.stdout):  # a worker group starts a Ray, and says so
         ray_line = [ln for ln in said.splitlines() if ln.startswith("ray  ")]
-        started = "ray: session logs in " in said
-        if mode == "local":
-            assert ray_line[0].startswith("ray              not started: one worker in this process reads its cached "
-                                          "shards with pyarrow") and not started, said[-3000:]
-        else:
-            assert ray_line == ["ray              a Ray Train worker group runs the loop"] and started, said[-3000:]
-    if store:  # the same MLflow run, every epoch's step once
-        assert _mlflow_run(store) == ((run_id, "FINISHED"), list(range(1, total + 1)))
+        assert ray_line == ["ray              a Ray Train worker group runs the loop"], said[-3000:]
+        assert "ray: session logs in " in said, said[-3000:]
 
 
 def _mlflow_run(store: str) -> tuple[tuple[str, str], list[int]]:

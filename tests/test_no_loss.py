@@ -8,7 +8,6 @@ afterwards (a run started in a session of its own: every process it starts stays
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -190,35 +189,6 @@ def _signal_after(args: list[str], cwd: Path, pattern: str, sig: int, *, timeout
 
 def _clean_stop(err: str, out: str) -> None:
     assert "Traceback" not in err + out and "SIGTERM received" not in err and "logging.cc" not in err, err[-3000:]
-
-
-@pytest.mark.slow
-def test_sigterm_to_train_keeps_the_epochs_says_how_to_resume_and_leaves_no_process(stocknet_dir, tmp_path):
-    # shards built with settings of their own, trained on without naming them: the saved config says them
-    built = _cli(tmp_path, "features", "--data", str(stocknet_dir), "--out", str(tmp_path / "shards"), "--quiet",
-                 "data.tickers=AAPL,MSFT,XOM", "features.window=8", "features.horizon=2",
-                 "features.names=ret_1,ret_5,vol_20,rsi_14")
-    assert built.returncode == 0, built.stderr
-    args = ["train", "--device", "cpu", "--data", str(tmp_path / "shards"), "model.name=lstm", "model.hidden=16",
-            "features.window=8", "train.batch_size=16", "train.patience=0", "train.epochs=5", "storage.num_to_keep=5",
-            f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}", "storage.name=term"]
-    code, out, err, during, left = _signal_after(args, tmp_path, r"^epoch 2/5 ", signal.SIGTERM)
-    assert code == 143, (code, err[-3000:])
-    _clean_stop(err, out)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("interrupted by SIGTERM after epoch 2 of 5; continue with: "), err
-    # a one-worker local run starts no Ray process at all (a worker group's, gcs, raylet, dashboard...,
-    # are counted gone in the next test)
-    assert during == 0 and left == [], (during, left)
-    run_dir = next((tmp_path / "results").glob("term-*"))
-    assert sorted(p.name for p in run_dir.glob("epoch-*") if (p / "meta.json").is_file())[-1] == "epoch-0001"
-    argv = lines[0].split("; continue with: alchemetric-ray ", 1)[1].split()
-    assert argv[-1] == "--resume"
-    resumed = _cli(tmp_path, *argv)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "continuing at epoch 3 of 5" in resumed.stdout + resumed.stderr
-    features = json.loads((tmp_path / "models" / "term" / "config.json").read_text())["features"]
-    assert (features["horizon"], features["names"]) == (2, ["ret_1", "ret_5", "vol_20", "rsi_14"])
 
 
 @pytest.mark.slow
