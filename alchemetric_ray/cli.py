@@ -206,7 +206,7 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def load_model_config(model_dir) -> RunConfig:
-    from alchemetric_ray.train.export import load_model
+    from alchemetric_ray.artifacts.export import load_model
 
     return load_model(model_dir).config
 
@@ -223,8 +223,8 @@ def _model_config(args: argparse.Namespace, cfg: RunConfig) -> RunConfig:
     """The saved model's own config, with this command's overrides (signals, device) on top.  The
     device is this command's (``--device``, else auto), never the training run's request: a model
     trained with ``--device cpu`` on a laptop scores on the GPUs of the cluster it is submitted to."""
+    from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.data.manifest import reconcile_features, with_shard_features
-    from alchemetric_ray.train.export import load_model
 
     loaded = load_model(args.model_dir)
     saved = with_shard_features(loaded.config, loaded.manifest)
@@ -252,7 +252,7 @@ def _download_registered(args: argparse.Namespace, cfg: RunConfig) -> str | None
     uri = args.model_dir
     if not uri.startswith("models:/"):
         return None
-    from alchemetric_ray.train.tracking import download_model
+    from alchemetric_ray.tracking.mlflow_runs import download_model
 
     # a copy for this command only, removed when it ends (_run)
     scratch = args.scratch.enter_context(tempfile.TemporaryDirectory(prefix="alchemetric-registry-"))
@@ -295,7 +295,7 @@ def _evaluate(args: argparse.Namespace, cfg: RunConfig) -> int:
     print(f"report: {args.out}/report.md")
     if registered:
         from alchemetric_ray.storage import locate
-        from alchemetric_ray.train.tracking import registered_version
+        from alchemetric_ray.tracking.mlflow_runs import registered_version
 
         tracker = registered_version(registered, cfg)
         tracker.log_evaluation(locate(args.out), result.get("verdict"), result)

@@ -12,7 +12,7 @@ variables, so that the AWS CLI, boto3 and this service agree on where a bucket i
 
 * endpoint: ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``; neither = AWS itself.  Any
   S3-compatible service (MinIO, Ceph, R2) works.  Ray workers get these two variables through the
-  runtime environment (``train/session.py:worker_env``): they are addresses, not secrets.
+  runtime environment (``placement/session.py:worker_env``): they are addresses, not secrets.
 * region: ``AWS_REGION``, else ``AWS_DEFAULT_REGION``.
 * credentials: only ever the standard AWS chain (environment, ``~/.aws`` files, a web-identity
   token as with EKS IRSA, container or instance roles), resolved by the AWS SDK wherever the file

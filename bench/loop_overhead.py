@@ -47,7 +47,7 @@ def plain_loop(cfg, shards: Path, manifest, epochs: int, threads: int, in_memory
 
     from alchemetric_ray.hardware import OptimizerStep, adamw, resolve_precision
     from alchemetric_ray.models import build_model, model_spec
-    from alchemetric_ray.train.evaluate import model_inputs, split_frame
+    from alchemetric_ray.scoring.predictions import model_inputs, split_frame
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -146,7 +146,7 @@ def ours(cfg, shards: Path, manifest, cache: bool, name: str):
 
     from alchemetric_ray.data.loaders import build_datasets
     from alchemetric_ray.models import model_spec
-    from alchemetric_ray.train.plan import plan_resources
+    from alchemetric_ray.placement.plan import plan_resources
     from alchemetric_ray.train.trainer import build_trainer
 
     run_cfg = cfg.replace(f"train.cache_data={'true' if cache else 'false'}")
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     from alchemetric_ray.config import load_config
     from alchemetric_ray.data.shards import build_shards
     from alchemetric_ray.models import model_spec
-    from alchemetric_ray.train.session import ensure_ray
+    from alchemetric_ray.placement.session import ensure_ray
 
     if args.workers > 1 and model_spec(args.model).inputs != "tabular":
         parser.error(f"--workers {args.workers}: the plain processes split row groups, for tabular models only")

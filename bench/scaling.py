@@ -154,7 +154,7 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
     from alchemetric_ray.config import load_config
     from alchemetric_ray.data.features import resolve_feature_names, warmup_bars
     from alchemetric_ray.data.shards import build_shards
-    from alchemetric_ray.train.session import ensure_ray
+    from alchemetric_ray.placement.session import ensure_ray
     from alchemetric_ray.train.trainer import run_training
 
     base_rss = maxrss_kib()

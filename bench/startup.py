@@ -55,8 +55,8 @@ def _child(kind: str, shards: str, out: str, epochs: int) -> dict:
                              "train.batch_size=256", f"train.local_mode={'true' if kind == 'local' else 'false'}"])
     if kind == "plain":
         return {**marks, **_plain(cfg, started)}
-    from alchemetric_ray.train.export import export_model
-    from alchemetric_ray.train.session import ensure_ray
+    from alchemetric_ray.artifacts.export import export_model
+    from alchemetric_ray.placement.session import ensure_ray
     from alchemetric_ray.train.trainer import run_training
 
     if kind == "worker":  # a worker group needs Ray; local mode starts none (the plan's `ray` line)
@@ -82,11 +82,11 @@ def _plain(cfg, started: float) -> dict:
     import pyarrow.parquet as pq
     import torch
 
+    from alchemetric_ray.artifacts.checkpoint import load_state, save_checkpoint
     from alchemetric_ray.data.manifest import Manifest
     from alchemetric_ray.data.shards import split_dir
     from alchemetric_ray.hardware import OptimizerStep, adamw, resolve_precision
     from alchemetric_ray.models import build_model
-    from alchemetric_ray.train.checkpoint import load_state, save_checkpoint
 
     marks = {}
     t = time.perf_counter()
@@ -137,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT:" + json.dumps(_child(args.child, args.shards, args.work, args.epochs)), flush=True)
         return 0
 
+    from alchemetric_ray.bars.stocknet import tickers as stocknet_tickers
     from alchemetric_ray.config import load_config
     from alchemetric_ray.data.shards import build_shards
-    from alchemetric_ray.data.stocknet import tickers as stocknet_tickers
 
     work = Path(tempfile.mkdtemp(prefix="alchemetric-startup-"))
     tickers = ",".join(stocknet_tickers()[:args.tickers])

@@ -96,7 +96,7 @@ def main(argv=None) -> int:
 
     from alchemetric_ray.config import load_config
     from alchemetric_ray.data.shards import build_shards
-    from alchemetric_ray.train.session import ensure_ray
+    from alchemetric_ray.placement.session import ensure_ray
 
     lrs = LRS[:args.trials]
     loops = list(LOOPS) if args.trial_loop == "both" else [args.trial_loop]

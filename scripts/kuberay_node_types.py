@@ -5,7 +5,7 @@
 
 KubeRay's autoscaler reads the node types from the RayCluster custom resource and reports none of
 them to Ray, so a job driver on the head cannot learn them; without them ``device auto`` cannot
-tell a GPU cluster from a CPU one (alchemetric_ray/train/capacity.py).  The manifest therefore
+tell a GPU cluster from a CPU one (alchemetric_ray/placement/capacity.py).  The manifest therefore
 carries them a second time, as the ``node-types.yaml`` key of a ConfigMap mounted on the head and
 passed as ``scaling.cluster_config``.  This prints that key's value as Ray's own converter (the one
 KubeRay's autoscaler runs) derives it from each RayJob's ``rayClusterSpec`` (or a RayCluster's
@@ -23,7 +23,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from alchemetric_ray.train.capacity import from_kuberay_spec  # noqa: E402
+from alchemetric_ray.placement.capacity import from_kuberay_spec  # noqa: E402
 
 
 def cluster_specs(manifest: Path) -> list[tuple[str, dict]]:

@@ -2,7 +2,7 @@
 
     python scripts/vendor_stocknet.py PATH/TO/stocknet
 
-Run once by a maintainer; the result (``alchemetric_ray/data/packaged/stocknet/prices.parquet``) is
+Run once by a maintainer; the result (``alchemetric_ray/bars/packaged/stocknet/prices.parquet``) is
 committed, so that a clone anywhere has the data.  The table is the raw one: every CSV row with
 its seven columns plus ``ticker``, the ``null`` cells as nulls and zero-volume rows kept, so
 that ingest's cleaning is exercised on the packaged copy exactly as on the files.  It also
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd
 
-from alchemetric_ray.data.stocknet import PACKAGE_DIR, write_table
+from alchemetric_ray.bars.stocknet import PACKAGE_DIR, write_table
 
 
 def main(folder: str) -> int:

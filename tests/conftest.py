@@ -110,7 +110,7 @@ def ray_session(tmp_path_factory):
 def stocknet_dir(tmp_path_factory) -> Path:
     """The packaged stocknet prices written out as the source's per-ticker CSVs (byte for byte),
     once per session, for tests that read or edit files."""
-    from alchemetric_ray.data.stocknet import write_csvs
+    from alchemetric_ray.bars.stocknet import write_csvs
 
     return write_csvs(tmp_path_factory.mktemp("stocknet"))
 

@@ -10,10 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.hardware.precision import OptimizerStep, Precision, adamw, resolve_precision
-from alchemetric_ray.storage import Location
-from alchemetric_ray.train.checkpoint import (
+from alchemetric_ray.artifacts.checkpoint import (
     CheckpointError,
     CheckpointMeta,
     LoopState,
@@ -24,6 +21,9 @@ from alchemetric_ray.train.checkpoint import (
     read_meta,
     save_checkpoint,
 )
+from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.hardware.precision import OptimizerStep, Precision, adamw, resolve_precision
+from alchemetric_ray.storage import Location
 
 # the keys of meta.json that the export, a resumed run and the sweep read
 META_KEYS = {"epoch", "config", "metrics", "device", "precision", "plan", "world_size", "environment", "manifest",

@@ -109,7 +109,7 @@ REGRESSION_ONLY = {"val_mse"}
 
 @pytest.mark.parametrize("metric", sorted(DIRECTIONS))
 def test_selection_direction_is_derived_from_the_metric(metric):
-    from alchemetric_ray.train.metrics import selection_mode
+    from alchemetric_ray.scoring.metrics import selection_mode
 
     label = "features.label=cs_rank" if metric in REGRESSION_ONLY else "features.label=three_class"
     cfg = load_config(None, [label, f"train.metric={metric}"])

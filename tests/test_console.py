@@ -207,7 +207,7 @@ def test_every_process_of_a_job_started_by_ensure_ray_has_the_quiet_stop_hook(ra
     script.write_text(
         "import ray\n"
         "from alchemetric_ray.config import RunConfig\n"
-        "from alchemetric_ray.train.session import ensure_ray\n"
+        "from alchemetric_ray.placement.session import ensure_ray\n"
         "ensure_ray(RunConfig())\n"
         "@ray.remote(num_cpus=0)\n"
         "def probe():\n"

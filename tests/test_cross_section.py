@@ -162,8 +162,8 @@ def test_the_per_date_pass_looks_at_no_later_date(tmp_path):
     """Bars after a date D in the test segment are rewritten; every row whose label ends before D
     is unchanged, features and label alike (nothing fitted across dates; the normalization is
     fitted on train rows, which end long before D)."""
+    from alchemetric_ray.bars.sources import open_source
     from alchemetric_ray.data.shards import build_shards
-    from alchemetric_ray.data.sources import open_source
 
     cfg = _cs_cfg("features.label=cs_rank", "features.cs_normalize=zscore")
     bars = list(open_source(cfg.data).bars)

@@ -20,6 +20,14 @@ import pytest
 import torch
 
 import alchemetric_ray.fsutil as fsutil
+from alchemetric_ray.artifacts.checkpoint import CheckpointMeta, LoopState, checkpoint_problem, save_checkpoint
+from alchemetric_ray.artifacts.export import (
+    MIN_EXPORT_BYTES,
+    check_models_dir,
+    estimated_export_bytes,
+    export_model,
+    load_model,
+)
 from alchemetric_ray.cli import main
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.manifest import Manifest
@@ -27,14 +35,6 @@ from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import DiskFullError, atomic_torch_save, atomic_write_json, atomic_write_text
 from alchemetric_ray.outputs import MARK
-from alchemetric_ray.train.checkpoint import CheckpointMeta, LoopState, checkpoint_problem, save_checkpoint
-from alchemetric_ray.train.export import (
-    MIN_EXPORT_BYTES,
-    check_models_dir,
-    estimated_export_bytes,
-    export_model,
-    load_model,
-)
 
 TINY_DISK = "256k"
 SYN = ["data.source=synthetic", "data.synthetic_tickers=6", "data.synthetic_days=400"]

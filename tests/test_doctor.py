@@ -132,8 +132,8 @@ def _flip_share_fp32_vs_bf16(model_dir):
     the max |score difference| and the row count, computed with plain torch."""
     import torch
 
+    from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.doctor.certificate import certificate_rows
-    from alchemetric_ray.train.export import load_model
 
     loaded = load_model(model_dir)
     x, _ = certificate_rows(loaded)  # the certificate's rows: the model's test segment

@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from alchemetric_ray.bars.ingest import ON_DUPLICATE_DEFAULT, DataError, IngestReport, iter_bars
 from alchemetric_ray.cli import main
 from alchemetric_ray.config import ConfigError, DataConfig, load_config
-from alchemetric_ray.data.ingest import ON_DUPLICATE_DEFAULT, DataError, IngestReport, iter_bars
 from alchemetric_ray.data.manifest import Manifest
 
 ROWS = 300  # rows per ticker: enough history for the default features, labels and the model's staging
@@ -224,8 +224,8 @@ def test_manifest_without_counts_reads_as_empty():
 
 
 def test_staging_new_data_takes_the_callers_option(stock_model, table, tmp_path):
+    from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.signals.predict import inputs_frame, stage_inputs
-    from alchemetric_ray.train.export import load_model
 
     loaded = load_model(stock_model)
     assert loaded.config.data.on_duplicate == "last"  # the model's own
@@ -244,8 +244,8 @@ def test_staging_new_data_takes_the_callers_option(stock_model, table, tmp_path)
 
 
 def test_predict_takes_the_option_from_its_config(stock_model, table, tmp_path):
+    from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.signals.predict import predict
-    from alchemetric_ray.train.export import load_model
 
     cfg = load_model(stock_model).config.replace("data.on_duplicate=skip_ticker", "device.name=cpu")
     frame = predict(stock_model, str(table.path), tmp_path / "signals.parquet", cfg)

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from alchemetric_ray.artifacts.checkpoint import load_state
+from alchemetric_ray.artifacts.export import load_model
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.train.checkpoint import load_state
-from alchemetric_ray.train.export import load_model
 from alchemetric_ray.train.trainer import run_training
 
 REPO = Path(__file__).resolve().parents[1]
@@ -171,7 +171,7 @@ def _run_killed(body: str, kill_at: int, target: Path, mode: str = "exchange") -
 
 
 def test_checkpoint_state_killed_before_rename_keeps_the_previous_one(tmp_path, capsys):
-    from alchemetric_ray.train.checkpoint import (
+    from alchemetric_ray.artifacts.checkpoint import (
         checkpoint_problem,
         latest_complete_checkpoint,
         read_meta,
@@ -185,7 +185,7 @@ def test_checkpoint_state_killed_before_rename_keeps_the_previous_one(tmp_path, 
     save_checkpoint(ckpt, {"model": {"w": torch.ones(3)}}, {"epoch": 3})
     _run_killed("""
         import torch
-        from alchemetric_ray.train.checkpoint import save_checkpoint
+        from alchemetric_ray.artifacts.checkpoint import save_checkpoint
         save_checkpoint(sys.argv[2], {"model": {"w": torch.zeros(100000)}}, {"epoch": 4})
     """, kill_at=1, target=ckpt)
     assert torch.equal(load_state(ckpt)["model"]["w"], torch.ones(3)) and epoch_of(ckpt) == {"epoch": 3}
@@ -197,7 +197,7 @@ def test_checkpoint_state_killed_before_rename_keeps_the_previous_one(tmp_path, 
     # old metadata's record of state.pt no longer matches, so the pair is not taken for a checkpoint
     _run_killed("""
         import torch
-        from alchemetric_ray.train.checkpoint import save_checkpoint
+        from alchemetric_ray.artifacts.checkpoint import save_checkpoint
         save_checkpoint(sys.argv[2], {"model": {"w": torch.zeros(7)}}, {"epoch": 4})
     """, kill_at=2, target=ckpt)
     assert torch.equal(load_state(ckpt)["model"]["w"], torch.zeros(7)) and epoch_of(ckpt) == {"epoch": 3}
@@ -208,7 +208,7 @@ def test_checkpoint_state_killed_before_rename_keeps_the_previous_one(tmp_path, 
 
 _REEXPORT = """
     import shutil, torch
-    from alchemetric_ray.train.export import load_model
+    from alchemetric_ray.artifacts.export import load_model
     src = Path(sys.argv[2])
     # an export of different weights into the same folder: staged beside it, then swapped in
     loaded = load_model(src)

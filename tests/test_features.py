@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from alchemetric_ray.bars.builtin import builtin_bars
 from alchemetric_ray.data import features as feat
-from alchemetric_ray.data.builtin import builtin_bars
 from alchemetric_ray.data.labels import LabelSpec, forward_return, make_labels
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from alchemetric_ray.data.ingest import (
+from alchemetric_ray.bars.ingest import (
     DataError,
     IngestReport,
     iter_bars,

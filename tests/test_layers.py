@@ -23,9 +23,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # plain helpers: no Ray, no torch models, no devices
     ("errors", "config", "config_reference", "fsutil", "storage", "outputs", "console", "interrupts"),
     ("hardware",),  # the only package that knows device kinds
+    ("bars",),  # market data in: files, the packaged prices, the sample and synthetic markets
     ("data",),  # bars -> features -> shards -> Ray Data
     ("models",),  # nn.Modules chosen by name
-    ("train",),  # the Ray session, the plan, the per-worker loop, checkpoints, export
+    ("placement", "scoring"),  # where a run goes (session, capacity, plan, scale-up); metrics and baselines
+    ("artifacts",),  # what a run leaves: checkpoints, the run folder, the exported model, its ledgers
+    ("tracking",),  # where a run is logged: MLflow and its registry, TensorBoard
+    ("train",),  # the run itself: the TorchTrainer, the per-worker loop, its runtime, losses and checks
     ("tune", "signals", "doctor"),  # what is built on training: sweeps, predictions, backend checks
     ("cli",),  # the commands
 )

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from alchemetric_ray.config import ConfigError, load_config
-from alchemetric_ray.train.plan import plan_resources
+from alchemetric_ray.placement.plan import plan_resources
 from alchemetric_ray.train.trainer import run_training, runs_locally, uses_ray
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,7 +89,7 @@ def test_a_run_planned_without_ray_asks_for_what_ray_would_give(monkeypatch):
     """Planned before any Ray starts: the CPUs a local Ray of ours would advertise, this machine's
     CUDA GPUs (none here, and a probe patched to two: a two-worker DDP plan, which then needs Ray)."""
     from alchemetric_ray.hardware import device
-    from alchemetric_ray.train.session import local_ray_cpus, machine_resources
+    from alchemetric_ray.placement.session import local_ray_cpus, machine_resources
 
     assert machine_resources() == {"CPU": float(local_ray_cpus()), "GPU": 0.0}
     monkeypatch.setattr(device, "cuda_available", lambda: True)

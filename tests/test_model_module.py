@@ -51,7 +51,7 @@ def test_model_module_is_imported_before_the_lookup(model_registry):
 
 @pytest.mark.slow
 def test_a_model_from_outside_the_package_trains_through_the_cli(ray_session, model_registry, tmp_path, capsys):
-    from alchemetric_ray.train.export import load_model
+    from alchemetric_ray.artifacts.export import load_model
 
     rc = main(["train", "--device", "cpu", "model.module=tiny_model", "model.name=tiny", "model.hidden=4",
                "data.source=synthetic", "data.synthetic_tickers=4", "data.synthetic_days=200", "train.epochs=1",

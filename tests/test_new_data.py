@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from alchemetric_ray.artifacts.export import load_model
 from alchemetric_ray.cli import main
-from alchemetric_ray.train.export import load_model
 
 STOCK_MODEL_TICKERS = ("AAPL", "MSFT", "XOM")  # conftest's stock_model
 

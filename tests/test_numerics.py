@@ -35,8 +35,8 @@ from alchemetric_ray.hardware.precision import (
     TooManySkippedSteps,
     resolve_precision,
 )
+from alchemetric_ray.placement.plan import plan_resources
 from alchemetric_ray.train import loop
-from alchemetric_ray.train.plan import plan_resources
 from alchemetric_ray.train.trainer import build_trainer
 
 CPU = torch.device("cpu")

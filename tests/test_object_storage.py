@@ -35,7 +35,7 @@ def test_the_filesystem_pickled_to_workers_holds_no_credentials(s3):
 def test_workers_learn_where_the_bucket_is_but_never_the_keys():
     """runtime_env variables are shown on the dashboard: the endpoint and region go there, keys never."""
     from alchemetric_ray.config import RunConfig
-    from alchemetric_ray.train.session import worker_env
+    from alchemetric_ray.placement.session import worker_env
 
     env = worker_env(RunConfig())
     assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:") and env["AWS_REGION"] == "us-east-1"
@@ -48,7 +48,7 @@ def test_shards_on_a_bucket_manifest_last_and_only_listed_files_are_read(s3, sto
     """`features --out s3://...` writes shards and the manifest there (put in place after every shard it
     lists: test_staged_dir.py), and readers read the files it lists and nothing else."""
     from alchemetric_ray.data.loaders import check_shard_files
-    from alchemetric_ray.train.evaluate import split_frame
+    from alchemetric_ray.scoring.predictions import split_frame
 
     monkeypatch.chdir(tmp_path)
     bucket = s3.bucket("ar-shards")

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from alchemetric_ray.bars import stocknet
+from alchemetric_ray.bars.sources import open_source
 from alchemetric_ray.config import load_config
-from alchemetric_ray.data import stocknet
-from alchemetric_ray.data.sources import open_source
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGED = ("prices.parquet", "LICENSE", "SOURCE.md", "sources.json")
@@ -37,8 +37,8 @@ def test_a_built_wheel_holds_the_data_its_licence_and_its_source(tmp_path):
     (wheel,) = out.glob("alchemetric_ray-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in PACKAGED:
-        assert f"alchemetric_ray/data/packaged/stocknet/{name}" in names
-    inside = zipfile.ZipFile(wheel).read("alchemetric_ray/data/packaged/stocknet/prices.parquet")
+        assert f"alchemetric_ray/bars/packaged/stocknet/{name}" in names
+    inside = zipfile.ZipFile(wheel).read("alchemetric_ray/bars/packaged/stocknet/prices.parquet")
     assert inside == stocknet.PRICES.read_bytes()
 
 

@@ -16,8 +16,8 @@ import statistics
 
 import pytest
 
+from alchemetric_ray.artifacts import ledger
 from alchemetric_ray.cli import main
-from alchemetric_ray.train import ledger
 
 SPLITS = {"test_start": "2016-01-04", "test_end": "2016-12-30"}
 

@@ -28,18 +28,18 @@ import pandas as pd
 import pytest
 import torch
 
+from alchemetric_ray.artifacts.checkpoint import (
+    CheckpointError,
+    load_state,
+    save_checkpoint,
+)
+from alchemetric_ray.artifacts.export import export_model, load_model
 from alchemetric_ray.cli import main
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import UnsafeNameError, safe_child
 from alchemetric_ray.models import build_model
-from alchemetric_ray.train.checkpoint import (
-    CheckpointError,
-    load_state,
-    save_checkpoint,
-)
-from alchemetric_ray.train.export import export_model, load_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -169,8 +169,8 @@ def test_every_load_in_the_product_is_weights_only():
                           "dill.load", "dill.loads", "np.load", "numpy.load", "pd.read_pickle", "yaml.load"):
                 unsafe.append(f"{where}: {func}")
     # exactly two loaders: the checkpoint's state.pt and the saved model's weights.pt
-    assert {w.split(":")[0] for w in torch_loads} == {"alchemetric_ray/train/checkpoint.py",
-                                                      "alchemetric_ray/train/export.py"}, torch_loads
+    assert {w.split(":")[0] for w in torch_loads} == {"alchemetric_ray/artifacts/checkpoint.py",
+                                                      "alchemetric_ray/artifacts/export.py"}, torch_loads
     assert unsafe == []
     # the training loop resumes only through the checked loader
     loop_src = (REPO / "alchemetric_ray" / "train" / "loop.py").read_text()
@@ -210,7 +210,7 @@ def test_model_name_cannot_name_a_path(capsys):
 def test_the_path_helpers_refuse_names_the_config_never_saw(tmp_path, name):
     """Defence in depth: a config built without validation (a library caller) is refused again
     where the name becomes a path."""
-    from alchemetric_ray.train.session import run_name
+    from alchemetric_ray.placement.session import run_name
     from alchemetric_ray.train.trainer import prepare_shards
 
     with pytest.raises(UnsafeNameError) as err:
@@ -400,7 +400,7 @@ def test_dashboard_scan_finds_what_it_looks_for():
 
 def test_every_example_and_test_binds_the_dashboard_to_loopback_with_token_auth():
     files = _scanned_files()
-    assert {"tests/conftest.py", "alchemetric_ray/train/session.py", "cluster.yaml", "README.md"} <= set(files)
+    assert {"tests/conftest.py", "alchemetric_ray/placement/session.py", "cluster.yaml", "README.md"} <= set(files)
     problems, inits = [], 0
     for name in files:
         text = (REPO / name).read_text(errors="replace")

@@ -9,10 +9,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from alchemetric_ray.bars.sources import open_source
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
 from alchemetric_ray.data.shards import build_shards, split_dir
-from alchemetric_ray.data.sources import open_source
 
 SYN = ["data.source=synthetic", "data.synthetic_tickers=6", "data.synthetic_days=400"]
 

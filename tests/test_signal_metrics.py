@@ -439,7 +439,7 @@ def test_classification_metrics_equal_the_scikit_learn_functions_they_replace():
 
     from sklearn import metrics as skm
 
-    from alchemetric_ray.train.metrics import classification_metrics
+    from alchemetric_ray.scoring.metrics import classification_metrics
 
     rng = np.random.default_rng(1)
     for trial in range(120):
@@ -528,7 +528,7 @@ def test_a_contender_without_a_long_short_book_has_its_figures_undefined_not_zer
 def test_validation_signal_metrics_are_the_daily_ic_of_the_evaluation():
     """The loop's val_ic / val_rank_ic (and IRs) are the mean (and mean/std) of the evaluation's
     daily IC series, with dates of one stock or a constant score left out."""
-    from alchemetric_ray.train.metrics import signal_metrics
+    from alchemetric_ray.scoring.metrics import signal_metrics
 
     frame = panel(60, 15, seed=4, noise=3.0)
     frame.loc[frame["date"] == frame["date"].iloc[0], "score"] = 0.5  # a date with a constant score
@@ -547,7 +547,7 @@ def test_validation_signal_metrics_are_the_same_to_the_bit_whatever_the_block_of
     """signal_metrics takes whole dates a block at a time (its memory is a block's); a date's figures
     do not depend on the block it falls in: any block size, one date per block included, gives every
     figure bit for bit, with ties, non-finite rows, a one-stock date and dates out of order."""
-    from alchemetric_ray.train import metrics
+    from alchemetric_ray.scoring import metrics
 
     rng = np.random.default_rng(11)
     n = 5_000
@@ -580,7 +580,7 @@ def test_quantile_positions_take_the_top_and_bottom_of_each_date():
 def test_validation_long_short_moments_are_the_evaluations_gross_book():
     """The loop's val_ls_* come from the same top-minus-bottom book as the evaluation's long_short
     (gross of costs, every date a period), through the same per-period moments as the PSR/DSR."""
-    from alchemetric_ray.train.metrics import signal_metrics, sr_moments
+    from alchemetric_ray.scoring.metrics import signal_metrics, sr_moments
 
     frame = panel(120, 12, seed=8, noise=2.0)
     got = signal_metrics(frame["score"].to_numpy(), frame["fwd_ret"].to_numpy(), frame["date"].to_numpy(),
@@ -630,7 +630,7 @@ def test_a_workers_validation_metrics_do_not_import_scikit_learn():
     code = (
         "import sys, numpy as np\n"
         "import alchemetric_ray.train.loop\n"
-        "from alchemetric_ray.train.metrics import target_metrics\n"
+        "from alchemetric_ray.scoring.metrics import target_metrics\n"
         "rng = np.random.default_rng(0)\n"
         "date = np.repeat(np.arange(20), 10).astype('datetime64[D]')\n"
         "fwd = rng.normal(size=200)\n"

@@ -7,12 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
+from alchemetric_ray.artifacts.export import load_model
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.hardware import resolve_precision
+from alchemetric_ray.scoring.predictions import predict_proba
 from alchemetric_ray.signals.predict import SignalError, predict, scored_here, stage_inputs
-from alchemetric_ray.train.evaluate import predict_proba
-from alchemetric_ray.train.export import load_model
 from alchemetric_ray.train.trainer import run_training
 
 
@@ -102,7 +102,7 @@ def test_signals_output_inside_the_input_is_refused(stock_model, stocknet_dir, t
         predict(stock_model, str(data), data / "signals.parquet")
 
 
-# The planted effect of the synthetic market (data/synthetic.py) used by the known answers below:
+# The planted effect of the synthetic market (bars/synthetic.py) used by the known answers below:
 # tomorrow's expected return is 0.15 * sigma * tanh(z), z the stock's own return of three days ago
 # in units of its volatility (effect_lag=2, a 1-day window): a non-linear function of a lagged return.
 _THREE_DAYS_AGO = ["data.synthetic_effect_lag=2", "data.synthetic_effect_window=1"]
@@ -215,8 +215,8 @@ def test_evaluate_walk_forward_pools_every_out_of_sample_block_and_scores_it_onc
     over the packaged history (on all the dates before each block, or the last 400), each block
     predicted by a model and baselines fitted only before it, the blocks pooled end to end and scored
     once, with per-year and per-fold rows."""
+    from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.cli import main
-    from alchemetric_ray.train.export import load_model
 
     out = tmp_path / "eval"
     capsys.readouterr()

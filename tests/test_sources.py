@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from alchemetric_ray.data.builtin import (
+from alchemetric_ray.bars.builtin import (
     BUILTIN_DESCRIPTION,
     BUILTIN_TICKERS,
     builtin_bars,
 )
-from alchemetric_ray.data.synthetic import (
+from alchemetric_ray.bars.synthetic import (
     SyntheticMarket,
     synthetic_bars,
     synthetic_ticker,
@@ -96,7 +96,7 @@ def test_builtin_prices_are_adjusted(builtin):
 def test_builtin_drops_inconsistent_rows(monkeypatch):
     from bokeh_sampledata import stocks
 
-    from alchemetric_ray.data import builtin as builtin_module
+    from alchemetric_ray.bars import builtin as builtin_module
 
     raw = {key: list(values[:6]) for key, values in stocks.MSFT.items()}
     raw["low"][1] = raw["high"][1] + 1.0  # high < low

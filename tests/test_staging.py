@@ -15,7 +15,7 @@ from alchemetric_ray.hardware.staging import (
     gpu_sharers,
     nbytes,
 )
-from alchemetric_ray.train.plan import plan_resources
+from alchemetric_ray.placement.plan import plan_resources
 
 MIB = 2**20
 GPU = torch.device("cuda", 0)  # only ever handed to the decision, never used for a tensor

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from alchemetric_ray.artifacts import ledger
 from alchemetric_ray.config import ConfigError, load_config
-from alchemetric_ray.train import ledger
-from alchemetric_ray.train.plan import plan_resources
+from alchemetric_ray.placement.plan import plan_resources
 from alchemetric_ray.tune.sweep import build_space, concurrency
 
 REPO = Path(__file__).resolve().parents[1]

@@ -296,7 +296,7 @@ def test_a_nan_in_the_second_epoch_stops_the_run_before_its_report_and_no_checkp
         ray_session, shards, tmp_path, monkeypatch):
     from alchemetric_ray.data.loaders import read_split
     from alchemetric_ray.data.manifest import Manifest
-    from alchemetric_ray.train.plan import plan_resources
+    from alchemetric_ray.placement.plan import plan_resources
     from alchemetric_ray.train.trainer import build_trainer
 
     manifest = Manifest.read(shards)

@@ -1,4 +1,4 @@
-"""MLflow tracking (train/tracking.py) against a real `mlflow server` on 127.0.0.1 (sqlite backend,
+"""MLflow tracking (tracking/mlflow_runs.py) against a real `mlflow server` on 127.0.0.1 (sqlite backend,
 local artifact root), and its refusals: an unreachable or malformed URI, MLflow not installed."""
 
 from __future__ import annotations
@@ -280,12 +280,12 @@ def test_a_resumed_run_continues_its_mlflow_run_and_evaluations_tag_the_versions
     assert second["model"]["id"].startswith("models:/resumed/1 (alias champion) sha256:")
 
     # a version in Python, as docs/tracking.md shows it: the project's loader on the downloaded folder
+    from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.config import load_config
-    from alchemetric_ray.train.export import load_model
-    from alchemetric_ray.train.tracking import download_model
+    from alchemetric_ray.tracking.mlflow_runs import download_model
 
     cfg = load_config(None, [f"tracking.mlflow_uri={mlflow_server}"])
-    loaded = load_model(download_model("models:/resumed/2", cfg))
+    loaded = load_model(download_model("models:/resumed/2", cfg, tmp_path / "download"))
     assert loaded.manifest.tickers == ["AAPL", "MSFT"] and not loaded.model.training
 
 
@@ -293,7 +293,7 @@ def test_a_resumed_run_continues_its_mlflow_run_and_evaluations_tag_the_versions
 def test_artifacts_on_object_storage_through_the_tracking_server(tmp_path, capsys, ray_session, stocknet_shards,
                                                                  s3):
     from alchemetric_ray.config import RunConfig
-    from alchemetric_ray.train.tracking import download_model
+    from alchemetric_ray.tracking.mlflow_runs import download_model
 
     bucket = s3.bucket("mlflow-artifacts")
     proc, uri = _start_server(tmp_path / "server", f"{bucket}/team")
@@ -303,7 +303,8 @@ def test_artifacts_on_object_storage_through_the_tracking_server(tmp_path, capsy
         assert any(key.endswith("/artifacts/model/model_card.md") for key in keys), keys
         assert any(key.endswith("/artifacts/model_card.md") for key in keys), keys
         local = tmp_path / "models" / "on-s3"
-        downloaded = download_model("models:/on-s3/1", RunConfig().replace(f"tracking.mlflow_uri={uri}"))
+        downloaded = download_model("models:/on-s3/1", RunConfig().replace(f"tracking.mlflow_uri={uri}"),
+                                    tmp_path / "download")
         files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
         # the download: every file of the model, and the note of which version it is (tracking.REGISTERED)
         got = sorted(p.relative_to(downloaded).as_posix() for p in downloaded.rglob("*") if p.is_file())

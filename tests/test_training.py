@@ -9,15 +9,15 @@ import pytest
 import torch
 from device_probes import cpu_only_machine
 
+from alchemetric_ray.artifacts.checkpoint import load_state, read_meta
+from alchemetric_ray.artifacts.export import load_model
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.loaders import read_split, read_split_windows
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.hardware import device as dev
 from alchemetric_ray.models import MODELS, model_spec
-from alchemetric_ray.train.checkpoint import load_state, read_meta
-from alchemetric_ray.train.export import load_model
-from alchemetric_ray.train.plan import PlanError, plan_resources
+from alchemetric_ray.placement.plan import PlanError, plan_resources
 from alchemetric_ray.train.trainer import build_trainer, run_training
 
 WINDOW = 8
@@ -67,7 +67,7 @@ def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
 
 
 def test_worker_env_carries_fallback_and_token_location_not_the_token(monkeypatch):
-    from alchemetric_ray.train.session import worker_env
+    from alchemetric_ray.placement.session import worker_env
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/home/ray/.ray/auth_token")
     monkeypatch.setenv("RAY_AUTH_TOKEN", "secret-value")
@@ -232,10 +232,10 @@ def odd_val_shards(tmp_path_factory):
 
 
 def test_every_reader_of_the_selection_takes_the_direction_from_the_metric(tmp_path):
+    from alchemetric_ray.artifacts.checkpoint import save_checkpoint
+    from alchemetric_ray.artifacts.run_folder import RunFolder
+    from alchemetric_ray.scoring.metrics import selection_metric, selection_mode
     from alchemetric_ray.storage import locate
-    from alchemetric_ray.train.checkpoint import save_checkpoint
-    from alchemetric_ray.train.metrics import selection_metric, selection_mode
-    from alchemetric_ray.train.run_folder import RunFolder
 
     cfg = load_config(None, ["train.metric=val_log_loss", f"storage.path={tmp_path}"])  # train.mode left at auto
     trainer = build_trainer(cfg, {}, {}, plan_resources(cfg, {"CPU": 4.0}), name="direction")
@@ -307,7 +307,7 @@ def test_ddp_ranks_stop_at_the_same_epoch_and_score_every_val_row_exactly_once(r
 def test_train_cli_exports_a_model_that_predicts_like_its_checkpoint(ray_session, shards, tmp_path, capsys):
     from alchemetric_ray.cli import main
     from alchemetric_ray.hardware import resolve_precision
-    from alchemetric_ray.train.evaluate import model_inputs, predict_proba, split_frame
+    from alchemetric_ray.scoring.predictions import model_inputs, predict_proba, split_frame
 
     rc = main(["train", "--device", "cpu", "--data", str(shards), "--model", "gru",
                f"storage.path={tmp_path / 'results'}",

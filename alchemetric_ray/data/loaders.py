@@ -242,7 +242,7 @@ def check_whole_tickers(shards: str | Path | Location, split: str, manifest: Man
 
 
 KEY_COLUMNS = ("date", "ticker")  # besides the features: what every reader takes from a shard ...
-TARGET_COLUMNS = ("label", "fwd_ret")  # ... (build_datasets, train/evaluate.py:split_frame)
+TARGET_COLUMNS = ("label", "fwd_ret")  # ... (build_datasets, scoring/predictions.py:split_frame)
 
 
 def shard_columns(manifest: Manifest) -> list[str]:

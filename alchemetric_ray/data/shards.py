@@ -126,7 +126,7 @@ class StagedFeatures:
 def stage_features(cfg: RunConfig, folder: Path, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
                    source_description: str | None = None, progress: bool = False) -> StagedFeatures:
     """Read the bars (``cfg.data``, or ``bars``) and write every ticker's features and labels to ``folder``."""
-    from alchemetric_ray.data.sources import open_source
+    from alchemetric_ray.bars.sources import open_source
 
     names = feat.resolve_feature_names(cfg.features.names)
     spec = LabelSpec.from_config(cfg.features)

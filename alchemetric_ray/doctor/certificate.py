@@ -4,7 +4,7 @@ The model's predictions on the same rows on each backend and precision are compa
 training backend (or CPU float32 when that backend is not here): rank correlation of the scores,
 the share of positions that flip, and the change in rank IC.  A backend is certified when both stay
 within their limits (:func:`backend_verdict`).  ``certificate.json`` is written into
-the model folder (its name and reader are in ``train/export.py``, with the rest of the folder's
+the model folder (its name and reader are in ``artifacts/export.py``, with the rest of the folder's
 layout); ``predict`` warns when it serves on a backend that was never certified.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from alchemetric_ray.artifacts.export import CERTIFICATE, backend_key
 from alchemetric_ray.signals.predict import direction_score, inputs_frame, signal_positions
 from alchemetric_ray.storage import Location, locate
-from alchemetric_ray.train.export import CERTIFICATE, backend_key
 
 MAX_FLIP_SHARE = 0.01  # more than 1% of positions flipping blocks a backend
 # A rank IC that moves by more than this (absolute) blocks a backend: positions can all stay put while the
@@ -31,7 +31,7 @@ MAX_ROWS = 20_000  # every row of the test segment up to this many; beyond it, w
 
 def certificate_rows(loaded) -> tuple[np.ndarray, pd.DataFrame]:
     """Inputs (the model's own normalized features) and keys for its test segment."""
-    from alchemetric_ray.train.evaluate import model_inputs
+    from alchemetric_ray.scoring.predictions import model_inputs
 
     frame = inputs_frame(loaded, None)
     splits = loaded.manifest.splits
@@ -62,7 +62,7 @@ def sample_dates(dates: np.ndarray, max_rows: int) -> np.ndarray:
 
 
 def _scores(loaded, x: np.ndarray, device, precision) -> np.ndarray:
-    from alchemetric_ray.train.evaluate import predict_proba
+    from alchemetric_ray.scoring.predictions import predict_proba
 
     model = loaded.model.to(device)
     try:

@@ -190,8 +190,8 @@ def decide(found: list[dict[str, Any]], certificate: dict | None = None) -> dict
 
 def run_doctor(cfg: RunConfig, *, device: str | None = None, model_dir: str | None = None,
                quick: bool = False) -> dict[str, Any]:
+    from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.doctor.certificate import certify, write_certificate
-    from alchemetric_ray.train.export import load_model
 
     loaded = load_model(model_dir) if model_dir else None
     model_cfg = loaded.config if loaded else cfg
@@ -214,7 +214,7 @@ def run_doctor(cfg: RunConfig, *, device: str | None = None, model_dir: str | No
 
         certificate = certify(loaded, [as_pair(t) for t in usable], as_pair(ref))
         write_certificate(model_dir, certificate)
-        from alchemetric_ray.train.ledger import record_look
+        from alchemetric_ray.artifacts.ledger import record_look
 
         splits = loaded.manifest.splits  # the certificate's rank IC per backend is a score of the test segment
         record_look(model_dir, "doctor --model", splits["test_start"], splits["test_end"],

@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from alchemetric_ray.artifacts import ledger
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text, is_uri
 from alchemetric_ray.outputs import claim, staged_output
+from alchemetric_ray.scoring.metrics import classification_metrics
 from alchemetric_ray.signals import metrics as sm
 from alchemetric_ray.signals.predict import (
     direction_score,
@@ -42,8 +44,6 @@ from alchemetric_ray.signals.predict import (
     staged_frame,
 )
 from alchemetric_ray.storage import Location, locate
-from alchemetric_ray.train import ledger
-from alchemetric_ray.train.metrics import classification_metrics
 
 FEW_TICKERS = 10
 BUY_AND_HOLD = "buy and hold"
@@ -181,9 +181,9 @@ def selection_inputs(model_dir, manifest: Manifest, metrics: dict) -> dict | Non
 def selection_figures(model_frame: pd.DataFrame, inputs: dict | None, cfg: RunConfig) -> dict | None:
     """The deflated Sharpe ratio beside its like: the figure it deflates is the chosen trial's gross
     per-date validation long-short Sharpe ratio (the book the trials were compared on,
-    ``train.metrics.signal_metrics``); the same book, gross and per date, on the scored segment
+    ``scoring.metrics.signal_metrics``); the same book, gross and per date, on the scored segment
     stands beside it (the table's L/S Sharpe is net of costs and annualised: another figure)."""
-    from alchemetric_ray.train.metrics import signal_metrics
+    from alchemetric_ray.scoring.metrics import signal_metrics
 
     if not inputs:
         return None
@@ -236,7 +236,7 @@ def contender_frames(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
                      *, segment: tuple[str, str] | None = None) -> Contenders:
     """The model's signals and every baseline's on the segment (default: the manifest's test
     segment); the learned baselines are fitted on the rows :func:`_baseline_rows` gives."""
-    from alchemetric_ray.train.baselines import (
+    from alchemetric_ray.scoring.baselines import (
         baseline_models,
         fit_baseline,
         predict_baseline,
@@ -345,7 +345,7 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
     """Predict, score the test segment against the baselines, and write the report to ``out_dir``;
     ``pooled`` adds the pooled walk-forward evaluation (:func:`pooled_walk_forward`).  Returns what
     ``evaluation.json`` holds (:func:`public`)."""
-    from alchemetric_ray.train.export import load_model
+    from alchemetric_ray.artifacts.export import load_model
 
     model_dir, out_dir = locate(model_dir), locate(out_dir)
     claim(out_dir, "evaluation", what="report folder")  # before any work: only our own report is replaced
@@ -398,9 +398,9 @@ def _refits(cfg: RunConfig, data: str | None, loaded, folds: list, calendar: np.
     split that can reach into the fold's block).  The features are computed once for every fold:
     the training features (each fold's shards are their split and normalization) and the inputs
     the folds' models score (each fold normalizes them with its own statistics)."""
+    from alchemetric_ray.artifacts.export import load_model as load
     from alchemetric_ray.data.shards import build_shards, stage_features
     from alchemetric_ray.data.splits import boundaries
-    from alchemetric_ray.train.export import load_model as load
     from alchemetric_ray.train.trainer import run_training
 
     base = loaded.config

@@ -52,7 +52,7 @@ from alchemetric_ray.data.cross_section import (
     long_short_weights,
     quantile_legs,
 )
-from alchemetric_ray.train.metrics import sr_moments
+from alchemetric_ray.scoring.metrics import sr_moments
 
 __all__ = [
     "ICStats",

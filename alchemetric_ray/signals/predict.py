@@ -34,9 +34,9 @@ from alchemetric_ray.data.shards import feature_table
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import is_uri
 from alchemetric_ray.outputs import claim_signals_file, signals_metadata
+from alchemetric_ray.scoring.metrics import direction_score
 from alchemetric_ray.signals.metrics import quantile_positions
 from alchemetric_ray.storage import Location, local_copy, locate
-from alchemetric_ray.train.metrics import direction_score
 
 
 class SignalError(UserError, ValueError):
@@ -49,8 +49,8 @@ class ModelPredictor:
     def __init__(self, model_dir: str, device_name: str, features: list[str], mode: str, loaded=None):
         import torch
 
+        from alchemetric_ray.artifacts.export import load_model
         from alchemetric_ray.hardware import device_for_worker, resolve_precision
-        from alchemetric_ray.train.export import load_model
 
         self.torch = torch
         self.loaded = loaded or load_model(model_dir)  # ``loaded``: scoring in the caller's process, already loaded
@@ -60,7 +60,7 @@ class ModelPredictor:
         self.features, self.mode = features, mode
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from alchemetric_ray.train.evaluate import predict_proba
+        from alchemetric_ray.scoring.predictions import predict_proba
 
         if self.mode == "sequence":
             x = np.asarray(batch["x"], dtype=np.float32)
@@ -77,7 +77,7 @@ class ModelPredictor:
 def model_id(model_dir: str | Path | Location) -> str:
     """What signals and reports call a model: its folder's name and a digest of its weights, or for a
     version downloaded from the MLflow registry, the registered name, version and alias."""
-    from alchemetric_ray.train.tracking import REGISTERED
+    from alchemetric_ray.tracking.mlflow_runs import REGISTERED
 
     model_dir = locate(model_dir)
     digest = hashlib.sha256((model_dir / "weights.pt").read_bytes()).hexdigest()[:12]
@@ -164,7 +164,7 @@ def staged_frame(staging: Path, staged: dict) -> pd.DataFrame:
 
 def _stage_inputs(loaded, data: str | None, staging: Path, on_duplicate: str | None = None,
                   normalize: bool = True) -> dict:
-    from alchemetric_ray.data.sources import open_source
+    from alchemetric_ray.bars.sources import open_source
 
     manifest = loaded.manifest
     names = manifest.features
@@ -234,11 +234,11 @@ def predict(model_dir: str | Path | Location, data: str | None, out: str | Path 
     caller that also needs the inputs in memory stages them once)."""
     import ray
 
+    from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.data.loaders import read_parquet_folder
-    from alchemetric_ray.train.autoscale import gpu_preflight
-    from alchemetric_ray.train.capacity import discover_capacity
-    from alchemetric_ray.train.export import load_model
-    from alchemetric_ray.train.session import ensure_ray
+    from alchemetric_ray.placement.autoscale import gpu_preflight
+    from alchemetric_ray.placement.capacity import discover_capacity
+    from alchemetric_ray.placement.session import ensure_ray
 
     model_dir, out = locate(model_dir), locate(out)
     loaded = load_model(model_dir)
@@ -282,8 +282,8 @@ def scored_here(cfg: RunConfig) -> str | None:
     same, so no Ray starts (an actor per GPU, ``signals.actors`` > 1 and a cluster's nodes use it)."""
     if os.environ.get("RAY_ADDRESS"):
         return None
-    from alchemetric_ray.train.capacity import now
-    from alchemetric_ray.train.session import machine_resources
+    from alchemetric_ray.placement.capacity import now
+    from alchemetric_ray.placement.session import machine_resources
 
     actors, _, kind = _actor_plan(cfg, machine_resources()["GPU"], now())
     return kind if actors == 1 else None
@@ -303,7 +303,7 @@ def _score_here(staging: Path, windows, loaded, model_dir: Location, kind: str) 
 
 def _actor_plan(cfg: RunConfig, gpus: float, capacity=None) -> tuple[int, float, str]:
     """(actors, GPUs per actor, the decided device kind: never "auto").  On an autoscaling cluster
-    whose node types are known (train/capacity.py) the GPUs are those of its GPU node type, so a
+    whose node types are known (placement/capacity.py) the GPUs are those of its GPU node type, so a
     cold GPU cluster predicts on CUDA (one actor per GPU of one node) instead of silently on CPU;
     where they are unknown, auto with no GPU up is refused as ``train`` refuses it."""
     from alchemetric_ray.hardware.device import train_accelerator
@@ -326,7 +326,7 @@ def _datetimes(column) -> np.ndarray:
 
 def warn_if_uncertified(model_dir: str | Path | Location, device_type: str, mode: str) -> str | None:
     """The warning ``predict`` prints when serving on a backend the doctor never certified."""
-    from alchemetric_ray.train.export import (
+    from alchemetric_ray.artifacts.export import (
         backend_key,
         certified_backends,
         trained_backend,

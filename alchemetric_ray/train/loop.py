@@ -9,7 +9,7 @@ to resume from) comes from ``train/runtime.py``: a Train worker group or a Tune 
 2. the model (DDP when world size > 1), moved to our device by us, and this worker's data shard;
 3. AdamW with a cosine or one-cycle schedule; the loss (``train/losses.py``: cross-entropy, MSE or
    the per-date IC loss), computed in float32 outside autocast;
-4. a restarted run resumes at the epoch after its latest checkpoint (``train/checkpoint.py``);
+4. a restarted run resumes at the epoch after its latest checkpoint (``artifacts/checkpoint.py``);
 5. each epoch: batches from this worker's Ray Data shard -> the shared optimizer step; with the IC
    loss, batches of whole dates (as many as ``train.batch_size`` rows hold) from the cached shard,
    each rank holding its own dates (``train/data_config.py``) and every rank taking as many steps.
@@ -36,6 +36,15 @@ import torch
 from torch import nn
 
 from alchemetric_ray import console
+from alchemetric_ray.artifacts.checkpoint import (
+    CheckpointMeta,
+    LoopState,
+    Trainables,
+    load_state,
+    read_meta,
+    save_checkpoint,
+)
+from alchemetric_ray.artifacts.run_folder import RunFolder
 from alchemetric_ray.config import RunConfig, TrainConfig, loss_of
 from alchemetric_ray.data.batches import Batching, WorkerBatches
 from alchemetric_ray.data.loaders import collate_for
@@ -53,27 +62,18 @@ from alchemetric_ray.hardware.inventory import cpu_count
 from alchemetric_ray.hardware.precision import fused_adamw_supported
 from alchemetric_ray.hardware.staging import HOST, gpu_sharers
 from alchemetric_ray.models import build_model, model_spec
-from alchemetric_ray.storage import locate
-from alchemetric_ray.train.backend_check import BackendCheck, check_backend, forward
-from alchemetric_ray.train.checkpoint import (
-    CheckpointMeta,
-    LoopState,
-    Trainables,
-    load_state,
-    read_meta,
-    save_checkpoint,
-)
-from alchemetric_ray.train.evaluate import outputs_of
-from alchemetric_ray.train.losses import DateGroups, Loss, make_loss
-from alchemetric_ray.train.metrics import (
+from alchemetric_ray.placement.plan import ResourcePlan
+from alchemetric_ray.scoring.metrics import (
     is_better,
     selection_metric,
     selection_mode,
     target_metrics,
 )
+from alchemetric_ray.scoring.predictions import outputs_of
+from alchemetric_ray.storage import locate
+from alchemetric_ray.train.backend_check import BackendCheck, check_backend, forward
+from alchemetric_ray.train.losses import DateGroups, Loss, make_loss
 from alchemetric_ray.train.phases import PhaseLog
-from alchemetric_ray.train.plan import ResourcePlan
-from alchemetric_ray.train.run_folder import RunFolder
 from alchemetric_ray.train.runtime import LocalRun, TrainGroup, TrialProcess
 from alchemetric_ray.train.shadow import ShadowCheck, shadow_wanted
 

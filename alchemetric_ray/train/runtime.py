@@ -19,7 +19,7 @@ epoch (with rank 0's checkpoint), and its model made ready for the group.
   dataset config and runs no callbacks; this runtime supplies them: the shards (read whole with
   pyarrow where the run caches them, ``data/loaders.py:ShardReader``, so that no Ray needs to start;
   else configured as a one-worker Train run configures them), each report's checkpoint put in the
-  run folder in Ray Train's layout (``train/run_folder.py``: atomically, ranked and pruned by the
+  run folder in Ray Train's layout (``artifacts/run_folder.py``: atomically, ranked and pruned by the
   selection metric), the TensorBoard scalars, and the checkpoint to resume from read from disk.
 
 Each gives a split's rows read whole (``rows``, for a cached shard) or its shard to stream (``shard``).
@@ -35,9 +35,9 @@ from alchemetric_ray.data.batches import read_all
 from alchemetric_ray.interrupts import held_during
 
 if TYPE_CHECKING:
+    from alchemetric_ray.artifacts.run_folder import RunFolder
     from alchemetric_ray.data.loaders import Batch, ShardReader
-    from alchemetric_ray.train.run_folder import RunFolder
-    from alchemetric_ray.train.tensorboard import ScalarWriter
+    from alchemetric_ray.tracking.tensorboard import ScalarWriter
 
 
 class _Runtime:

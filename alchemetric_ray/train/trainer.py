@@ -5,7 +5,7 @@ feature shards (built from raw OHLCV when needed), the resource plan, ``fit()``,
 checkpoint exported with baselines and test metrics.  The same call serves the CLI and the
 ``ray job submit`` entry point.  ``prepare_run`` is the setup it shares with ``tune`` (the sweep's
 trials build their ``TorchTrainer`` with ``build_trainer`` too); the Ray session itself is in
-``train/session.py``.
+``placement/session.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from alchemetric_ray import console
+from alchemetric_ray.artifacts.export import check_models_dir, claim_model_folder, estimated_export_bytes, export_model
 from alchemetric_ray.config import ConfigError, RunConfig, loss_of
 from alchemetric_ray.data.loaders import ShardReader, build_datasets, check_shard_files
 from alchemetric_ray.data.manifest import MANIFEST, Manifest, reconcile_features
@@ -26,13 +27,10 @@ from alchemetric_ray.fsutil import is_uri, safe_child
 from alchemetric_ray.hardware.records import require_doctor_checked_precision
 from alchemetric_ray.interrupts import seen_during
 from alchemetric_ray.models import model_spec
-from alchemetric_ray.storage import Location, StorageError, local_copy, locate
-from alchemetric_ray.train.autoscale import CONTROLLER_FAILURE_LIMIT, run_bundles, scale_up
-from alchemetric_ray.train.capacity import discover_capacity
-from alchemetric_ray.train.export import check_models_dir, claim_model_folder, estimated_export_bytes, export_model
-from alchemetric_ray.train.metrics import selection_metric, selection_mode
-from alchemetric_ray.train.plan import ResourcePlan, plan_resources
-from alchemetric_ray.train.session import (
+from alchemetric_ray.placement.autoscale import CONTROLLER_FAILURE_LIMIT, run_bundles, scale_up
+from alchemetric_ray.placement.capacity import discover_capacity
+from alchemetric_ray.placement.plan import ResourcePlan, plan_resources
+from alchemetric_ray.placement.session import (
     check_storage_access,
     check_storage_reaches_every_node,
     ensure_ray,
@@ -42,6 +40,8 @@ from alchemetric_ray.train.session import (
     train_storage,
     worker_env,
 )
+from alchemetric_ray.scoring.metrics import selection_metric, selection_mode
+from alchemetric_ray.storage import Location, StorageError, local_copy, locate
 
 
 class TrainError(UserError, RuntimeError):
@@ -62,7 +62,7 @@ class TrainOutcome:
     seconds: float
     tensorboard: Location | None = None  # the run's TensorBoard event files
     config: RunConfig | None = None  # the run's config, with the shards' target (adopt_target)
-    tracker: Any = None  # train/tracking.py: the run's MLflow run (tracking.mlflow_uri), open for an evaluation
+    tracker: Any = None  # tracking/mlflow_runs.py: the run's MLflow run (tracking.mlflow_uri), open for an evaluation
 
 
 def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Location:
@@ -204,7 +204,7 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     its own, without checking the shard files again.  ``local_mode``: as :func:`run_training`'s."""
     model_spec(cfg.model)  # an unknown model (or model.module) fails before anything starts
     if cfg.tracking.mlflow_uri:  # MLflow installed and its store answering: before anything starts
-        from alchemetric_ray.train.tracking import preflight
+        from alchemetric_ray.tracking.mlflow_runs import preflight
 
         preflight(cfg.tracking.mlflow_uri)
     if export:
@@ -299,7 +299,7 @@ def _check_storage_for_new_nodes(cfg: RunConfig, plan: ResourcePlan) -> None:
 
 def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None = None, progress: bool = True,
                  name: str | None = None) -> TrainOutcome:
-    """The ``train`` command: prepare, ask for the workers and wait (train/autoscale.py), ``fit()``,
+    """The ``train`` command: prepare, ask for the workers and wait (placement/autoscale.py), ``fit()``,
     export.  The autoscaler's resource request is cleared however the fit ends.
 
     ``local_mode`` (None: ``train.local_mode``, decided by :func:`runs_locally`) runs the loop in
@@ -309,8 +309,8 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     run = prepare_run(cfg, export=export, name=name, progress=progress, local_mode=local_mode)
     cfg, local = run.cfg, run.local
 
-    from alchemetric_ray.train.run_folder import RunFolder
-    from alchemetric_ray.train.tensorboard import SUBDIR, ScalarWriter, TensorBoardScalars, write_hparams
+    from alchemetric_ray.artifacts.run_folder import RunFolder
+    from alchemetric_ray.tracking.tensorboard import SUBDIR, ScalarWriter, TensorBoardScalars, write_hparams
 
     print(f"train loop       {'in this process (Ray Train local mode)' if local else 'a Ray Train worker group'} "
           f"({run.local_why})", flush=True)
@@ -320,7 +320,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     tensorboard = where / run.name / SUBDIR  # event files beside the run's checkpoints
     tracker = None
     if cfg.tracking.mlflow_uri:
-        from alchemetric_ray.train.tracking import RUN_FILE, Tracker
+        from alchemetric_ray.tracking.mlflow_runs import RUN_FILE, Tracker
 
         tracker = Tracker(cfg)
         tracker.start(where / run.name / RUN_FILE, run.name, tags={"command": "train"})
@@ -336,7 +336,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
                                 callbacks=[TensorBoardScalars(tensorboard)])
     live = contextlib.nullcontext()
     if tracker is not None:
-        from alchemetric_ray.train.tracking import LiveEpochs
+        from alchemetric_ray.tracking.mlflow_runs import LiveEpochs
 
         live = LiveEpochs(tracker, folder.where, cfg.tracking.live_every_s)
     try:
@@ -370,7 +370,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     write_hparams(tensorboard, cfg.flat(), {**(outcome.best_metrics or {}),
                                             "epochs_run": outcome.summary.get("epochs_run")})
     if tracker is not None:
-        from alchemetric_ray.train.tracking import run_tags
+        from alchemetric_ray.tracking.mlflow_runs import run_tags
 
         tracker.log_history(outcome.summary.get("history") or [])
         tracker.log_tags(run_tags(outcome))

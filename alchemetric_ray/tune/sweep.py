@@ -25,18 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from alchemetric_ray import console
+from alchemetric_ray.artifacts.checkpoint import META, read_meta
 from alchemetric_ray.config import REGRESSION_LABELS, ConfigError, RunConfig, metric_target_problem
 from alchemetric_ray.data.loaders import build_datasets
 from alchemetric_ray.data.manifest import Manifest, reconcile_features
 from alchemetric_ray.errors import Interrupted, UserError
 from alchemetric_ray.interrupts import seen_during
 from alchemetric_ray.models import load_model_module, model_spec
+from alchemetric_ray.placement.autoscale import run_bundles, scale_up
+from alchemetric_ray.placement.plan import DATA_CPU_RESERVE, PlanError, ResourcePlan, nodes_needed
+from alchemetric_ray.placement.session import storage_location, train_storage
+from alchemetric_ray.scoring.metrics import selection_metric, selection_mode
 from alchemetric_ray.storage import Location
-from alchemetric_ray.train.autoscale import run_bundles, scale_up
-from alchemetric_ray.train.checkpoint import META, read_meta
-from alchemetric_ray.train.metrics import selection_metric, selection_mode
-from alchemetric_ray.train.plan import DATA_CPU_RESERVE, PlanError, ResourcePlan, nodes_needed
-from alchemetric_ray.train.session import storage_location, train_storage
 from alchemetric_ray.train.trainer import (
     adopt_target,
     build_trainer,
@@ -194,12 +194,12 @@ def _trial(config: dict[str, Any], *, base: dict, targets: dict[str, tuple[Locat
         return
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from alchemetric_ray.train.session import set_worker_group_start_timeout
+    from alchemetric_ray.placement.session import set_worker_group_start_timeout
 
     trial_id = ray.tune.get_context().get_trial_id()
     trainer = build_trainer(cfg, datasets, manifest, plan, name=f"{sweep}-{trial_id}",
                             callbacks=[TuneReportCallback()], epoch_lines=False)
-    if start_timeout:  # the sweep's per-attempt worker-group start timeout (train/autoscale.py)
+    if start_timeout:  # the sweep's per-attempt worker-group start timeout (placement/autoscale.py)
         set_worker_group_start_timeout(start_timeout)
     trainer.fit()
 
@@ -263,7 +263,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     if export and best_ckpt:
         from ray.train import Checkpoint
 
-        from alchemetric_ray.train.export import export_model
+        from alchemetric_ray.artifacts.export import export_model
 
         # Tune reports a trial's checkpoint as a path on the storage file system, without its scheme
         checkpoint = Checkpoint(best_ckpt.path, filesystem=best_ckpt.filesystem)
@@ -289,10 +289,10 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
 def _track(cfg: RunConfig, name: str, where: Location, summary: dict, model_dir: Location | None,
            report: Any, shards: Location | None):
     """The sweep as an MLflow parent run, each trial a nested run with its params and per-epoch
-    history (train/tracking.py), written here in the driver from the sweep's summary.  The exported
+    history (tracking/mlflow_runs.py), written here in the driver from the sweep's summary.  The exported
     model is a version of the exported trial's run, whose params are that trial's; that run's
     Tracker is returned (a later evaluation tags its version), else None."""
-    from alchemetric_ray.train.tracking import RUN_FILE, Tracker, environment_tags
+    from alchemetric_ray.tracking.mlflow_runs import RUN_FILE, Tracker, environment_tags
 
     parent = Tracker(cfg)
     began = [t["started"] for t in summary["trials"] if t.get("started")]

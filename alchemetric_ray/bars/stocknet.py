@@ -4,7 +4,7 @@
 (``packaged/stocknet/prices.parquet``): every row of the source's per-ticker CSVs with its seven
 columns (Date, Open, High, Low, Close, Adj Close, Volume) plus ``ticker``, the source's ``null``
 cells as nulls and its zero-volume rows kept.  So the built-in data goes through ingest's
-validation and cleaning (:func:`alchemetric_ray.data.ingest.iter_bars`, long-table path) exactly
+validation and cleaning (:func:`alchemetric_ray.bars.ingest.iter_bars`, long-table path) exactly
 like files a user brings, and the ingest tests can rely on its defects.
 
 Source and licence (``packaged/stocknet/SOURCE.md`` and ``LICENSE``): the stocknet dataset
@@ -32,7 +32,7 @@ _MISSING = "null"
 def prices_path() -> Path:
     """The packaged long table (for ``iter_bars``); a clear error if the install lacks it."""
     if not PRICES.is_file():
-        from alchemetric_ray.data.ingest import DataError
+        from alchemetric_ray.bars.ingest import DataError
 
         raise DataError(f"built-in stocknet data missing: {PRICES} (reinstall the package)")
     return PRICES

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.train.capacity import shape
-from alchemetric_ray.train.plan import ResourcePlan, data_bundle, nodes_needed, pack
+from alchemetric_ray.placement.capacity import shape
+from alchemetric_ray.placement.plan import ResourcePlan, data_bundle, nodes_needed, pack
 
 PROGRESS_INTERVAL_S = 30.0  # a progress line this often while waiting (tests shorten it)
 POLL_INTERVAL_S = 1.0
@@ -88,7 +88,7 @@ class StartWindow:
     def apply(self) -> str:
         """Set the per-attempt timeout where ``fit()`` reads it (Train propagates it from the driver's
         environment to its controller) and return it."""
-        from alchemetric_ray.train.session import set_worker_group_start_timeout
+        from alchemetric_ray.placement.session import set_worker_group_start_timeout
 
         value = f"{self.attempt_timeout_s():g}"
         if self.user_attempt_s is None:  # the user's own value is already there, and stays theirs
@@ -105,7 +105,7 @@ def start_window(cfg: RunConfig, plan: ResourcePlan) -> StartWindow:
     total = total_start_timeout_s(cfg, plan.autoscale)
     user = None
     if not cfg.scaling.start_timeout_s and not plan.autoscale:
-        from alchemetric_ray.train.session import user_worker_group_start_timeout
+        from alchemetric_ray.placement.session import user_worker_group_start_timeout
 
         user = user_worker_group_start_timeout()
     return StartWindow(total, time.monotonic(), user)

@@ -90,7 +90,7 @@ def _artifact_location(cfg: RunConfig) -> str | None:
     """An embedded (sqlite) store keeps its artifacts under the run storage, not in ./mlruns of the cwd."""
     if not cfg.tracking.mlflow_uri.startswith("sqlite:"):
         return None
-    from alchemetric_ray.train.session import storage_location
+    from alchemetric_ray.placement.session import storage_location
 
     where = storage_location(cfg) / "mlflow-artifacts"
     if where.is_local:
@@ -357,7 +357,7 @@ class LiveEpochs:
             self._thread.join(timeout=30)  # a call in flight, bounded by the HTTP timeouts (bounded_http_env)
 
     def _run(self) -> None:
-        from alchemetric_ray.train.run_folder import RunFolder
+        from alchemetric_ray.artifacts.run_folder import RunFolder
 
         folder = RunFolder(self.where)  # its own: the loop's folder object is not shared across threads
         seen = -1

@@ -20,8 +20,8 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from threadpoolctl import threadpool_limits
 
 from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.train.evaluate import split_frame
-from alchemetric_ray.train.metrics import target_metrics
+from alchemetric_ray.scoring.metrics import target_metrics
+from alchemetric_ray.scoring.predictions import split_frame
 
 MAX_TRAIN_ROWS = 200_000
 # Below this many train rows HistGradientBoosting runs on one OpenMP thread: on small tables the

@@ -22,14 +22,14 @@ class Source:
 def open_source(data: DataConfig, *, min_history: int = 0) -> Source:
     kind = "files" if data.path else data.source
     if kind in ("files", "stocknet"):
-        from alchemetric_ray.data.ingest import IngestReport, iter_bars
+        from alchemetric_ray.bars.ingest import IngestReport, iter_bars
 
         if kind == "stocknet":  # a long table shipped with the package: the same ingest as a user's files
-            from alchemetric_ray.data.stocknet import DESCRIPTION, prices_path
+            from alchemetric_ray.bars.stocknet import DESCRIPTION, prices_path
 
             path, description = prices_path(), DESCRIPTION
         elif not data.path:
-            from alchemetric_ray.data.ingest import DataError
+            from alchemetric_ray.bars.ingest import DataError
 
             raise DataError("data.source=files needs data.path (or --data DIR)")
         else:
@@ -39,7 +39,7 @@ def open_source(data: DataConfig, *, min_history: int = 0) -> Source:
                          on_duplicate=data.on_duplicate)
         return Source(kind, description, bars, report)
     if kind == "synthetic":
-        from alchemetric_ray.data.synthetic import SyntheticMarket, synthetic_bars
+        from alchemetric_ray.bars.synthetic import SyntheticMarket, synthetic_bars
 
         market = SyntheticMarket(n_tickers=data.synthetic_tickers, n_days=data.synthetic_days,
                                  effect=data.synthetic_effect, seed=data.seed,
@@ -49,7 +49,7 @@ def open_source(data: DataConfig, *, min_history: int = 0) -> Source:
             wanted = set(data.tickers)
             bars = ((t, b) for t, b in bars if t in wanted)
         return Source("synthetic", f"synthetic market ({market})", bars)
-    from alchemetric_ray.data.builtin import BUILTIN_DESCRIPTION, builtin_bars
+    from alchemetric_ray.bars.builtin import BUILTIN_DESCRIPTION, builtin_bars
 
     bars = builtin_bars()
     if data.tickers:

@@ -23,7 +23,7 @@ manifest and the ConfigMap can be checked against each other.
 Only a cluster this process joined (``RAY_ADDRESS``, as ``ray job submit`` sets it) is asked: a
 local Ray of our own has no autoscaler, and plans from what is up ("now"), as ever.
 
-:class:`Capacity` is plain data; ``train/plan.py`` plans from it without touching Ray.
+:class:`Capacity` is plain data; ``placement/plan.py`` plans from it without touching Ray.
 """
 
 from __future__ import annotations

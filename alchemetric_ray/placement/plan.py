@@ -5,10 +5,10 @@ become errors before anything starts: Ray Data with no CPU left (2 x 1-CPU worke
 machine wait forever), a GPU asked for that no node has, a worker group that cannot fit.
 
 On an autoscaling cluster the plan is made against what the cluster can become (the node types
-``train/capacity.py`` learnt), not what is up: the workers go on one node type, Ray Data gets the
+``placement/capacity.py`` learnt), not what is up: the workers go on one node type, Ray Data gets the
 CPUs those nodes leave, and a request no node type can ever hold is refused here (the v1
 autoscaler never says so; it would wait forever).  This module only computes: it takes the
-cluster's resources and the :class:`~alchemetric_ray.train.capacity.Capacity` as data.
+cluster's resources and the :class:`~alchemetric_ray.placement.capacity.Capacity` as data.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware.device import TrainAccelerator, train_accelerator
 from alchemetric_ray.hardware.staging import gpu_sharers, planned_data_path
-from alchemetric_ray.train.capacity import UP_NOW, Capacity, now
-from alchemetric_ray.train.capacity import shape as _shape
+from alchemetric_ray.placement.capacity import UP_NOW, Capacity, now
+from alchemetric_ray.placement.capacity import shape as _shape
 
 DATA_CPU_RESERVE = 1.0  # logical CPUs kept free for Ray Data's read tasks
 MIN_DATA_CPUS = 0.5
@@ -55,7 +55,7 @@ class ResourcePlan:
     worker_device: str
     accelerator: str
     reasons: PlanReasons
-    # where the resources were learnt (train/capacity.py), and on an autoscaling cluster what to ask for
+    # where the resources were learnt (placement/capacity.py), and on an autoscaling cluster what to ask for
     capacity: str = UP_NOW
     autoscale: bool = False  # ask the autoscaler for the workers' bundles and wait for them
     node_type: str | None = None  # the node type the workers are expected on (None: the nodes up now)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from alchemetric_ray.artifacts.checkpoint import CheckpointError, load_state, read_meta
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
@@ -37,10 +38,9 @@ from alchemetric_ray.fsutil import (
 from alchemetric_ray.hardware import resolve_device, resolve_precision
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.outputs import claim, staged_output
+from alchemetric_ray.scoring.metrics import selection_metric, target_metrics
+from alchemetric_ray.scoring.predictions import model_inputs, predict_proba, split_frame
 from alchemetric_ray.storage import Location, locate
-from alchemetric_ray.train.checkpoint import CheckpointError, load_state, read_meta
-from alchemetric_ray.train.evaluate import model_inputs, predict_proba, split_frame
-from alchemetric_ray.train.metrics import selection_metric, target_metrics
 
 WEIGHTS, CONFIG, MANIFEST, METRICS, META, CARD, CERTIFICATE = (
     "weights.pt", "config.json", "manifest.json", "metrics.json", "meta.json", "model_card.md", "certificate.json")
@@ -80,8 +80,8 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
     the card) only with ``train.score_test``, and that look is recorded (``ledger``).  ``selection``
     is what chose this model (a sweep's trials, from ``tune``); without it, this one run is the one
     trial.  The looks and trials of a model this one replaces are carried over (``ledger.carried``)."""
-    from alchemetric_ray.train import ledger
-    from alchemetric_ray.train.baselines import baseline_scores
+    from alchemetric_ray.artifacts import ledger
+    from alchemetric_ray.scoring.baselines import baseline_scores
 
     if hasattr(checkpoint, "as_directory"):
         with checkpoint.as_directory() as d:

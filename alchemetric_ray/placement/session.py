@@ -28,7 +28,7 @@ from alchemetric_ray.storage import S3_SETTINGS, Location, StorageError, locate,
 # small value keeps the per-epoch overhead low without busy-polling the workers.
 HEALTH_CHECK_INTERVAL_S = "0.25"
 # Ray Train's per-attempt worker-group start timeout until a run sets its own from
-# scaling.start_timeout_s (train/autoscale.py: StartWindow); the value every Ray worker starts with.
+# scaling.start_timeout_s (placement/autoscale.py: StartWindow); the value every Ray worker starts with.
 WORKER_GROUP_START_TIMEOUT_S = "120"
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 _written_start_timeouts: set[str] = set()  # values of START_TIMEOUT_ENV this process set itself
@@ -85,7 +85,7 @@ def ensure_ray(cfg: RunConfig) -> None:
         # Ray's helpers in our actors (Train's placement-group cleaner asks the State API whether
         # the controller lives) must find this Ray, not scan the machine for one: its dashboard on
         # a port chosen here, named to every worker and to this process's own State API calls.
-        # Not RAY_ADDRESS in this process: that says a cluster was joined (train/capacity.py).
+        # Not RAY_ADDRESS in this process: that says a cluster was joined (placement/capacity.py).
         port = reserve_local_port()
         env[API_SERVER_ENV] = f"http://127.0.0.1:{port}"
         # address="local": always a new Ray of our own, never one a `ray start` on this machine left running

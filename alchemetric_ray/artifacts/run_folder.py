@@ -4,7 +4,7 @@ Ray Train writes this layout for a worker group's reports; a local-mode run (``t
 ``LocalRun``) writes it itself, so both read the same way afterwards:
 
 * a checkpoint is complete once its ``meta.json`` (written last) is there and its ``state.pt``
-  passes :func:`~alchemetric_ray.train.checkpoint.checkpoint_problem`; an incomplete one (a write
+  passes :func:`~alchemetric_ray.artifacts.checkpoint.checkpoint_problem`; an incomplete one (a write
   cut short by Ctrl-C, a full disk or a killed process) is skipped with a one-line warning;
 * ``storage.num_to_keep`` applies as Ray Train applies it: the best checkpoints by the selection
   metric are kept, and the latest one always;
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from alchemetric_ray.artifacts.checkpoint import META, checkpoint_problem, latest_complete_checkpoint
 from alchemetric_ray.storage import Location
-from alchemetric_ray.train.checkpoint import META, checkpoint_problem, latest_complete_checkpoint
 
 PREFIX = "epoch-"
 RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of the checkpoints it keeps
@@ -78,7 +78,7 @@ class RunFolder:
     def latest(self, *, warn: bool = True) -> Kept | None:
         """The newest complete checkpoint (what ``--resume`` continues from), or None; each newer
         incomplete one is skipped with a one-line warning naming it and the one used instead
-        (:func:`~alchemetric_ray.train.checkpoint.latest_complete_checkpoint`)."""
+        (:func:`~alchemetric_ray.artifacts.checkpoint.latest_complete_checkpoint`)."""
         if not warn:
             kept = self.checkpoints()
             return kept[-1] if kept else None
