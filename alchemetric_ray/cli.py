@@ -128,21 +128,22 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
     if outcome.model_dir:
         print(f"saved model: {outcome.model_dir} (model card: {outcome.model_dir / 'model_card.md'})")
     if args.evaluate and outcome.model_dir:
-        _evaluate_export(outcome.model_dir, args.data, outcome.config, outcome.tracker)
+        _evaluate_export(outcome.model_dir, args.data, outcome.config, outcome.log)
     if outcome.tensorboard:
         print(f"TensorBoard: tensorboard --logdir {outcome.tensorboard}")
-    if outcome.tracker is not None and outcome.tracker.run_id:
-        version = f", model version {cfg.storage.name}/{outcome.tracker.version}" if outcome.tracker.version else ""
-        print(f"MLflow: run {outcome.tracker.run_id} in experiment {outcome.tracker.experiment}{version} "
+    if outcome.log.run_id:
+        version = f", model version {cfg.storage.name}/{outcome.log.version}" if outcome.log.version else ""
+        print(f"MLflow: run {outcome.log.run_id} in experiment {outcome.log.experiment}{version} "
               f"({cfg.tracking.mlflow_uri})")
     return 0
 
 
-def _evaluate_export(model_dir, data: str | None, cfg: RunConfig, tracker) -> None:
+def _evaluate_export(model_dir, data: str | None, cfg: RunConfig, log) -> None:
     """``--evaluate`` after an export: the model on its test segment against the baselines, the report
     in the model folder, the verdict printed and, with tracking on, logged into the model version's
     run and tagged on the version."""
-    from alchemetric_ray.signals.evaluate import evaluate, verdict_table
+    from alchemetric_ray.signals.evaluate import evaluate
+    from alchemetric_ray.signals.report import verdict_table
 
     report_dir = model_dir / "evaluation"
     print(f"evaluating {cfg.model.name} on the held-back test segment against the baselines ...", flush=True)
@@ -154,9 +155,8 @@ def _evaluate_export(model_dir, data: str | None, cfg: RunConfig, tracker) -> No
                                  f"--out {report_dir}") from None
     print(verdict_table(result))
     print(f"report: {report_dir / 'report.md'} (equity curves: {report_dir / 'equity.png'})")
-    if tracker is not None:
-        tracker.log_evaluation(report_dir, result.get("verdict"), result)
-        tracker.close()
+    log.log_evaluation(report_dir, result.get("verdict"), result)
+    log.finalize()
 
 
 def _tune_args(p: argparse.ArgumentParser) -> None:
@@ -197,11 +197,11 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
         print(f"report: {out.report}")
     if args.evaluate and out.model_dir:
         saved = load_model_config(out.model_dir).replace(f"device.name={cfg.device.name}")
-        _evaluate_export(out.model_dir, args.data, saved, out.tracker)
+        _evaluate_export(out.model_dir, args.data, saved, out.log)
     print(f"TensorBoard: tensorboard --logdir {out.path}")
-    if out.tracker is not None and out.tracker.version:
-        print(f"MLflow: model version {out.tracker.model_name}/{out.tracker.version} (run {out.tracker.run_id}, the "
-              f"exported trial's) in experiment {out.tracker.experiment} ({cfg.tracking.mlflow_uri})")
+    if out.log.version:
+        print(f"MLflow: model version {out.log.model_name}/{out.log.version} (run {out.log.run_id}, the "
+              f"exported trial's) in experiment {out.log.experiment} ({cfg.tracking.mlflow_uri})")
     return 0
 
 
@@ -300,8 +300,8 @@ def _evaluate(args: argparse.Namespace, cfg: RunConfig) -> int:
         tracker = registered_version(registered, cfg)
         tracker.log_evaluation(locate(args.out), result.get("verdict"), result)
         # this look at the test segment goes back beside the version's model: the next download counts it
-        tracker.log_folder(Path(args.model_dir) / "looks", "model/looks")
-        if tracker.close() is None:
+        tracker.log_artifacts(Path(args.model_dir) / "looks", "model/looks")
+        if tracker.finalize() is None:
             print(f"MLflow: evaluation logged into run {tracker.run_id}; model version "
                   f"{tracker.model_name}/{tracker.version} tagged with its verdict")
     return 0

@@ -10,7 +10,7 @@ sweep's summary.  Each export is a model version of the registered model ``stora
 Faults: :func:`preflight` refuses a server that does not answer ``/health`` in a few seconds (or an
 uninstalled MLflow) in one line before any training; every call runs with bounded retries and
 timeouts (``MLFLOW_HTTP_REQUEST_*``); after the first failed call nothing more is sent, the run
-goes on, and :meth:`Tracker.close` says in one line what was not logged.
+goes on, and :meth:`Tracker.finalize` says in one line what was not logged.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.storage import Location
+from alchemetric_ray.tracking.logger import RUN_FILE, RunLog
 
-RUN_FILE = "mlflow_run.json"  # in the run folder: the MLflow run a --resume continues
 REGISTERED = "registered.json"  # in a model downloaded from the registry: the version it is (name, version, alias)
 HEALTH_TIMEOUT_S = 5.0
 # bounded client calls: MLflow's defaults (7 retries, 120 s timeout) took minutes to fail on a dead server
@@ -99,7 +99,7 @@ def _artifact_location(cfg: RunConfig) -> str | None:
     return where.uri
 
 
-class Tracker:
+class Tracker(RunLog):
     """The MLflow run of one ``train`` run or sweep, written from this process only."""
 
     def __init__(self, cfg: RunConfig):
@@ -111,7 +111,7 @@ class Tracker:
         self.failure: str | None = None
         self.version: str | None = None
         self.model_name = cfg.storage.name  # the registered model its exports are versions of
-        self._owned = True  # this process started (or resumed) the run: close() ends it
+        self._owned = True  # this process started (or resumed) the run: finalize() ends it
         self._run_file: Location | None = None
         self._saved: dict = {}  # what the run file records: the uri, run id, params, last logged epoch
         self._client = None
@@ -203,7 +203,7 @@ class Tracker:
         for i in range(0, len(items), 100):
             self._call("tags", self.client.log_batch, self.run_id, tags=items[i:i + 100])
 
-    def log_history(self, history: list[dict]) -> None:
+    def log_epochs(self, history: list[dict]) -> None:
         """Every epoch's numeric metrics, with the epoch's number (from 1, as the console counts) as the
         step; a resumed run's epochs that its first part already logged are not logged twice."""
         from mlflow.entities import Metric
@@ -233,6 +233,12 @@ class Tracker:
         if self.run_id:
             self._tags(tags)
 
+    def log_outcome(self, outcome: Any) -> None:
+        self.log_epochs(outcome.summary.get("history") or [])
+        self.log_tags(run_tags(outcome))
+        best_row = outcome.best_metrics or {}
+        self.log_figures("best", best_row, step=int(best_row.get("epoch") or 0))  # runs sort by them
+
     def log_figures(self, prefix: str, figures: dict[str, Any], *, step: int = 0) -> None:
         """The run's summary figures (``best.val_rank_ic``, ``test.rank_ic``, ``verdict.edge``) as metrics,
         so that runs sort by them in MLflow's UI, and as tags of its model version (now and once it is
@@ -257,7 +263,7 @@ class Tracker:
             self._call("the figures of the model version", self.client.set_model_version_tag, self.model_name,
                        self.version, key, f"{value:.6g}")
 
-    def log_folder(self, folder: Location | Path, artifact_path: str | None = None) -> None:
+    def log_artifacts(self, folder: Location | Path, artifact_path: str | None = None) -> None:
         if not self.run_id:
             return
         from alchemetric_ray.storage import local_copy
@@ -274,7 +280,7 @@ class Tracker:
         """The model folder as the run's ``model`` artifacts, and a version of the registered model ``storage.name``."""
         if not self.run_id:
             return None
-        self.log_folder(model_dir, "model")
+        self.log_artifacts(model_dir, "model")
         name = self.model_name
 
         def _register():
@@ -305,7 +311,7 @@ class Tracker:
             path = Path(report_dir) / file if not isinstance(report_dir, Location) else report_dir / file
             exists = path.is_file()
             if exists:
-                self.log_folder(path, "evaluation")
+                self.log_artifacts(path, "evaluation")
         if result:
             self.log_figures("evaluation", evaluation_figures(result))
         if verdict:
@@ -314,7 +320,7 @@ class Tracker:
                 self._call("the verdict tag of the model version", self.client.set_model_version_tag,
                            self.model_name, self.version, "verdict", str(verdict.get("line"))[:5000])
 
-    def close(self, status: str = "FINISHED", *, end_time: float | None = None) -> str | None:
+    def finalize(self, status: str = "FINISHED", *, end_time: float | None = None) -> str | None:
         """End the run (``end_time``, Unix seconds: when what it records ended, where it is logged after
         the fact); one line (printed) saying what was not logged, if anything."""
         if self.run_id and self._owned:
@@ -329,6 +335,9 @@ class Tracker:
         print(line, flush=True)
         return line
 
+    def live(self, where: Location, every_s: float) -> LiveEpochs:
+        return LiveEpochs(self, where, every_s)
+
 
 class LiveEpochs:
     """While a ``train`` run trains: a driver thread logs each newly finished epoch to MLflow.
@@ -336,7 +345,7 @@ class LiveEpochs:
     Every ``tracking.live_every_s`` seconds it reads the run folder's latest complete checkpoint (the
     loop writes one after each epoch, in this process or on the workers; its ``meta.json`` holds the
     history so far) and logs the epochs after the last one logged.  The driver stays the one writer:
-    the thread stops before the run's end logs the rest (:meth:`Tracker.log_history` skips what is
+    the thread stops before the run's end logs the rest (:meth:`Tracker.log_epochs` skips what is
     logged).  A store that fails makes the tracker stop calling it, as elsewhere."""
 
     def __init__(self, tracker: Tracker, where: Location, every_s: float):
@@ -366,7 +375,7 @@ class LiveEpochs:
                 latest = folder.latest(warn=False)
                 if latest is not None and latest.epoch > seen:
                     seen = latest.epoch
-                    self.tracker.log_history(latest.history)
+                    self.tracker.log_epochs(latest.history)
             except Exception:  # a folder being pruned or written as it is read: the next look, or the run's end
                 continue
 

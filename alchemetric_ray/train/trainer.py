@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from alchemetric_ray import console
@@ -42,6 +42,7 @@ from alchemetric_ray.placement.session import (
 )
 from alchemetric_ray.scoring.metrics import selection_metric, selection_mode
 from alchemetric_ray.storage import Location, StorageError, local_copy, locate
+from alchemetric_ray.tracking.logger import RunLog
 
 
 class TrainError(UserError, RuntimeError):
@@ -62,7 +63,7 @@ class TrainOutcome:
     seconds: float
     tensorboard: Location | None = None  # the run's TensorBoard event files
     config: RunConfig | None = None  # the run's config, with the shards' target (adopt_target)
-    tracker: Any = None  # tracking/mlflow_runs.py: the run's MLflow run (tracking.mlflow_uri), open for an evaluation
+    log: RunLog = field(default_factory=RunLog)  # the run's log (MLflow's, or none), open for an evaluation
 
 
 def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Location:
@@ -305,93 +306,85 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     ``local_mode`` (None: ``train.local_mode``, decided by :func:`runs_locally`) runs the loop in
     this process.  A Ctrl-C raises :class:`Interrupted` once the run has stopped: every checkpoint
     finished before it stays in the run folder, and ``--resume`` continues after the latest."""
+    from alchemetric_ray.artifacts.run_folder import RunFolder
+    from alchemetric_ray.tracking.logger import run_log
+    from alchemetric_ray.tracking.tensorboard import SUBDIR, write_hparams
+
     started = time.monotonic()
     run = prepare_run(cfg, export=export, name=name, progress=progress, local_mode=local_mode)
-    cfg, local = run.cfg, run.local
-
-    from alchemetric_ray.artifacts.run_folder import RunFolder
-    from alchemetric_ray.tracking.tensorboard import SUBDIR, ScalarWriter, TensorBoardScalars, write_hparams
-
-    print(f"train loop       {'in this process (Ray Train local mode)' if local else 'a Ray Train worker group'} "
+    cfg = run.cfg
+    print(f"train loop       {'in this process (Ray Train local mode)' if run.local else 'a Ray Train worker group'} "
           f"({run.local_why})", flush=True)
     where = storage_location(cfg)
     folder = RunFolder(where / run.name, keep=cfg.storage.num_to_keep, metric=selection_metric(cfg),
                        mode=selection_mode(cfg))
     tensorboard = where / run.name / SUBDIR  # event files beside the run's checkpoints
-    tracker = None
-    if cfg.tracking.mlflow_uri:
-        from alchemetric_ray.tracking.mlflow_runs import RUN_FILE, Tracker
+    log = run_log(cfg, where / run.name, run.name, tags={"command": "train"})
+    result = _fit_logged(cfg, run, folder, tensorboard, log)
+    best, latest = folder.best(), folder.latest(warn=False)
+    outcome = TrainOutcome(run.name, str(folder.where) if where.is_local else str(where / run.name), run.shards,
+                           run.plan, result.return_value or {}, best and best.checkpoint(), best and best.metrics,
+                           latest and latest.checkpoint(), None, 0.0, tensorboard, cfg, log)
+    # the HParams tab: the run's settings beside its best epoch's figures (as a sweep's trials show them)
+    write_hparams(tensorboard, cfg.flat(), {**(outcome.best_metrics or {}),
+                                            "epochs_run": outcome.summary.get("epochs_run")})
+    log.log_outcome(outcome)
+    if export and best is not None:
+        outcome.model_dir = _export_logged(cfg, outcome, log, f"after epoch {latest.epoch + 1} of {cfg.train.epochs}")
+    log.finalize()  # an evaluation after this still logs into the run (cli.py)
+    outcome.seconds = time.monotonic() - started
+    return outcome
 
-        tracker = Tracker(cfg)
-        tracker.start(where / run.name / RUN_FILE, run.name, tags={"command": "train"})
-    if local:
+
+def _fit_logged(cfg: RunConfig, run: Prepared, folder, tensorboard: Location, log) -> Any:
+    """``fit()`` inside the scale-up window, its epochs logged live; a Ctrl-C becomes :class:`Interrupted`
+    (the finished epochs logged, the logged run KILLED), any other end of it FAILED."""
+    from alchemetric_ray.tracking.tensorboard import ScalarWriter, TensorBoardScalars
+
+    scalars = contextlib.nullcontext()
+    if run.local:
         from alchemetric_ray.train.runtime import LocalRun
 
         runtime = LocalRun(run.datasets, run.datasets and data_config(cfg), folder, ScalarWriter(tensorboard),
                            reader=run.reader)
+        scalars = contextlib.closing(runtime.scalars)
         trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name, local_mode=True,
                                 runtime=runtime)
     else:
         trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name,
                                 callbacks=[TensorBoardScalars(tensorboard)])
-    live = contextlib.nullcontext()
-    if tracker is not None:
-        from alchemetric_ray.tracking.mlflow_runs import LiveEpochs
-
-        live = LiveEpochs(tracker, folder.where, cfg.tracking.live_every_s)
     try:
-        with scale_up(cfg, run.plan, run_bundles(run.plan), local_mode=local) as window, live:
+        with scalars, scale_up(cfg, run.plan, run_bundles(run.plan), local_mode=run.local) as window, \
+                log.live(folder.where, cfg.tracking.live_every_s):
             window.apply()  # what our wait left of scaling.start_timeout_s, per worker-group start attempt
-            result = _fit(trainer, local)
+            result = _fit(trainer, run.local)
     except (KeyboardInterrupt, _SigintExit):
         latest = folder.latest(warn=False)
         done = f"after epoch {latest.epoch + 1} of {cfg.train.epochs}" if latest else \
             f"before its first epoch finished ({cfg.train.epochs} planned)"
-        if tracker is not None:  # the finished epochs are in MLflow too; --resume logs only the ones after them
-            if latest is not None:
-                tracker.log_history(latest.history)
-            tracker.close("KILLED")
+        if latest is not None:  # the finished epochs are logged too; --resume logs only the ones after them
+            log.log_epochs(latest.history)
+        log.finalize("KILLED")
         raise Interrupted(f"interrupted {done}", resumable=latest is not None) from None
     except BaseException:
-        if tracker is not None:
-            tracker.close("FAILED")
+        log.finalize("FAILED")
         raise
-    finally:
-        if local:
-            runtime.scalars.close()
-    if not local:
+    if not run.local:
         folder.prune()  # folders Ray Train's snapshot missed (an earlier Ctrl-C) are ranked like the others
-    best = folder.best()
-    latest = folder.latest(warn=False)
-    outcome = TrainOutcome(run.name, str(folder.where) if where.is_local else str(where / run.name), run.shards,
-                           run.plan, result.return_value or {}, best and best.checkpoint(), best and best.metrics,
-                           latest and latest.checkpoint(), None, 0.0, tensorboard, cfg)
-    # the HParams tab: the run's settings beside its best epoch's figures (as a sweep's trials show them)
-    write_hparams(tensorboard, cfg.flat(), {**(outcome.best_metrics or {}),
-                                            "epochs_run": outcome.summary.get("epochs_run")})
-    if tracker is not None:
-        from alchemetric_ray.tracking.mlflow_runs import run_tags
+    return result
 
-        tracker.log_history(outcome.summary.get("history") or [])
-        tracker.log_tags(run_tags(outcome))
-        best_row = outcome.best_metrics or {}
-        tracker.log_figures("best", best_row, step=int(best_row.get("epoch") or 0))  # runs sort by them
-        outcome.tracker = tracker
-    if export and best is not None:
-        try:
-            outcome.model_dir = export_model(outcome.best_checkpoint, cfg, run.shards)
-        except KeyboardInterrupt:  # the epochs are kept: --resume trains none again and exports
-            if tracker is not None:
-                tracker.close("KILLED")
-            raise Interrupted(f"interrupted after epoch {latest.epoch + 1} of {cfg.train.epochs}, while exporting the "
-                              "model (nothing of it written)") from None
-        if tracker is not None:
-            tracker.log_folder(outcome.model_dir / "model_card.md")
-            tracker.register(outcome.model_dir)
-    if tracker is not None:
-        tracker.close()  # an evaluation after this still logs into the run (cli.py)
-    outcome.seconds = time.monotonic() - started
-    return outcome
+
+def _export_logged(cfg: RunConfig, outcome: TrainOutcome, log, done: str) -> Location:
+    """The best checkpoint exported, its model card logged and registered; a Ctrl-C during the export
+    keeps the epochs (``--resume`` trains none again and exports)."""
+    try:
+        model_dir = export_model(outcome.best_checkpoint, cfg, outcome.shards)
+    except KeyboardInterrupt:
+        log.finalize("KILLED")
+        raise Interrupted(f"interrupted {done}, while exporting the model (nothing of it written)") from None
+    log.log_artifacts(model_dir / "model_card.md")
+    log.register(model_dir)
+    return model_dir
 
 
 def runs_locally(cfg: RunConfig, plan: ResourcePlan, nodes: int = 1) -> tuple[bool, str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from alchemetric_ray.placement.plan import DATA_CPU_RESERVE, PlanError, Resource
 from alchemetric_ray.placement.session import storage_location, train_storage
 from alchemetric_ray.scoring.metrics import selection_metric, selection_mode
 from alchemetric_ray.storage import Location
+from alchemetric_ray.tracking.logger import RunLog
 from alchemetric_ray.train.trainer import (
     adopt_target,
     build_trainer,
@@ -62,7 +63,7 @@ class SweepOutcome:
     summary: dict[str, Any]
     model_dir: Location | None
     report: Path | Location | None
-    tracker: Any = None  # the MLflow run of the exported trial (its model version), where tracking is on
+    log: RunLog = field(default_factory=RunLog)  # the exported trial's run (its model version), or no log
 
 
 # ---- the search space ----------------------------------------------------------------------
@@ -281,9 +282,9 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
 
     (where / "sweep_summary.json").write_json(summary)
     report = write_sweep_report(where / "report", summary)
-    tracker = _track(trial_cfg, name, where, summary, model_dir, report, run.shards) if cfg.tracking.mlflow_uri \
-        else None
-    return SweepOutcome(name, where.path if where.is_local else where.uri, summary, model_dir, report, tracker)
+    log = _track(trial_cfg, name, where, summary, model_dir, report, run.shards) if cfg.tracking.mlflow_uri \
+        else RunLog()
+    return SweepOutcome(name, where.path if where.is_local else where.uri, summary, model_dir, report, log)
 
 
 def _track(cfg: RunConfig, name: str, where: Location, summary: dict, model_dir: Location | None,
@@ -291,7 +292,7 @@ def _track(cfg: RunConfig, name: str, where: Location, summary: dict, model_dir:
     """The sweep as an MLflow parent run, each trial a nested run with its params and per-epoch
     history (tracking/mlflow_runs.py), written here in the driver from the sweep's summary.  The exported
     model is a version of the exported trial's run, whose params are that trial's; that run's
-    Tracker is returned (a later evaluation tags its version), else None."""
+    Tracker is returned (a later evaluation tags its version), else a log that logs nothing."""
     from alchemetric_ray.tracking.mlflow_runs import RUN_FILE, Tracker, environment_tags
 
     parent = Tracker(cfg)
@@ -309,20 +310,20 @@ def _track(cfg: RunConfig, name: str, where: Location, summary: dict, model_dir:
         child.start(where / f"mlflow_trial_{trial['trial_id']}.json", f"{name}-{trial['trial_id']}",
                     parent=parent.run_id, tags={"command": "tune trial", "status": trial["status"],
                                                 "trial_id": trial["trial_id"]}, start_time=trial.get("started"))
-        child.log_history(trial["history"])
+        child.log_epochs(trial["history"])
         child.log_tags({"best_value": trial["best_value"], "error": trial["error"]})
         child.log_figures("best", {summary["metric"]: trial["best_value"], "val_rank_ic": trial.get("val_rank_ic")})
         if model_dir is not None and trial["trial_id"] == summary["best_trial_id"]:
-            child.log_folder(model_dir / "model_card.md")
+            child.log_artifacts(model_dir / "model_card.md")
             child.register(model_dir)
             exported = child
-        child.close("FAILED" if trial["error"] else "FINISHED", end_time=trial.get("ended"))
+        child.finalize("FAILED" if trial["error"] else "FINISHED", end_time=trial.get("ended"))
     parent.log_tags({"best_value": summary["best_value"], "best_config": json.dumps(summary["best_config"]),
                      **environment_tags(shards), "exported_run_id": exported.run_id if exported else None})
     if report is not None:
-        parent.log_folder(report, "sweep_report")
-    parent.close()
-    return exported
+        parent.log_artifacts(report, "sweep_report")
+    parent.finalize()
+    return exported or RunLog()
 
 
 def trial_config(cfg: RunConfig) -> RunConfig:
