@@ -15,12 +15,10 @@ from alchemetric_ray.signals.metrics import (
     deflated_sharpe,
     edge_verdict,
     expected_max_sharpe,
-    hit_rate,
     ic_stats,
-    long_short,
-    position_returns,
     probabilistic_sharpe,
 )
+from alchemetric_ray.signals.portfolio import hit_rate, long_short, position_returns
 
 
 def panel(n_days: int, n_names: int, *, seed: int = 0, noise: float | None = None, vol: float = 0.02) -> pd.DataFrame:
@@ -481,7 +479,8 @@ def test_equity_plot_draws_buy_and_hold_as_the_equal_weight_long_only_book():
     ranks nothing) is drawn as what it stands for: every name held, equal weights, net of the
     first day's cost."""
     from alchemetric_ray.config import load_config
-    from alchemetric_ray.signals.evaluate import BUY_AND_HOLD, contender_stats, equity_curves
+    from alchemetric_ray.signals.contenders import BUY_AND_HOLD, contender_stats
+    from alchemetric_ray.signals.report import equity_curves
 
     cfg = load_config(None)
     frame = panel(40, 12, seed=5, noise=1.0).assign(fwd_ret=lambda f: f["fwd_ret"] + 0.001)  # a rising market
@@ -504,7 +503,8 @@ def test_a_contender_without_a_long_short_book_has_its_figures_undefined_not_zer
     its Sharpe, return, drawdown, turnover and PSR are None in evaluation.json and n/a in both
     tables; its positions book and its (undefined) rank IC keep their own figures."""
     from alchemetric_ray.config import load_config
-    from alchemetric_ray.signals.evaluate import BUY_AND_HOLD, _contender_table, contender_stats, verdict_table
+    from alchemetric_ray.signals.contenders import BUY_AND_HOLD, contender_stats
+    from alchemetric_ray.signals.report import _contender_table, verdict_table
 
     cfg = load_config(None)
     frame = panel(40, 12, seed=5, noise=1.0)
@@ -567,7 +567,7 @@ def test_validation_signal_metrics_are_the_same_to_the_bit_whatever_the_block_of
 
 
 def test_quantile_positions_take_the_top_and_bottom_of_each_date():
-    from alchemetric_ray.signals.metrics import quantile_positions
+    from alchemetric_ray.signals.portfolio import quantile_positions
 
     dates = np.repeat(np.arange(3), [10, 5, 1])
     score = np.concatenate([np.arange(10.0), [3.0, 1.0, 2.0, 2.0, 9.0], [4.0]])
@@ -606,7 +606,7 @@ def test_one_long_short_book_weighs_each_leg_half_and_holds_nothing_where_it_can
 
 
 def test_the_chosen_trials_validation_sharpe_is_deflated_by_the_trials_variance():
-    from alchemetric_ray.signals.evaluate import deflated_validation_sharpe
+    from alchemetric_ray.signals.selection import deflated_validation_sharpe
     from alchemetric_ray.tune.sweep import trial_sr_variance
 
     trials = [{"val_long_short": {"sr": v, "skew": 0.0, "kurt": 3.0, "days": 250}} for v in (0.02, 0.05, 0.11, 0.08)]

@@ -250,7 +250,7 @@ def long_short_weights(score: np.ndarray, group: np.ndarray, n_groups: int, quan
     fewer than ``min_names`` stocks or an empty leg (a constant score ranks every name the same)
     holds nothing.  The period return is then ``sum(weight * simple_return)`` over the group's rows:
     what training's per-date validation book (``scoring.metrics``) and the evaluation's portfolio with
-    costs (``signals.metrics.long_short``) both take."""
+    costs (``signals.portfolio.long_short``) both take."""
     count = np.bincount(group, minlength=n_groups)
     is_long, is_short = quantile_legs(score, group, n_groups, quantile)
     n_long = np.bincount(group, is_long, n_groups)

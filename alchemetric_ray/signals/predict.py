@@ -35,7 +35,7 @@ from alchemetric_ray.errors import UserError
 from alchemetric_ray.fsutil import is_uri
 from alchemetric_ray.outputs import claim_signals_file, signals_metadata
 from alchemetric_ray.scoring.metrics import direction_score
-from alchemetric_ray.signals.metrics import quantile_positions
+from alchemetric_ray.signals.portfolio import quantile_positions
 from alchemetric_ray.storage import Location, local_copy, locate
 
 
