@@ -146,7 +146,7 @@ def signal_metrics(score: np.ndarray, fwd_ret: np.ndarray, date: np.ndarray, pre
 
     And the top-minus-bottom ``quantile`` book's daily gross returns (``ls_``): their per-period
     Sharpe ratio, skewness, kurtosis and count, the moments a sweep's deflated Sharpe ratio needs
-    (``signals.metrics.long_short``'s gross returns at horizon 1: every date is a period).
+    (``signals.portfolio.long_short``'s gross returns at horizon 1: every date is a period).
 
     Every figure is per date, so the rows are taken in date order, whole dates a block of about
     SIGNAL_BLOCK_ROWS rows at a time: the ranks, sums and book of a block are its size, not the
