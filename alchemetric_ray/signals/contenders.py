@@ -252,3 +252,7 @@ def new_data_window(inputs: pd.DataFrame, manifest: Manifest) -> dict[str, Any]:
         raise EvaluationError(f"the data has no labelled rows from the model's test-segment start {test_start} on "
                               f"(its last date with a forward return: "
                               f"{_day(labelled['date'].max()) if len(labelled) else 'none'})")
+    scored = labelled[labelled["date"] >= first]
+    return {"start": _day(first), "end": _day(scored["date"].max()), "days": int(scored["date"].nunique()),
+            "names": int(scored["ticker"].nunique()), "model_test_start": test_start,
+            "model_test_end": manifest.splits["test_end"]}
