@@ -14,7 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from alchemetric_ray.bars.ingest import ON_DUPLICATE_DEFAULT, DataError, IngestReport, iter_bars
+from alchemetric_ray.bars.ingest import iter_bars
+from alchemetric_ray.bars.messages import DataError
+from alchemetric_ray.bars.report import ON_DUPLICATE_DEFAULT, IngestReport
 from alchemetric_ray.cli import main
 from alchemetric_ray.config import ConfigError, DataConfig, load_config
 from alchemetric_ray.data.manifest import Manifest

@@ -6,12 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from alchemetric_ray.bars.ingest import (
-    DataError,
-    IngestReport,
-    iter_bars,
-    validate_bars,
-)
+from alchemetric_ray.bars.cleaning import validate_bars
+from alchemetric_ray.bars.ingest import iter_bars
+from alchemetric_ray.bars.messages import DataError
+from alchemetric_ray.bars.report import IngestReport
 from alchemetric_ray.errors import UserError
 
 CANONICAL = ["date", "open", "high", "low", "close", "volume"]

@@ -72,7 +72,7 @@ class Manifest:
     @property
     def duplicates(self) -> dict[str, Any]:
         """How ingest treated duplicated bars (``ingest["duplicates"]``, IngestReport.duplicates in
-        bars/ingest.py: exact_rows_dropped, conflicting_dates, conflicting_rows_dropped, resolved_by,
+        bars/report.py: exact_rows_dropped, conflicting_dates, conflicting_rows_dropped, resolved_by,
         tickers_skipped), so a reader need not know where the counts sit.  Empty where nothing was
         ingested from files (synthetic, builtin) and in manifests written before they were counted."""
         return dict((self.ingest or {}).get("duplicates") or {})
