@@ -278,7 +278,7 @@ def test_certificate_rows_are_whole_dates_spread_over_the_segment():
 
 
 def test_the_doctor_takes_the_runs_shapes_from_its_config():
-    from alchemetric_ray.doctor.checks import RunShape, date_sizes, make_batch
+    from alchemetric_ray.doctor.step import RunShape, date_sizes, make_batch
 
     shape = RunShape.of(load_config(None, ["model.name=lstm", "features.window=7", "train.batch_size=300",
                                            "features.names=ret_1,ret_5,vol_20", "features.label=binary"]))
@@ -299,7 +299,10 @@ def test_parity_and_mixed_precision_run_the_ic_loss_on_whole_dates():
     differences inside the tolerance, and a loss that is minus a correlation (between -1 and 0 once learnt)."""
     import torch
 
-    from alchemetric_ray.doctor.checks import RunShape, amp_sanity, parity, record_ops
+    from alchemetric_ray.doctor.amp import amp_sanity
+    from alchemetric_ray.doctor.coverage import record_ops
+    from alchemetric_ray.doctor.parity import parity
+    from alchemetric_ray.doctor.step import RunShape
     from alchemetric_ray.hardware import resolve_precision
     from alchemetric_ray.models import model_spec
 
@@ -320,7 +323,7 @@ def test_parity_and_mixed_precision_run_the_ic_loss_on_whole_dates():
 def test_matmul_probe_against_the_float64_product_after_dirtying_the_allocator():
     import torch
 
-    from alchemetric_ray.doctor.checks import PROBE_TOLERANCE, probe_matmul
+    from alchemetric_ray.doctor.bug_probes import PROBE_TOLERANCE, probe_matmul
 
     cpu = torch.device("cpu")
     for op, batch in (("mm", 1), ("addmm", 1), ("bmm", 3), ("baddbmm", 2)):
@@ -343,7 +346,8 @@ def test_known_bug_probes_run_at_the_shapes_the_trace_recorded():
     the CPU: at 40,000 rows the MLP's first two weight gradients multiply over K = 40,000."""
     import torch
 
-    from alchemetric_ray.doctor.checks import RunShape, known_bugs
+    from alchemetric_ray.doctor.bug_probes import known_bugs
+    from alchemetric_ray.doctor.step import RunShape
     from alchemetric_ray.hardware import resolve_precision
 
     cpu = torch.device("cpu")
@@ -413,8 +417,9 @@ def test_an_operator_without_a_kernel_is_listed_finished_in_float32_and_blocks(e
 
     import torch
 
-    from alchemetric_ray.doctor.checks import RunShape, module_folder, probe_in_process
+    from alchemetric_ray.doctor.coverage import module_folder, probe_in_process
     from alchemetric_ray.doctor.run import examine
+    from alchemetric_ray.doctor.step import RunShape
 
     cpu = torch.device("cpu")
     shape = RunShape.of(eigh_model)
@@ -437,7 +442,7 @@ def test_an_operator_without_a_kernel_is_listed_finished_in_float32_and_blocks(e
 def test_the_fallback_keeps_dtypes_devices_and_in_place_writes():
     import torch
 
-    from alchemetric_ray.doctor.checks import finish_on_reference
+    from alchemetric_ray.doctor.coverage import finish_on_reference
 
     a = torch.randn(6, 4)
     gram = (a.T @ a).to(torch.bfloat16)

@@ -1,11 +1,12 @@
 """`alchemetric-ray doctor`: verify a model on CUDA, MPS or CPU before trusting it, and recommend one.
 
 For every available device and every precision the policy allows there (a refusal is itself a
-finding), the doctor runs the checks in ``checks.py`` and, with ``--model``, the backend
-certificate.  Every check runs the run's own step (``checks.RunShape``: its model, features, outputs,
-window, loss and batch rows), and the known-bug table is checked against a trace of that step, with a
-matmul probe at every shape it flags.  ``decide`` turns the findings into a verdict: the recommended
-device and precision with reasons, and the blocking conditions that say "do not adopt this backend yet".
+finding), the doctor runs the checks (``coverage``, ``bug_probes``, ``parity``, ``amp``, ``speed``)
+and, with ``--model``, the backend certificate.  Every check runs the run's own step
+(``step.RunShape``: its model, features, outputs, window, loss and batch rows), and the known-bug
+table is checked against a trace of that step, with a matmul probe at every shape it flags.
+``decide`` turns the findings into a verdict: the recommended device and precision with reasons, and
+the blocking conditions that say "do not adopt this backend yet".
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from typing import Any
 import torch
 
 from alchemetric_ray.config import DeviceName, RunConfig
-from alchemetric_ray.doctor import checks
+from alchemetric_ray.doctor.amp import amp_sanity
+from alchemetric_ray.doctor.bug_probes import known_bugs
+from alchemetric_ray.doctor.coverage import op_coverage
+from alchemetric_ray.doctor.parity import parity
+from alchemetric_ray.doctor.speed import speed, speed_ladder
+from alchemetric_ray.doctor.step import RunShape, first_line
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware import PrecisionError, resolve_device, resolve_precision
 from alchemetric_ray.hardware.device import (
@@ -62,16 +68,16 @@ def _guarded(check, *args, **kwargs) -> dict[str, Any]:
     except UserError:
         raise
     except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {checks.first_line(exc)}", "passed": False,
+        return {"error": f"{type(exc).__name__}: {first_line(exc)}", "passed": False,
                 "best_samples_per_s": None, "best_batch": None, "ladder": []}
 
 
 def examine(cfg: RunConfig, device: torch.device, mode: str, *, quick: bool = False,
-            shape: checks.RunShape | None = None) -> dict[str, Any]:
+            shape: RunShape | None = None) -> dict[str, Any]:
     """Every check of one (device, precision) on the run's own shapes (``shape``: from a saved model's
     manifest; by default from ``cfg``).  Where the step needs operators the device lacks, the numeric
     checks are skipped: their numbers would be the CPU's, computed by the prober's fallback."""
-    shape = shape or checks.RunShape.of(cfg)
+    shape = shape or RunShape.of(cfg)
     target: dict[str, Any] = {"device": str(device), "device_type": device.type, "mode": mode,
                               "run_precision": run_mode(cfg, device) == mode}
     try:
@@ -80,21 +86,21 @@ def examine(cfg: RunConfig, device: torch.device, mode: str, *, quick: bool = Fa
         target.update(refused=str(exc), blockers=[f"refused by the precision policy: {exc}"])
         return target
     target["precision"] = precision.as_dict()
-    target["op_coverage"] = checks.op_coverage(shape, device, precision)
-    target["known_bugs"] = checks.known_bugs(cfg, shape, device, precision)
+    target["op_coverage"] = op_coverage(shape, device, precision)
+    target["known_bugs"] = known_bugs(cfg, shape, device, precision)
     if not target["op_coverage"]["passed"]:
         why = "skipped: the step needs operators this device cannot run (see op_coverage)"
         target["parity"] = {"skipped": why}
         target["amp"] = {"skipped": why}
         target["speed"] = {"skipped": why, "ladder": [], "best_samples_per_s": None, "best_batch": None}
         return target
-    target["parity"] = _guarded(checks.parity, shape, device, precision)
+    target["parity"] = _guarded(parity, shape, device, precision)
     if precision.autocast_dtype is None:
         target["amp"] = {"skipped": "float32 has no mixed precision", "passed": True}
     else:
-        target["amp"] = _guarded(checks.amp_sanity, shape, device, precision, steps=30 if quick else 60,
+        target["amp"] = _guarded(amp_sanity, shape, device, precision, steps=30 if quick else 60,
                                  batch=min(shape.batch, 256) if quick else shape.batch)
-    target["speed"] = _guarded(checks.speed, shape, device, precision, ladder=checks.speed_ladder(shape.batch, quick),
+    target["speed"] = _guarded(speed, shape, device, precision, ladder=speed_ladder(shape.batch, quick),
                                repeats=3 if quick else 5)
     return target
 
@@ -196,7 +202,7 @@ def run_doctor(cfg: RunConfig, *, device: str | None = None, model_dir: str | No
     loaded = load_model(model_dir) if model_dir else None
     model_cfg = loaded.config if loaded else cfg
     spec = model_spec(model_cfg.model)
-    shape = checks.RunShape.of(model_cfg, loaded.manifest if loaded else None)
+    shape = RunShape.of(model_cfg, loaded.manifest if loaded else None)
     report: dict[str, Any] = {"inventory": environment_report(cfg.device.name, "auto", spec),
                               "model": model_cfg.model.name, "run": {**shape.to_json(), "describe": shape.describe()}}
     found = [examine(model_cfg, dev, mode, quick=quick, shape=shape) for dev, mode in targets(model_cfg, device)]
