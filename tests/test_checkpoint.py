@@ -22,7 +22,8 @@ from alchemetric_ray.artifacts.checkpoint import (
     save_checkpoint,
 )
 from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.hardware.precision import OptimizerStep, Precision, adamw, resolve_precision
+from alchemetric_ray.hardware.optimizer import OptimizerStep, adamw
+from alchemetric_ray.hardware.precision import Precision, resolve_precision
 from alchemetric_ray.storage import Location
 
 # the keys of meta.json that the export, a resumed run and the sweep read

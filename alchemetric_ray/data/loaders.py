@@ -105,7 +105,8 @@ Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # (x, y, 
 def label_tensor(values: np.ndarray) -> torch.Tensor:
     """Labels as the loss takes them: float32 for a regression target, int64 class ids otherwise."""
     values = np.asarray(values)
-    return torch.from_numpy(np.array(values, dtype=np.float32 if values.dtype.kind == "f" else np.int64))
+    dtype = np.float32 if np.issubdtype(values.dtype, np.floating) else np.int64
+    return torch.from_numpy(np.array(values, dtype=dtype))
 
 
 def keys_tensors(date: np.ndarray, fwd_ret: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

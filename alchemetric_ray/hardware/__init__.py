@@ -1,4 +1,5 @@
-"""The only package that branches on the kind of device: resolver, precision policy, inventory."""
+"""The only package that branches on the kind of device: the kinds' table, resolver, precision policy, optimizer
+step, inventory."""
 
 from alchemetric_ray.hardware.device import (
     DeviceChoice,
@@ -7,18 +8,15 @@ from alchemetric_ray.hardware.device import (
     resolve_device,
     train_accelerator,
 )
-from alchemetric_ray.hardware.precision import (
-    ModelTraits,
+from alchemetric_ray.hardware.optimizer import (
     NonFiniteLossError,
     OptimizerStep,
-    Precision,
-    PrecisionError,
     StepOutcome,
     TooManySkippedSteps,
     adamw,
     load_optimizer_state,
-    resolve_precision,
 )
+from alchemetric_ray.hardware.precision import ModelTraits, Precision, PrecisionError, resolve_precision
 
 __all__ = [
     "DeviceChoice", "DeviceError", "device_for_worker", "resolve_device", "train_accelerator", "ModelTraits",

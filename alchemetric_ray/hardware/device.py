@@ -3,8 +3,8 @@
 One decision, made once where the work is planned, then passed on:
 
 * :func:`resolve_device` answers "which device here?" (the env report, the doctor, the export):
-  explicit argument > ``ALCHEMETRIC_DEVICE`` > auto.  Auto tries, in order, CUDA -> MPS -> XPU ->
-  CPU (``_AUTO_ORDER``; add an accelerator by adding a probe there).
+  explicit argument > ``ALCHEMETRIC_DEVICE`` > auto.  Auto tries the kinds of ``kinds.KINDS`` that
+  say ``auto``, in the table's order (CUDA -> MPS -> XPU), then takes the CPU.
 * :func:`train_accelerator` answers "which kind of device do the Ray workers (Train workers,
   prediction actors) use?" on the driver, from the same request, and names a decided kind (never
   "auto").  Each worker then only maps that kind to its own device with :func:`device_for_worker`,
@@ -17,27 +17,27 @@ implies CUDA: CUDA is whatever torch's own probe says.
 
 An explicit request for a device that is not there raises :class:`DeviceError` naming what was
 asked and what exists; there is no silent fallback.  What a user may write (the kinds, ``cuda:N``)
-is :class:`alchemetric_ray.config.DeviceName`; what each kind means lives here.
+is :class:`alchemetric_ray.config.DeviceName`; what each kind is and does lives in ``kinds.py``;
+whether it is here (the probes) and how a request for it becomes a device (``_RESOLVERS``) live here.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import typing
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from alchemetric_ray.config import DeviceKind, DeviceName
 from alchemetric_ray.errors import UserError
+from alchemetric_ray.hardware.kinds import KINDS, Kind, kind_of, kind_of_device
 
 ENV_VAR = "ALCHEMETRIC_DEVICE"
 DEVICE_KINDS: tuple[str, ...] = typing.get_args(DeviceKind)
 REFERENCE_KIND = "cpu"  # the device every other one is checked against (the doctor's reference)
-_CHECKED_KINDS = ("cuda", "mps", "cpu")  # the kinds the doctor examines, in its order
-_SHADOWED_KINDS = ("mps",)  # the kinds train.shadow=auto checks in the run (see shadowed_by_default)
 log = logging.getLogger("alchemetric_ray.hardware")
 _logged: set[str] = set()
 
@@ -150,9 +150,6 @@ def _auto_xpu() -> DeviceChoice | None:
     return DeviceChoice(torch.device("xpu", 0), "Intel GPU; no CUDA or MPS")
 
 
-_AUTO_ORDER = (_auto_cuda, _auto_mps, _auto_xpu)
-
-
 def _request(requested: str | None, source: str) -> tuple[str, str]:
     """What was asked for, and by whom: explicit argument > ``ALCHEMETRIC_DEVICE`` > auto."""
     if requested and requested != DeviceName.AUTO:
@@ -176,39 +173,68 @@ def _parse(requested: str, source: str) -> tuple[str, int | None]:
     return kind, index
 
 
+def _explicit_cpu(index: int | None, asked: str, source: str, in_ray_worker: bool) -> DeviceChoice:
+    return DeviceChoice(torch.device("cpu"), f"requested by {source}")
+
+
+def _explicit_cuda(index: int | None, asked: str, source: str, in_ray_worker: bool) -> DeviceChoice:
+    if not cuda_available():
+        raise DeviceError(f"{asked} but CUDA is not available (found: {_inventory()})")
+    if index is None:
+        dev = ray_worker_device() if in_ray_worker else None
+        if dev is not None:
+            return DeviceChoice(dev, f"{_describe_cuda(dev.index or 0)}; requested by {source}, assigned by Ray Train")
+        index = 0
+    if index >= cuda_count():
+        raise DeviceError(f"{asked} but this machine has {cuda_count()} CUDA device(s) "
+                          f"(cuda:0..cuda:{cuda_count() - 1})")
+    return DeviceChoice(torch.device("cuda", index), f"{_describe_cuda(index)}; requested by {source}")
+
+
+def _explicit_mps(index: int | None, asked: str, source: str, in_ray_worker: bool) -> DeviceChoice:
+    if index:
+        raise DeviceError(f"{asked}: MPS has a single device, use 'mps'")
+    if not mps_available():
+        why = "this torch build has no MPS" if not mps_built() else "MPS is not available on this machine"
+        raise DeviceError(f"{asked} but {why} (found: {_inventory()})")
+    return DeviceChoice(torch.device("mps"), f"Apple GPU; requested by {source}")
+
+
+def _explicit_xpu(index: int | None, asked: str, source: str, in_ray_worker: bool) -> DeviceChoice:
+    if not xpu_available():
+        raise DeviceError(f"{asked} but XPU is not available (found: {_inventory()})")
+    index = index or 0
+    if index >= xpu_count():
+        raise DeviceError(f"{asked} but this machine has {xpu_count()} XPU device(s)")
+    return DeviceChoice(torch.device("xpu", index), f"Intel GPU; requested by {source}")
+
+
+@dataclass(frozen=True)
+class _Resolver:
+    """How this module finds one kind of ``kinds.KINDS`` on this machine: whether it is here, the device
+    ``auto`` takes there (None: not here), and the device an explicit request gets (or a DeviceError)."""
+
+    available: Callable[[], bool]
+    auto: Callable[[], DeviceChoice | None]
+    explicit: Callable[[int | None, str, str, bool], DeviceChoice]
+
+
+# One resolver per kind of the table.  The lambdas look the probes up when called, so that tests can patch them.
+_RESOLVERS: dict[str, _Resolver] = {
+    "cuda": _Resolver(lambda: cuda_available(), _auto_cuda, _explicit_cuda),
+    "mps": _Resolver(lambda: mps_available(), _auto_mps, _explicit_mps),
+    "xpu": _Resolver(lambda: xpu_available(), _auto_xpu, _explicit_xpu),
+    "cpu": _Resolver(lambda: True, lambda: None, _explicit_cpu),  # never tried by auto: what auto falls back to
+}
+
+
 def _explicit(requested: str, source: str, in_ray_worker: bool = False) -> DeviceChoice:
     kind, index = _parse(requested, source)
     asked = f"{source} asked for device {requested!r}"
-    if kind == "cpu":
-        return DeviceChoice(torch.device("cpu"), f"requested by {source}")
-    if kind == "cuda":
-        if not cuda_available():
-            raise DeviceError(f"{asked} but CUDA is not available (found: {_inventory()})")
-        if index is None:
-            dev = ray_worker_device() if in_ray_worker else None
-            if dev is not None:
-                return DeviceChoice(dev,
-                                    f"{_describe_cuda(dev.index or 0)}; requested by {source}, assigned by Ray Train")
-            index = 0
-        if index >= cuda_count():
-            raise DeviceError(f"{asked} but this machine has {cuda_count()} CUDA device(s) "
-                              f"(cuda:0..cuda:{cuda_count() - 1})")
-        return DeviceChoice(torch.device("cuda", index), f"{_describe_cuda(index)}; requested by {source}")
-    if kind == "mps":
-        if index:
-            raise DeviceError(f"{asked}: MPS has a single device, use 'mps'")
-        if not mps_available():
-            why = "this torch build has no MPS" if not mps_built() else "MPS is not available on this machine"
-            raise DeviceError(f"{asked} but {why} (found: {_inventory()})")
-        return DeviceChoice(torch.device("mps"), f"Apple GPU; requested by {source}")
-    if kind == "xpu":
-        if not xpu_available():
-            raise DeviceError(f"{asked} but XPU is not available (found: {_inventory()})")
-        index = index or 0
-        if index >= xpu_count():
-            raise DeviceError(f"{asked} but this machine has {xpu_count()} XPU device(s)")
-        return DeviceChoice(torch.device("xpu", index), f"Intel GPU; requested by {source}")
-    raise DeviceError(f"{asked}: device kind {kind!r} has no resolver here yet")
+    resolver = _RESOLVERS.get(kind)
+    if resolver is None:
+        raise DeviceError(f"{asked}: device kind {kind!r} has no resolver here yet")
+    return resolver.explicit(index, asked, source, in_ray_worker)
 
 
 def resolve_device(requested: str | None = None, *, source: str = "the config") -> DeviceChoice:
@@ -222,8 +248,8 @@ def resolve_device(requested: str | None = None, *, source: str = "the config") 
         choice = _explicit(name, source)
     else:
         choice = None
-        for probe in _AUTO_ORDER:
-            choice = probe()
+        for kind in KINDS.values():
+            choice = _RESOLVERS[kind.name].auto() if kind.auto else None
             if choice is not None:
                 break
         if choice is None:
@@ -254,12 +280,13 @@ def _log_once(message: str) -> None:
 
 def device_kind_available(kind: str) -> bool:
     """Whether a device kind exists here (for planners that must not guess from Ray's GPU count)."""
-    return {"cuda": cuda_available, "mps": mps_available, "xpu": xpu_available}.get(kind, lambda: kind == "cpu")()
+    resolver = _RESOLVERS.get(kind)
+    return resolver is not None and resolver.available()
 
 
 def kinds_to_check() -> list[str]:
     """The device kinds the doctor examines on this machine (CUDA, MPS, CPU; those that are here)."""
-    return [kind for kind in _CHECKED_KINDS if device_kind_available(kind)]
+    return [kind.name for kind in KINDS.values() if kind.doctor_checked and device_kind_available(kind.name)]
 
 
 def reference_device() -> torch.device:
@@ -279,34 +306,23 @@ def on_reference(t: torch.Tensor) -> torch.Tensor:
 def shadowed_by_default(device: torch.device) -> bool:
     """Whether ``train.shadow=auto`` checks a run on ``device`` against a float32 CPU copy: MPS, the
     backend the seed rule does not trust until verified (its silent bugs: hardware/known_bugs.yaml)."""
-    return device.type in _SHADOWED_KINDS
+    return kind_of_device(device).shadowed
 
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued work on ``device`` (for honest timings)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
+    kind_of_device(device).synchronize(device)
 
 
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak for :func:`peak_memory` where the device keeps one (CUDA)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    kind_of_device(device).reset_peak_memory(device)
 
 
 def peak_memory(device: torch.device) -> int | None:
     """Peak device memory in bytes; on the CPU the process's resident high-water mark (it never goes
     down, so a rise along a batch ladder is what the larger batch needed)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    if device.type == "mps":
-        return int(torch.mps.driver_allocated_memory())
-    import resource
-
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+    return kind_of_device(device).peak_memory(device)
 
 
 @dataclass(frozen=True)
@@ -325,9 +341,15 @@ class TrainAccelerator:
 
     @property
     def default_workers_reason(self) -> str:
-        if self.kind == "mps":
-            return "one worker on MPS (DDP needs CUDA or CPU workers)"
+        kind = kind_of(self.kind)
+        if not kind.ddp:
+            return f"one worker on {kind.label} (DDP needs CUDA or CPU workers)"
         return "one CPU worker (laptop default; --workers N for more)"
+
+    @classmethod
+    def on(cls, kind: Kind, reason: str) -> TrainAccelerator:
+        """Workers of ``kind``: Ray's GPUs and the collective backend as its record says."""
+        return cls(kind.name, kind.ray_gpu, kind.ddp_backend, reason)
 
 
 def train_accelerator(requested: str | None, cluster_gpus: float, world_size: int, *,
@@ -351,16 +373,16 @@ def train_accelerator(requested: str | None, cluster_gpus: float, world_size: in
     name, source = _request(requested, "the config")
     req = DeviceName.AUTO if name == DeviceName.AUTO else _parse(name, source)[0]
     if req == "cpu":
-        return TrainAccelerator("cpu", False, "gloo", "CPU requested")
+        return TrainAccelerator.on(kind_of("cpu"), "CPU requested")
     local_mps = mps_available() and not cuda_available()
     # node types come from a launcher config: their GPUs are a cloud's, never this Mac's Apple GPU
     if req in (DeviceName.AUTO, "cuda") and cluster_gpus > 0 and (not local_mps or node_types):
         where = "on the cluster's node types" if node_types else "in the Ray cluster"
-        return TrainAccelerator("cuda", True, "nccl",
-                                f"{cluster_gpus:g} GPU(s) {where} and no Apple GPU here: CUDA workers")
+        return TrainAccelerator.on(kind_of("cuda"),
+                                   f"{cluster_gpus:g} GPU(s) {where} and no Apple GPU here: CUDA workers")
     if req == "cuda" and gpus_unknown and not local_mps:
-        return TrainAccelerator("cuda", True, "nccl", f"CUDA requested by {source}; the cluster's node types are "
-                                "unknown, so its GPUs are asked of the autoscaler")
+        return TrainAccelerator.on(kind_of("cuda"), f"CUDA requested by {source}; the cluster's node types are "
+                                   "unknown, so its GPUs are asked of the autoscaler")
     if req == DeviceName.AUTO and gpus_unknown and not local_mps:
         raise DeviceError("device auto on a Ray cluster with unknown node types and no GPU up: whether its nodes "
                           "will have GPUs cannot be told, and auto never trains on the CPU in silence; pass --device "
@@ -376,16 +398,16 @@ def train_accelerator(requested: str | None, cluster_gpus: float, world_size: in
             if req == "mps":
                 raise DeviceError(f"device 'mps' with {world_size} workers: DDP on MPS is not supported "
                                   "(gloo has no MPS); use one worker or device cpu")
-            return TrainAccelerator("cpu", False, "gloo",
-                                    f"{world_size} workers without CUDA: CPU workers with gloo (gloo has no MPS)")
-        return TrainAccelerator("mps", False, "gloo",
-                                "Apple GPU (mps): one worker with use_gpu=False uses MPS"
-                                + (" (Ray's GPU: 1 is the Apple GPU, not CUDA)" if cluster_gpus else ""))
+            return TrainAccelerator.on(kind_of("cpu"),
+                                       f"{world_size} workers without CUDA: CPU workers with gloo (gloo has no MPS)")
+        return TrainAccelerator.on(kind_of("mps"),
+                                   "Apple GPU (mps): one worker with use_gpu=False uses MPS"
+                                   + (" (Ray's GPU: 1 is the Apple GPU, not CUDA)" if cluster_gpus else ""))
     if req == "mps":
         raise DeviceError(f"{source} asked for device 'mps' but MPS is not available (found: {_inventory()})")
     if req == "xpu":
         raise DeviceError("device 'xpu' is not supported for Ray Train runs yet; use cpu")
-    return TrainAccelerator("cpu", False, "gloo", "no CUDA GPU in the Ray cluster and no Apple GPU: CPU workers")
+    return TrainAccelerator.on(kind_of("cpu"), "no CUDA GPU in the Ray cluster and no Apple GPU: CPU workers")
 
 
 # ---- the GPU preflight: what a Ray GPU worker's torch sees -----------------------------------

@@ -11,7 +11,9 @@ a ``TorchDispatchMode`` that records every ``mm``/``addmm``/``bmm``/``baddbmm`` 
 dimension K and output dimensions) and every dtype it meets (:func:`trace_step`).  The trace shows
 torch's generic decomposition of each layer; a backend's own kernels for a layer may multiply other
 shapes: what the trace cannot represent (MPS's LSTM/GRU kernels, convolutions) is reported as
-"unknown: probe" for the entries of that backend (the doctor probes them), never as safe.
+"unknown: probe" for the entries of that backend (the doctor probes them), never as safe.  Each
+trigger kind is one :class:`Rule` in :data:`RULES`: how its entries are matched, and what the trace
+and the micro-batch workaround need to know of them.
 
 Nothing here knows the models or the loop: the caller builds the model and the loss
 (``train/backend_check.py``).
@@ -35,7 +37,6 @@ from alchemetric_ray.hardware import inventory
 
 TABLE = Path(__file__).with_name("known_bugs.yaml")
 MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm")
-TRIGGER_KINDS = ("matmul", "dtype", "precision", "optimizer", "module", "none")
 WORKAROUNDS = ("micro_batches",)
 # Layers whose kernels on some backends are not the generic decomposition the trace records.
 OPAQUE_LAYERS: tuple[type[nn.Module], ...] = (nn.RNNBase, nn.modules.conv._ConvNd)
@@ -71,6 +72,11 @@ class Entry:
     @property
     def kind(self) -> str:
         return self.trigger["kind"]
+
+    @property
+    def rule(self) -> Rule:
+        """How this entry's trigger is evaluated (:data:`RULES`)."""
+        return RULES[self.kind]
 
     @property
     def versions(self) -> str:
@@ -114,8 +120,9 @@ def entries() -> tuple[Entry, ...]:
             raise ValueError(f"{where}: trigger kind {entry.kind!r} is not one of {TRIGGER_KINDS}")
         if entry.workaround is not None and entry.workaround not in WORKAROUNDS:
             raise ValueError(f"{where}: workaround {entry.workaround!r} is not one of {WORKAROUNDS}")
-        if entry.kind == "matmul" and not set(entry.trigger["ops"]) <= set(MATMUL_OPS):
-            raise ValueError(f"{where}: ops must be among {MATMUL_OPS}")
+        problem = entry.rule.problem(entry) if entry.rule.problem else None
+        if problem:
+            raise ValueError(f"{where}: {problem}")
         found.append(entry)
     if len({e.id for e in found}) != len(found):
         raise ValueError(f"{TABLE.name}: two entries share an id")
@@ -139,6 +146,34 @@ def apple_gpu_family(chip: str | None) -> str | None:
     return _APPLE_FAMILY.get(found.group(1)) if found and "Apple" in (chip or "") else None
 
 
+def _apple_gpu(device: torch.device) -> tuple[str | None, str | None]:
+    chip = inventory.cpu_model()
+    return apple_gpu_family(chip), chip
+
+
+def _nvidia_gpu(device: torch.device) -> tuple[str | None, str | None]:
+    index = device.index or 0
+    major, minor = device_probes.cuda_capability(index)
+    return f"sm_{major}{minor}", device_probes.cuda_name(index)
+
+
+def _host(device: torch.device) -> tuple[str | None, str | None]:
+    return None, inventory.cpu_model()
+
+
+@dataclass(frozen=True)
+class _Gpus:
+    """How the GPU family of one device kind is told, for the entries that name families."""
+
+    read: Callable[[torch.device], tuple[str | None, str | None]]  # (family, the device's name)
+    may_be_unknown: bool  # told from the chip's name, which may be one this module does not know
+
+
+# The kinds whose GPUs have families (a Mac's from its chip's name, CUDA's from the compute capability).
+_GPUS = {"mps": _Gpus(_apple_gpu, may_be_unknown=True), "cuda": _Gpus(_nvidia_gpu, may_be_unknown=False)}
+_NO_GPUS = _Gpus(_host, may_be_unknown=False)
+
+
 @dataclass(frozen=True)
 class Backend:
     """What an entry is matched against: the device kind, its GPU family where known, torch's version."""
@@ -151,20 +186,14 @@ class Backend:
     @classmethod
     def of(cls, device: torch.device | str) -> Backend:
         """The backend of ``device`` in this process (the chip's name from the OS on a Mac)."""
-        kind = torch.device(device).type
-        version = _version(torch.__version__)
-        if kind == "mps":
-            chip = inventory.cpu_model()
-            return cls(kind, version, apple_gpu_family(chip), chip)
-        if kind == "cuda":
-            index = torch.device(device).index or 0
-            major, minor = device_probes.cuda_capability(index)
-            return cls(kind, version, f"sm_{major}{minor}", device_probes.cuda_name(index))
-        return cls(kind, version, None, inventory.cpu_model())
+        device = torch.device(device)
+        family, name = _GPUS.get(device.type, _NO_GPUS).read(device)
+        return cls(device.type, _version(torch.__version__), family, name)
 
     def __str__(self) -> str:
         where = self.name or self.kind
-        family = f", {self.family}" if self.family else (", GPU family unknown" if self.kind == "mps" else "")
+        unknown = _GPUS.get(self.kind, _NO_GPUS).may_be_unknown
+        family = f", {self.family}" if self.family else (", GPU family unknown" if unknown else "")
         return f"{self.kind} ({where}{family}), torch {'.'.join(map(str, self.torch))}"
 
 
@@ -313,6 +342,75 @@ def _module_hit(entry: Entry, trace: Trace) -> str | None:
     return None
 
 
+def _matmul_match(e: Entry, trace: Trace, backend: Backend, traits: RunTraits,
+                  family_unknown: bool) -> Match | Unknown | None:
+    hits = _matmul_hits(e, trace)
+    if hits:
+        worst = max(hits, key=lambda c: c.k)
+        more = f" (and {len(hits) - 1} more)" if len(hits) > 1 else ""
+        return Match(e, f"the step at {trace.rows:,} rows runs {worst}{more}", tuple(hits), family_unknown)
+    if trace.opaque:
+        return Unknown(e, f"{', '.join(trace.opaque)} run {backend.kind}'s own kernels, whose "
+                          "matmul shapes the trace cannot see: unknown: probe")
+    return None
+
+
+def _dtype_match(e: Entry, trace: Trace, backend: Backend, traits: RunTraits, family_unknown: bool) -> Match | None:
+    hit = sorted(trace.dtypes & set(e.trigger["dtypes"]))
+    return Match(e, f"the step computes in {', '.join(hit)}", (), family_unknown) if hit else None
+
+
+def _module_match(e: Entry, trace: Trace, backend: Backend, traits: RunTraits, family_unknown: bool) -> Match | None:
+    hit = _module_hit(e, trace)
+    return Match(e, hit, (), family_unknown) if hit else None
+
+
+def _precision_match(e: Entry, trace: Trace | None, backend: Backend, traits: RunTraits,
+                     family_unknown: bool) -> Match | None:
+    if traits.grad_scaler and e.trigger.get("grad_scaler"):
+        return Match(e, "the precision uses a GradScaler", (), family_unknown)
+    return None
+
+
+def _optimizer_match(e: Entry, trace: Trace | None, backend: Backend, traits: RunTraits,
+                     family_unknown: bool) -> Match | None:
+    if traits.fused_optimizer and e.trigger.get("fused"):
+        return Match(e, "the optimizer is a fused one", (), family_unknown)
+    return None
+
+
+def _ops_problem(e: Entry) -> str | None:
+    return None if set(e.trigger["ops"]) <= set(MATMUL_OPS) else f"ops must be among {MATMUL_OPS}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How the entries of one trigger kind (``trigger.kind`` in the YAML file) are evaluated."""
+
+    kind: str
+    # (entry, trace, backend, run traits, family unknown) -> what the run meets, or None; None: no rule to evaluate
+    match: Callable[[Entry, Trace | None, Backend, RunTraits, bool], Match | Unknown | None] | None
+    on_trace: bool = False  # judged on the traced step: not evaluable without a run (``env``)
+    bounds_k: bool = False  # a matched call's K reaches the entry's k_min: micro-batches can keep it below
+    bounds_rows: bool = False  # an entry may name min_rows, the step's rows from which it applies
+    problem: Callable[[Entry], str | None] | None = None  # what is wrong with an entry of this kind, if anything
+
+    @property
+    def evaluable(self) -> bool:
+        return self.match is not None
+
+
+RULES: dict[str, Rule] = {rule.kind: rule for rule in (
+    Rule("matmul", _matmul_match, on_trace=True, bounds_k=True, problem=_ops_problem),
+    Rule("dtype", _dtype_match, on_trace=True),
+    Rule("precision", _precision_match),
+    Rule("optimizer", _optimizer_match),
+    Rule("module", _module_match, on_trace=True, bounds_rows=True),
+    Rule("none", None),
+)}
+TRIGGER_KINDS = tuple(RULES)
+
+
 def evaluate(trace: Trace | None, backend: Backend, traits: RunTraits = RunTraits()) -> Findings:
     """Every entry that applies to ``backend``, matched against the run (``trace`` None: rules on shapes
     and dtypes are not evaluated, as for ``env``, which has no run)."""
@@ -321,34 +419,15 @@ def evaluate(trace: Trace | None, backend: Backend, traits: RunTraits = RunTrait
         applies = e.applies(backend)
         if applies is False:
             continue
-        unknown_family = applies is None
-        if e.kind == "none" or (trace is None and e.kind in ("matmul", "dtype")):
+        rule = e.rule
+        if not rule.evaluable or (trace is None and rule.on_trace):
             found.not_evaluable.append(e)
             continue
-        if e.kind == "matmul":
-            hits = _matmul_hits(e, trace)
-            if hits:
-                worst = max(hits, key=lambda c: c.k)
-                more = f" (and {len(hits) - 1} more)" if len(hits) > 1 else ""
-                found.matched.append(Match(e, f"the step at {trace.rows:,} rows runs {worst}{more}", tuple(hits),
-                                           unknown_family))
-            elif trace.opaque:
-                found.unknown.append(Unknown(e, f"{', '.join(trace.opaque)} run {backend.kind}'s own kernels, whose "
-                                                "matmul shapes the trace cannot see: unknown: probe"))
-        elif e.kind == "dtype":
-            hit = sorted(trace.dtypes & set(e.trigger["dtypes"]))
-            if hit:
-                found.matched.append(Match(e, f"the step computes in {', '.join(hit)}", (), unknown_family))
-        elif e.kind == "module" and trace is not None:
-            hit = _module_hit(e, trace)
-            if hit:
-                found.matched.append(Match(e, hit, (), unknown_family))
-        elif e.kind == "module":
-            found.not_evaluable.append(e)
-        elif e.kind == "precision" and traits.grad_scaler and e.trigger.get("grad_scaler"):
-            found.matched.append(Match(e, "the precision uses a GradScaler", (), unknown_family))
-        elif e.kind == "optimizer" and traits.fused_optimizer and e.trigger.get("fused"):
-            found.matched.append(Match(e, "the optimizer is a fused one", (), unknown_family))
+        result = rule.match(e, trace, backend, traits, applies is None)
+        if isinstance(result, Match):
+            found.matched.append(result)
+        elif isinstance(result, Unknown):
+            found.unknown.append(result)
     return found
 
 
@@ -357,11 +436,11 @@ def rows_below(matches: list[Match], trace: Trace, backend: Backend) -> int | No
     ``k_min`` of the matmul entries that apply to ``backend``, from how K grows with the rows in
     ``trace`` (K = rows, or rows x window through a Linear over a sequence); None when a matched K
     does not grow with the rows (the workaround cannot help)."""
-    k_limit = min((e.trigger["k_min"] for e in entries() if e.kind == "matmul" and e.applies(backend) is not False),
+    k_limit = min((e.trigger["k_min"] for e in entries() if e.rule.bounds_k and e.applies(backend) is not False),
                   default=None)
     limit = None
     for m in matches:
-        if m.entry.kind == "module" and "min_rows" in m.entry.trigger:
+        if m.entry.rule.bounds_rows and "min_rows" in m.entry.trigger:
             rows = m.entry.trigger["min_rows"] - 1
             limit = rows if limit is None else min(limit, rows)
             continue

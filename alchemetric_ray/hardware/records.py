@@ -1,6 +1,6 @@
 """The doctor's findings kept per (model config, device kind, precision), so training can ask for them.
 
-Seed rule: mixed precision on MPS (``precision.DOCTOR_GATED_KINDS``) is used only when the user
+Seed rule: mixed precision on MPS (the kinds whose record says ``doctor_gated``) is used only when the user
 asked for it AND the doctor's checks passed for that model there.  ``alchemetric-ray doctor``
 writes one record per examined target under ``<storage.path>/doctor/`` (:func:`write_records`);
 training and sweeps call :func:`require_doctor_checked_precision` before they start.  Both sides
@@ -14,7 +14,7 @@ import json
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.hardware.precision import DOCTOR_GATED_KINDS
+from alchemetric_ray.hardware.kinds import KINDS
 from alchemetric_ray.storage import Location, locate
 
 
@@ -44,9 +44,10 @@ def write_records(cfg: RunConfig, targets: list[dict]) -> None:
 
 def require_doctor_checked_precision(cfg: RunConfig, accelerator_kind: str) -> None:
     """Refuse explicit mixed precision on a gated device kind (MPS) unless the doctor passed this model there."""
-    shown = DOCTOR_GATED_KINDS.get(accelerator_kind)
-    if shown is None or cfg.precision.mode in ("auto", "fp32"):
+    kind = KINDS.get(accelerator_kind)
+    if kind is None or not kind.doctor_gated or cfg.precision.mode in ("auto", "fp32"):
         return
+    shown = kind.label
     path = record_path(cfg, accelerator_kind, cfg.precision.mode)
     module = f" model.module={cfg.model.module}" if cfg.model.module else ""
     hint = (f"run `alchemetric-ray doctor --device {accelerator_kind} model.name={cfg.model.name}{module}` "

@@ -88,7 +88,7 @@ def known_bugs_here() -> dict[str, Any]:
     for entry, backend, applies in kb.applicable_here(backends):
         rows.append({"id": entry.id, "backend": str(backend), "source": entry.source, "reference": entry.reference,
                      "versions": entry.versions, "silent": entry.silent, "rule": entry.kind,
-                     "checked": "listed only: no rule to evaluate" if entry.kind == "none"
+                     "checked": "listed only: no rule to evaluate" if not entry.rule.evaluable
                      else "checked on every run by rule" + (" (worked around)" if entry.workaround else " (refused)"),
                      "family_unknown": applies is None})
     return {"entries": len(kb.entries()), "backends": [str(b) for b in backends], "apply": rows}

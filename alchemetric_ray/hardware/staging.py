@@ -27,6 +27,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from alchemetric_ray.hardware.kinds import kind_of_device
+
 Columns = tuple[torch.Tensor, ...]
 DEVICE, PINNED, HOST = "device", "pinned", "host"
 
@@ -42,10 +44,7 @@ class DataPath:
 
 def device_free_memory(device: torch.device) -> int | None:
     """Bytes free on ``device`` where torch can say (CUDA), else None."""
-    if device.type != "cuda":
-        return None
-    free, _total = torch.cuda.mem_get_info(device)
-    return int(free)
+    return kind_of_device(device).free_memory(device)
 
 
 def gpu_sharers(gpus_per_worker: float) -> int:
@@ -61,7 +60,7 @@ def planned_data_path(worker_device: str, *, cached: bool, fraction: float, shar
     """The rule the workers of a plan will follow, in words (the plan's ``data path`` line)."""
     if not cached:
         return "streamed from Ray Data (train.cache_data=false): each batch is moved to the device as it comes"
-    if worker_device.split(":")[0] != "cuda":
+    if not kind_of_device(worker_device).device_cache:
         return "the cached shard stays in host memory; batches are indexed there"
     if fraction <= 0:
         return "pinned staging: train.device_cache_fraction=0 keeps the cached shard in host memory"
@@ -74,7 +73,7 @@ def choose_data_path(device: torch.device, *, cached: bool, shard_bytes: int, fr
     """Where this worker's cached shard lives and how its batches reach ``device``."""
     if not cached:
         return DataPath(HOST, "streamed from Ray Data")
-    if device.type != "cuda":
+    if not kind_of_device(device).device_cache:
         return DataPath(HOST, f"{device.type} trains from host memory")
     if fraction <= 0:
         return DataPath(PINNED, "train.device_cache_fraction=0")

@@ -37,6 +37,21 @@ from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
 
 CapacityKind = Literal["now", "node_types", "unknown"]
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What a kind of :class:`Capacity` says about the cluster."""
+
+    autoscaling: bool  # an autoscaler may add nodes
+    node_types_known: bool  # the plan is made for what its node types can become
+
+
+_SOURCES: dict[str, _Source] = {
+    "now": _Source(autoscaling=False, node_types_known=False),
+    "node_types": _Source(autoscaling=True, node_types_known=True),
+    "unknown": _Source(autoscaling=True, node_types_known=False),
+}
 UP_NOW = "the nodes that are up (ray.cluster_resources())"
 
 
@@ -73,7 +88,17 @@ class Capacity:
 
     @property
     def autoscaling(self) -> bool:
-        return self.kind != "now"
+        return _SOURCES[self.kind].autoscaling
+
+    @property
+    def node_types_known(self) -> bool:
+        """An autoscaling cluster whose node types are known: plan for what they can become."""
+        return _SOURCES[self.kind].node_types_known
+
+    @property
+    def node_types_unknown(self) -> bool:
+        """A cluster that may scale but whose node types could not be learnt."""
+        return self.autoscaling and not self.node_types_known
 
     @property
     def head(self) -> NodeType | None:

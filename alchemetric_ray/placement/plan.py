@@ -122,9 +122,9 @@ def plan_resources(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity
 
 
 def _plan_workers(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity, trial: bool) -> ResourcePlan:
-    if capacity.kind == "node_types":
+    if capacity.node_types_known:
         return _plan_on_node_types(cfg, cluster, capacity, trial)
-    unknown = capacity.kind == "unknown"
+    unknown = capacity.node_types_unknown
     # One device decision, on what is up; where the node types are unknown, auto with no GPU up is refused.
     accelerator = train_accelerator(cfg.device.name, float(cluster.get("GPU", 0)), max(1, cfg.scaling.workers),
                                     gpus_unknown=capacity.unknown_hint() if unknown else None)

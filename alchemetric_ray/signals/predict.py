@@ -308,11 +308,11 @@ def _actor_plan(cfg: RunConfig, gpus: float, capacity=None) -> tuple[int, float,
     where they are unknown, auto with no GPU up is refused as ``train`` refuses it."""
     from alchemetric_ray.hardware.device import train_accelerator
 
-    if capacity is not None and capacity.kind == "node_types":
+    if capacity is not None and capacity.node_types_known:
         gpus = max([gpus] + [t.resources.get("GPU", 0.0) for t in capacity.workers if capacity.limit(t) > 0])
         acc = train_accelerator(cfg.device.name, gpus, 1, node_types=capacity.describe_types())
     else:
-        unknown = capacity is not None and capacity.kind == "unknown"
+        unknown = capacity is not None and capacity.node_types_unknown
         acc = train_accelerator(cfg.device.name, gpus, 1, gpus_unknown=capacity.unknown_hint() if unknown else None)
     if acc.use_gpu:
         return cfg.signals.actors or max(1, int(gpus)), 1.0, acc.kind

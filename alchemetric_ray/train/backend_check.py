@@ -29,7 +29,7 @@ from alchemetric_ray.config import RunConfig, loss_of
 from alchemetric_ray.hardware import known_bugs as kb
 from alchemetric_ray.hardware.precision import Precision
 from alchemetric_ray.models import build_model, model_spec
-from alchemetric_ray.train.losses import DateGroups, make_loss
+from alchemetric_ray.train.losses import DateGroups, loss_kind
 
 
 @dataclass
@@ -63,20 +63,20 @@ def trace_run(cfg: RunConfig, n_features: int, outputs: int, rows: int) -> kb.Tr
     with torch.device("meta"):
         model = build_model(cfg.model, n_features, outputs, window=window)
     sequence = model_spec(cfg.model).inputs == "sequence"
-    kind = loss_of(cfg)
-    loss_fn = make_loss(kind, None, torch.device("meta"))
+    loss = loss_kind(loss_of(cfg))
+    loss_fn = loss.make(None, torch.device("meta"))
 
     def step(module):
         x = torch.empty((rows, window, n_features) if sequence else (rows, n_features), device="meta")
-        y = torch.empty(rows, dtype=torch.float32 if kind in ("mse", "ic") else torch.long, device="meta")
-        dates = DateGroups.from_sizes([rows], torch.device("meta")) if kind == "ic" else None
+        y = torch.empty(rows, dtype=torch.float32 if loss.float_labels else torch.long, device="meta")
+        dates = DateGroups.from_sizes([rows], torch.device("meta")) if loss.per_date else None
         return loss_fn(module(x), y, dates)
 
     return kb.trace_step(model, step, rows)
 
 
 def _needs_trace(backend: kb.Backend) -> bool:
-    return any(e.kind in ("matmul", "dtype", "module") and e.applies(backend) is not False for e in kb.entries())
+    return any(e.rule.on_trace and e.applies(backend) is not False for e in kb.entries())
 
 
 def check_backend(cfg: RunConfig, n_features: int, outputs: int, device: torch.device, precision: Precision,

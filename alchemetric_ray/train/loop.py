@@ -59,7 +59,7 @@ from alchemetric_ray.hardware import (
 )
 from alchemetric_ray.hardware.device import on_reference
 from alchemetric_ray.hardware.inventory import cpu_count
-from alchemetric_ray.hardware.precision import fused_adamw_supported
+from alchemetric_ray.hardware.optimizer import fused_adamw_supported
 from alchemetric_ray.hardware.staging import HOST, gpu_sharers
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.placement.plan import ResourcePlan

@@ -59,15 +59,45 @@ Dates = Union[torch.Tensor, DateGroups]
 Loss = Callable[[torch.Tensor, torch.Tensor, Dates], torch.Tensor]
 
 
-def make_loss(kind: str, class_counts: list[int] | None = None, device: torch.device | None = None) -> Loss:
-    """The loss ``kind`` (ce, mse or ic); ``class_counts`` weights the cross-entropy when given."""
-    if kind == "mse":
-        return lambda out, y, date: nn.functional.mse_loss(out.float()[:, 0], y.float())
-    if kind == "ic":
-        return lambda out, y, date: -date_correlation(out.float()[:, 0], y.float(), date)
+def _cross_entropy(class_counts: list[int] | None, device: torch.device | None) -> Loss:
     weights = class_weights(class_counts).to(device) if class_counts else None
     cross_entropy = nn.CrossEntropyLoss(weight=weights)
     return lambda out, y, date: cross_entropy(out.float(), y)
+
+
+def _mse(class_counts: list[int] | None, device: torch.device | None) -> Loss:
+    return lambda out, y, date: nn.functional.mse_loss(out.float()[:, 0], y.float())
+
+
+def _ic(class_counts: list[int] | None, device: torch.device | None) -> Loss:
+    return lambda out, y, date: -date_correlation(out.float()[:, 0], y.float(), date)
+
+
+@dataclass(frozen=True)
+class LossKind:
+    """One training loss: how it is made, and what its labels and batches must be."""
+
+    name: str
+    make: Callable[[list[int] | None, torch.device | None], Loss]  # (class counts, device) -> the loss
+    float_labels: bool  # a regression target's float labels (else int64 class ids)
+    per_date: bool  # it needs each batch's dates (whole dates in a batch)
+
+
+LOSSES: dict[str, LossKind] = {loss.name: loss for loss in (
+    LossKind("ce", _cross_entropy, float_labels=False, per_date=False),
+    LossKind("mse", _mse, float_labels=True, per_date=False),
+    LossKind("ic", _ic, float_labels=True, per_date=True),
+)}
+
+
+def loss_kind(name: str) -> LossKind:
+    """The loss ``name`` (ce, mse or ic); any other name is the cross-entropy, as :func:`make_loss` makes it."""
+    return LOSSES.get(name, LOSSES["ce"])
+
+
+def make_loss(kind: str, class_counts: list[int] | None = None, device: torch.device | None = None) -> Loss:
+    """The loss ``kind`` (ce, mse or ic); ``class_counts`` weights the cross-entropy when given."""
+    return loss_kind(kind).make(class_counts, device)
 
 
 def class_weights(counts: list[int]) -> torch.Tensor:

@@ -102,8 +102,8 @@ def build_space(cfg: RunConfig) -> dict[str, Any]:
         if not (isinstance(args, list) and len(args) in (2, 3) and all(isinstance(a, (int, float)) for a in args)):
             raise ConfigError(f"config 'tune.space.{key}': {kind} needs [low, high], got {args!r}")
         lo, hi = args[0], args[1]
-        if not lo < hi or (kind == "loguniform" and lo <= 0):
-            need = "0 < low < high" if kind == "loguniform" else "low < high"
+        need, ok = ("0 < low < high", 0 < lo < hi) if kind == "loguniform" else ("low < high", lo < hi)
+        if not ok:
             raise ConfigError(f"config 'tune.space.{key}': {kind} [{lo}, {hi}] needs {need}")
         cfg.with_values({key: lo})
         cfg.with_values({key: hi})
