@@ -25,9 +25,9 @@ from alchemetric_ray.config import (
     RunConfig,
     load_config,
     sections,
-    selection_metric,
 )
 from alchemetric_ray.errors import Interrupted, UserError
+from alchemetric_ray.scoring.objective import selection_metric
 
 MODEL_NAMES = "{model names}"  # in a help text: the registered models, looked up only when help is printed
 

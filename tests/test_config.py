@@ -109,7 +109,7 @@ REGRESSION_ONLY = {"val_mse"}
 
 @pytest.mark.parametrize("metric", sorted(DIRECTIONS))
 def test_selection_direction_is_derived_from_the_metric(metric):
-    from alchemetric_ray.scoring.metrics import selection_mode
+    from alchemetric_ray.scoring.objective import selection_mode
 
     label = "features.label=cs_rank" if metric in REGRESSION_ONLY else "features.label=three_class"
     cfg = load_config(None, [label, f"train.metric={metric}"])
@@ -119,7 +119,7 @@ def test_selection_direction_is_derived_from_the_metric(metric):
 
 
 def test_auto_metric_is_the_targets_own():
-    from alchemetric_ray.config import selection_metric
+    from alchemetric_ray.scoring.objective import selection_metric
 
     assert selection_metric(load_config(None, [])) == "val_balanced_accuracy"
     assert selection_metric(load_config(None, ["features.label=cs_rank"])) == "val_rank_ic"

@@ -234,7 +234,7 @@ def odd_val_shards(tmp_path_factory):
 def test_every_reader_of_the_selection_takes_the_direction_from_the_metric(tmp_path):
     from alchemetric_ray.artifacts.checkpoint import save_checkpoint
     from alchemetric_ray.artifacts.run_folder import RunFolder
-    from alchemetric_ray.scoring.metrics import selection_metric, selection_mode
+    from alchemetric_ray.scoring.objective import selection_metric, selection_mode
     from alchemetric_ray.storage import locate
 
     cfg = load_config(None, ["train.metric=val_log_loss", f"storage.path={tmp_path}"])  # train.mode left at auto

@@ -38,7 +38,8 @@ from alchemetric_ray.fsutil import (
 from alchemetric_ray.hardware import resolve_device, resolve_precision
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.outputs import claim, staged_output
-from alchemetric_ray.scoring.metrics import selection_metric, target_metrics
+from alchemetric_ray.scoring.metrics import target_metrics
+from alchemetric_ray.scoring.objective import selection_metric
 from alchemetric_ray.scoring.predictions import model_inputs, predict_proba, split_frame
 from alchemetric_ray.storage import Location, locate
 

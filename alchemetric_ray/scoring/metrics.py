@@ -1,26 +1,13 @@
-"""Validation and test metrics, and the direction in which each one improves (``train.metric``,
-``train.mode``): classification metrics (scikit-learn's definitions) from probabilities and labels, the mean
-squared error of a regression target, and for every target the signal metrics of the score
-against the realised forward return across the stocks of each date (IC, rank IC and their IRs)."""
+"""Validation and test metrics: classification metrics (scikit-learn's definitions) from probabilities
+and labels, the mean squared error of a regression target, and for every target the signal metrics of
+the score against the realised forward return across the stocks of each date (IC, rank IC and their
+IRs).  Which of them selects a run's best, and which way it improves, is ``scoring.objective``'s."""
 
 from __future__ import annotations
 
 import numpy as np
 
-# The metric-direction table lives with the config that validates train.metric / train.mode.
-from alchemetric_ray.config import (
-    HIGHER_IS_BETTER,
-    LOWER_IS_BETTER,
-    SELECTION_METRICS,
-    metric_direction,
-    selection_metric,
-    selection_mode,
-)
-
-__all__ = ["HIGHER_IS_BETTER", "LOWER_IS_BETTER", "SELECTION_METRICS", "metric_direction", "selection_metric",
-           "selection_mode",
-           "classification_metrics", "regression_metrics", "signal_metrics", "target_metrics", "direction_score",
-           "is_better"]
+__all__ = ["classification_metrics", "regression_metrics", "signal_metrics", "target_metrics", "direction_score"]
 
 
 def classification_metrics(y_true: np.ndarray, proba: np.ndarray, prefix: str = "val_") -> dict:
@@ -220,11 +207,3 @@ def sr_moments(returns) -> tuple[float, float, float, int]:
     skew = float(np.mean(d**3)) / m2**1.5
     kurt = float(np.mean(d**4)) / m2**2  # Pearson kurtosis: 3 for a normal
     return sr, skew, kurt, n
-
-
-def is_better(value: float, best: float | None, mode: str) -> bool:
-    if value != value:  # nan never improves
-        return False
-    if best is None:
-        return True
-    return value > best if mode == "max" else value < best

@@ -45,7 +45,7 @@ from alchemetric_ray.artifacts.checkpoint import (
     save_checkpoint,
 )
 from alchemetric_ray.artifacts.run_folder import RunFolder
-from alchemetric_ray.config import RunConfig, TrainConfig, loss_of
+from alchemetric_ray.config import RunConfig, TrainConfig
 from alchemetric_ray.data.batches import Batching, WorkerBatches
 from alchemetric_ray.data.loaders import collate_for
 from alchemetric_ray.data.manifest import Manifest
@@ -63,12 +63,8 @@ from alchemetric_ray.hardware.optimizer import fused_adamw_supported
 from alchemetric_ray.hardware.staging import HOST, gpu_sharers
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.placement.plan import ResourcePlan
-from alchemetric_ray.scoring.metrics import (
-    is_better,
-    selection_metric,
-    selection_mode,
-    target_metrics,
-)
+from alchemetric_ray.scoring.metrics import target_metrics
+from alchemetric_ray.scoring.objective import is_better, loss_of, selection_metric, selection_mode
 from alchemetric_ray.scoring.predictions import outputs_of
 from alchemetric_ray.storage import locate
 from alchemetric_ray.train.backend_check import BackendCheck, check_backend, forward

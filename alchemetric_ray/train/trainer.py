@@ -18,7 +18,7 @@ from typing import Any
 
 from alchemetric_ray import console
 from alchemetric_ray.artifacts.export import check_models_dir, claim_model_folder, estimated_export_bytes, export_model
-from alchemetric_ray.config import ConfigError, RunConfig, loss_of
+from alchemetric_ray.config import ConfigError, RunConfig
 from alchemetric_ray.data.loaders import ShardReader, build_datasets, check_shard_files
 from alchemetric_ray.data.manifest import MANIFEST, Manifest, reconcile_features
 from alchemetric_ray.data.shards import build_shards
@@ -40,7 +40,7 @@ from alchemetric_ray.placement.session import (
     train_storage,
     worker_env,
 )
-from alchemetric_ray.scoring.metrics import selection_metric, selection_mode
+from alchemetric_ray.scoring.objective import loss_of, selection_metric, selection_mode
 from alchemetric_ray.storage import Location, StorageError, local_copy, locate
 from alchemetric_ray.tracking.logger import RunLog
 

@@ -35,7 +35,7 @@ from alchemetric_ray.models import load_model_module, model_spec
 from alchemetric_ray.placement.autoscale import run_bundles, scale_up
 from alchemetric_ray.placement.plan import DATA_CPU_RESERVE, PlanError, ResourcePlan, nodes_needed
 from alchemetric_ray.placement.session import storage_location, train_storage
-from alchemetric_ray.scoring.metrics import selection_metric, selection_mode
+from alchemetric_ray.scoring.objective import selection_metric, selection_mode
 from alchemetric_ray.storage import Location
 from alchemetric_ray.tracking.logger import RunLog
 from alchemetric_ray.train.trainer import (
