@@ -71,22 +71,10 @@ def _rebalance_grid(n_dates: int, horizon: int) -> np.ndarray:
     return (np.arange(n_dates) % horizon) == 0
 
 
-def _portfolio(
-    p: np.ndarray,
-    j: np.ndarray,
-    w: np.ndarray,
-    simple_ret: np.ndarray,
-    period_dates: np.ndarray,
-    *,
-    cost_bps: float,
-    periods_per_year: float,
-) -> PortfolioStats:
-    """P&L of weights ``w`` on rows (period ``p``, ticker code ``j``), one row per (p, j)."""
-    P = int(period_dates.size)
-    gross = np.bincount(p, w * simple_ret, P) if P else np.zeros(0)
-    exposure = np.bincount(p, np.abs(w), P) if P else np.zeros(0)
-
-    # turnover_t = sum_i |w_t,i - w_{t-1},i| with missing weights = 0, from the nonzero entries only
+def _turnover(p: np.ndarray, j: np.ndarray, w: np.ndarray, P: int) -> np.ndarray:
+    """Per period, turnover_t = sum_i |w_t,i - w_{t-1},i| with missing weights = 0, from the nonzero
+    entries only: a name's weight is paid on entry and on every change, and its exit at the next
+    rebalance where it is flat or absent (none after the last period)."""
     nz = w != 0
     pp, jj, ww = p[nz], j[nz], w[nz]
     order = np.lexsort((pp, jj))
@@ -102,12 +90,13 @@ def _portfolio(
     exit_ = ~has_next & (pp + 1 < P)  # position closed at the next rebalance (name flat/absent there)
     if exit_.any():
         turnover += np.bincount(pp[exit_] + 1, np.abs(ww[exit_]), P)
+    return turnover
 
-    cost = float(cost_bps) * 1e-4 * turnover
-    net = gross - cost
-    equity = np.cumprod(1.0 + net)
-    daily = pd.DataFrame({"date": period_dates, "gross": gross, "cost": cost, "net": net, "equity": equity})
 
+def _annualised(net: np.ndarray, periods_per_year: float) -> tuple[float, float, float]:
+    """(annual return, annual volatility, Sharpe ratio) of the net period returns, as
+    :class:`PortfolioStats` defines them."""
+    P = int(net.size)
     nan = float("nan")
     if P >= 2:
         mu = float(net.mean())
@@ -121,6 +110,32 @@ def _portfolio(
     else:
         annual_return = float(net.mean()) * periods_per_year if P else nan
         annual_vol = sharpe = nan
+    return annual_return, annual_vol, sharpe
+
+
+def _portfolio(
+    p: np.ndarray,
+    j: np.ndarray,
+    w: np.ndarray,
+    simple_ret: np.ndarray,
+    period_dates: np.ndarray,
+    *,
+    cost_bps: float,
+    periods_per_year: float,
+) -> PortfolioStats:
+    """P&L of weights ``w`` on rows (period ``p``, ticker code ``j``), one row per (p, j)."""
+    P = int(period_dates.size)
+    gross = np.bincount(p, w * simple_ret, P) if P else np.zeros(0)
+    exposure = np.bincount(p, np.abs(w), P) if P else np.zeros(0)
+    turnover = _turnover(p, j, w, P)
+
+    cost = float(cost_bps) * 1e-4 * turnover
+    net = gross - cost
+    equity = np.cumprod(1.0 + net)
+    daily = pd.DataFrame({"date": period_dates, "gross": gross, "cost": cost, "net": net, "equity": equity})
+
+    annual_return, annual_vol, sharpe = _annualised(net, periods_per_year)
+    nan = float("nan")
     if P:
         peak = np.maximum.accumulate(np.concatenate(([1.0], equity)))
         max_dd = float(np.max(1.0 - np.concatenate(([1.0], equity)) / peak))
