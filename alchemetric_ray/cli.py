@@ -120,10 +120,10 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
     if extra:
         cfg = cfg.replace(*extra)
     outcome = run_training(cfg)
-    best = outcome.summary.get("best")
-    stopped = ", stopped early" if outcome.summary.get("stopped_early") else ""
+    best = outcome.summary.best
+    stopped = ", stopped early" if outcome.summary.stopped_early else ""
     metric = selection_metric(outcome.config)
-    print(f"run {outcome.run_name}: {outcome.summary.get('epochs_run')} epoch(s), best {metric} "
+    print(f"run {outcome.run_name}: {outcome.summary.epochs_run} epoch(s), best {metric} "
           f"{best if best is None else round(best, 4)}{stopped} in {outcome.seconds:.0f}s")
     if outcome.model_dir:
         print(f"saved model: {outcome.model_dir} (model card: {outcome.model_dir / 'model_card.md'})")

@@ -155,10 +155,10 @@ def ours(cfg, shards: Path, manifest, cache: bool, name: str):
     start, start_wall = time.perf_counter(), time.time()
     result = build_trainer(run_cfg, datasets, manifest, plan, name=name).fit()
     wall, end_wall = time.perf_counter() - start, time.time()
-    history = result.return_value["history"]
+    history = result.return_value.history
     rates = [h["samples_per_s"] for h in history]
     train_time = sum(manifest.rows["train"] / r for r in rates)
-    return rates, wall, wall - train_time, result.return_value["threads"], breakdown(result.return_value["phases"],
+    return rates, wall, wall - train_time, result.return_value.threads, breakdown(result.return_value.phases,
                                                                                    start_wall, end_wall)
 
 

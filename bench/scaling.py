@@ -185,7 +185,7 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
         sampler.stop.set()
         sampler.join()
         driver_end = maxrss_kib()
-        history = outcome.summary.get("history") or [{}]
+        history = outcome.summary.history or [{}]
         total_rows = sum(built.manifest.rows.values())
         result = {
             "rows_requested": rows, "rows": total_rows, "train_rows": built.manifest.rows["train"],
@@ -202,7 +202,7 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
             "ray_logical_cpus": ray.cluster_resources().get("CPU"),
             # the worker's own records at the end of each phase (train/phases.py): seconds, RssAnon, RssShmem,
             # and the peak resident set during the phase
-            "worker_phases": outcome.summary.get("phases"),
+            "worker_phases": outcome.summary.phases,
         }
     ray.shutdown()
     result_path.write_text(json.dumps(result, indent=2))

@@ -92,7 +92,8 @@ class Run:
 
     def epoch(self, epoch: int) -> None:
         started = time.perf_counter()
-        loop._train_epoch(self.model, self.trainables, self.loss_fn, self.data, epoch, 0, self.worker, 0, self.shadow)
+        loop._train_epoch(loop.Training(self.model, self.trainables, self.loss_fn, self.data, self.worker, 0, 0,
+                                        self.shadow), epoch)
         self.record["epoch_s"].append(time.perf_counter() - started)
         if self.shadow is not None:
             stats = self.shadow.stats

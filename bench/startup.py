@@ -67,7 +67,7 @@ def _child(kind: str, shards: str, out: str, epochs: int) -> dict:
     outcome = run_training(cfg, export=False, progress=False)
     marks["run"] = time.perf_counter() - t
     marks["ray"] = outcome.plan.reasons.ray
-    phases = outcome.summary["phases"]
+    phases = outcome.summary.phases
     marks["read"] = sum(p["seconds"] for p in phases if p["phase"] in ("start", "read"))
     marks["before_loop"] = marks["run"] - sum(p["seconds"] for p in phases if p["phase"] != "start")
     marks["epochs"] = sum(p["seconds"] for p in phases if p["phase"] in ("train", "validate", "checkpoint"))

@@ -102,15 +102,15 @@ def train_step(device: str, overrides: list[str], storage: str) -> dict:
     except UserError as exc:  # a shadow divergence, a known-bug refusal: its one line
         return _step("train", False, str(exc), seconds=round(time.monotonic() - started, 1))
     summary = outcome.summary
-    shadow = summary.get("shadow") or {}
-    line = (f"{summary.get('epochs_run')} epoch(s) on {device} in {outcome.seconds:.0f}s; shadow check: "
+    shadow = summary.shadow or {}
+    line = (f"{summary.epochs_run} epoch(s) on {device} in {outcome.seconds:.0f}s; shadow check: "
             f"{shadow.get('checks', 0)} checks, largest whole-gradient error {shadow.get('max_error', 0):.2g}, "
             f"largest on one parameter {shadow.get('max_parameter_error', 0):.2g} "
             f"({shadow.get('max_error_param') or '-'})")
     passed = bool(shadow.get("checks"))
     if not passed:
         line += "; no shadow check ran"
-    return _step("train", passed, line, summary=summary)
+    return _step("train", passed, line, summary=summary.as_dict())
 
 
 def machine() -> dict:

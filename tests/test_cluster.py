@@ -42,7 +42,7 @@ def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
                 out["refused"] = str(exc)
             res = run_training(load_config(None, base + ["storage.shared=true"]), progress=False)
             out["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
-            out["node_ids"] = res.summary["node_ids"]
+            out["node_ids"] = res.summary.node_ids
             out["run_path"] = str(res.run_path)
             out["model_dir"] = str(res.model_dir)
         finally:

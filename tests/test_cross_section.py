@@ -210,11 +210,11 @@ def test_a_cs_rank_model_trains_with_mse_reports_ic_and_predicts_scores(ray_sess
                   f"storage.models_dir={tmp_path / 'models'}", "storage.name=cs", "train.epochs=2",
                   "model.hidden=16", "device.name=cpu", "signals.quantile=0.25", "train.score_test=true")
     outcome = run_training(cfg, progress=False)
-    history = outcome.summary["history"]
+    history = outcome.summary.history
     assert len(history) == 2 and all(np.isfinite(h["train_loss"]) for h in history)
     for key in ("val_mse", "val_ic", "val_rank_ic", "val_icir", "val_rank_icir"):
         assert all(np.isfinite(h[key]) for h in history), key
-    assert "val_accuracy" not in history[0] and outcome.summary["best"] == max(h["val_rank_ic"] for h in history)
+    assert "val_accuracy" not in history[0] and outcome.summary.best == max(h["val_rank_ic"] for h in history)
     metrics = json.loads((outcome.model_dir / "metrics.json").read_text())
     assert metrics["selection_metric"] == "val_rank_ic"
     assert {"mse", "ic", "rank_ic"} <= set(metrics["test"])
@@ -293,11 +293,11 @@ def test_ic_loss_on_two_ddp_workers_splits_dates_not_rows(ray_session, tmp_path)
                   "storage.name=ic", "train.epochs=2", "model.hidden=16", "device.name=cpu")
     outcome = run_training(cfg, progress=False, export=False)
     summary = outcome.summary
-    assert summary["world_size"] == 2 and summary["epochs_per_rank"] == [2, 2]
+    assert summary.world_size == 2 and summary.epochs_per_rank == [2, 2]
     train_rows = _train_rows(outcome.shards)
-    assert sum(summary["rows"]) == train_rows and min(summary["rows"]) > 0.3 * train_rows  # a split, not copies
-    assert all(np.isfinite(h["train_loss"]) and -1 <= h["train_loss"] <= 1 for h in summary["history"])
-    assert all(np.isfinite(h["val_rank_ic"]) for h in summary["history"])
+    assert sum(summary.rows) == train_rows and min(summary.rows) > 0.3 * train_rows  # a split, not copies
+    assert all(np.isfinite(h["train_loss"]) and -1 <= h["train_loss"] <= 1 for h in summary.history)
+    assert all(np.isfinite(h["val_rank_ic"]) for h in summary.history)
 
 
 def _train_rows(shards) -> int:

@@ -65,7 +65,7 @@ def _wait_for(predicate, timeout: float, what: str, poll: float = 0.02):
 def test_worker_killed_mid_epoch_restarts_resumes_and_equals_an_uninterrupted_run(ray_session, shards, tmp_path,
                                                                                    capfd):
     clean = run_training(_cfg(shards, tmp_path, "storage.name=clean"), progress=False)
-    epoch_s = Manifest.read(shards).rows["train"] / clean.summary["history"][-1]["samples_per_s"]
+    epoch_s = Manifest.read(shards).rows["train"] / clean.summary.history[-1]["samples_per_s"]
 
     run_dir = tmp_path / "results" / "killed"
     outcome: list = []
@@ -88,7 +88,7 @@ def test_worker_killed_mid_epoch_restarts_resumes_and_equals_an_uninterrupted_ru
     logs = "".join(capfd.readouterr())
     assert "resumed from the checkpoint of epoch" in logs  # a new worker group picked the checkpoint up
     assert pid not in _train_worker_pids()
-    assert resumed.summary["epochs_run"] == 3
+    assert resumed.summary.epochs_run == 3
     with clean.latest_checkpoint.as_directory() as a, resumed.latest_checkpoint.as_directory() as b:
         want, got = load_state(a)["model"], load_state(b)["model"]
     for key in want:
@@ -307,8 +307,8 @@ def test_node_lost_mid_training_recovers_on_the_remaining_node(stocknet_dir, tmp
             out["finished"] = not runner.is_alive()
             out["error"] = error[0] if error else None
             if result:
-                out["epochs_run"] = result[0].summary["epochs_run"]
-                out["node_ids"] = result[0].summary["node_ids"]
+                out["epochs_run"] = result[0].summary.epochs_run
+                out["node_ids"] = result[0].summary.node_ids
                 out["model_dir"] = str(result[0].model_dir)
         finally:
             ray.shutdown()

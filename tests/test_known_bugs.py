@@ -146,8 +146,8 @@ def test_a_run_in_micro_batches_trains_as_one_in_whole_batches(ray_session, stoc
     whole = run_training(_cfg(*args, "storage.name=whole"), export=False, progress=False)
     micro = run_training(_cfg(*args, "storage.name=micro", "train.micro_batch_rows=48"), export=False,
                          progress=False)
-    assert micro.summary["known_bugs"]["micro_batch_rows"] == 48
-    for a, b in zip(whole.summary["history"], micro.summary["history"]):
+    assert micro.summary.known_bugs["micro_batch_rows"] == 48
+    for a, b in zip(whole.summary.history, micro.summary.history):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
         assert b["val_log_loss"] == pytest.approx(a["val_log_loss"], rel=1e-4)
 

@@ -114,9 +114,9 @@ def test_a_local_run_keeps_checkpoints_scalars_and_the_export_as_a_worker_run_do
                             "train.metric=val_log_loss"))
     said = capsys.readouterr().out
     assert "train loop       in this process (Ray Train local mode) (one worker on this machine" in said
-    assert [h["epoch"] for h in out.summary["history"]] == [1, 2, 3, 4]  # epochs by their number, from 1
+    assert [h["epoch"] for h in out.summary.history] == [1, 2, 3, 4]  # epochs by their number, from 1
     # the run folder in Ray Train's layout: the 2 best epochs by val_log_loss, and the latest
-    loss = {h["epoch"]: h["val_log_loss"] for h in out.summary["history"]}
+    loss = {h["epoch"]: h["val_log_loss"] for h in out.summary.history}
     # epoch numbers from 1; their checkpoint folders from 0 (epoch-0000 holds epoch 1)
     want = {f"epoch-{e - 1:04d}" for e in {*sorted(loss, key=loss.get)[:2], 4}}
     run_dir = Path(out.run_path)
@@ -164,8 +164,8 @@ def test_resume_after_a_truncated_checkpoint_uses_the_one_before(ray_session, sh
     assert len(warning) == 1 and warning[0].endswith("; using epoch 2 (epoch-0001)"), said[-3000:]
     assert "state.pt is 100 bytes, meta.json says" in warning[0]
     assert "resumed from the checkpoint of epoch 2 (epoch-0001): continuing at epoch 3 of 5" in said
-    assert [h["epoch"] for h in out.summary["history"]] == [1, 2, 3, 4, 5]
-    assert out.summary["epochs_per_rank"] == [3]  # epochs 3, 4 and 5 ran again here
+    assert [h["epoch"] for h in out.summary.history] == [1, 2, 3, 4, 5]
+    assert out.summary.epochs_per_rank == [3]  # epochs 3, 4 and 5 ran again here
 
 
 @pytest.mark.slow
@@ -186,10 +186,10 @@ def test_worker_mode_prefers_a_newer_complete_checkpoint_on_disk_over_rays_snaps
     out = run_training(_cfg(shards, tmp_path, *args, *worker), export=False)
     said = "".join(capfd.readouterr())
     assert "resumed from the checkpoint of epoch 3 (epoch-0002): continuing at epoch 4 of 5" in said, said[-3000:]
-    assert out.summary["epochs_per_rank"] == [2]
+    assert out.summary.epochs_per_rank == [2]
     # the folder the snapshot never listed (epoch-0002) is ranked and pruned like Ray's own: what
     # stays is the best epoch and the latest, and whatever Ray's snapshot still lists (Ray's to prune)
-    loss = {h["epoch"]: h["val_log_loss"] for h in out.summary["history"]}
+    loss = {h["epoch"]: h["val_log_loss"] for h in out.summary.history}
     listed = set(re.findall(r'"checkpoint_dir_name": ?"(epoch-\d+)"', (run_dir / "checkpoint_manager_snapshot.json")
                             .read_text()))
     best_and_latest = {f"epoch-{e - 1:04d}" for e in {min(loss, key=loss.get), 5}}  # numbers from 1, folders from 0

@@ -127,8 +127,8 @@ def test_loop_under_a_scaler_skips_an_overflowing_batch_each_epoch_and_goes_on(r
     poisoned.loc[100, manifest.features[0]] = 1e6
     result = _local_run(ray_session, shards, tmp_path, poisoned, clean, manifest, "train.epochs=3")
     out = result.return_value
-    history = out["history"]
-    assert out["precision"]["grad_scaler"] and out["precision"]["mode"] == "fp16"
+    history = out.history
+    assert out.precision["grad_scaler"] and out.precision["mode"] == "fp16"
     assert [h["epoch"] for h in history] == [1, 2, 3]  # the run went on to its last epoch
     assert [h["skipped_steps"] for h in history] == [1, 2, 3]  # one skip per epoch, counted
     assert all(math.isfinite(h["train_loss"]) for h in history)  # the skipped step's NaN is not averaged in

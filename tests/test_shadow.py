@@ -77,13 +77,13 @@ def test_a_planted_fault_is_caught_at_the_first_check_after_it_in_one_line(ray_s
 def test_bf16_on_the_cpu_never_trips_its_float32_shadow_and_float32_shows_zero(ray_session, shards, tmp_path):
     bf16 = run_training(_cfg(shards, tmp_path, "precision.mode=bf16", "train.epochs=10", "train.shadow_every=2",
                              "storage.name=bf16"), progress=False)
-    stats = bf16.summary["shadow"]
+    stats = bf16.summary.shadow
     steps = 10 * math.ceil(Manifest.read(shards).rows["train"] / BATCH)
     assert stats["checks"] == math.ceil(steps / 2) and stats["every"] == 2
     assert 0 < stats["max_error"] < TOLERANCE["bf16"].gradient
     assert 0 < stats["max_parameter_error"] < TOLERANCE["bf16"].parameter
     # the figures in the history (TensorBoard's scalars come from its rows) and on the model card
-    history = bf16.summary["history"]
+    history = bf16.summary.history
     assert [row["shadow_checks"] for row in history][-1] == stats["checks"]
     assert max(row["shadow_max_error"] for row in history) == pytest.approx(stats["max_error"])
     card = (Path(bf16.model_dir.path) / "model_card.md").read_text()
@@ -100,8 +100,8 @@ def test_bf16_on_the_cpu_never_trips_its_float32_shadow_and_float32_shows_zero(r
 
     fp32 = run_training(_cfg(shards, tmp_path, "train.epochs=2", "train.shadow_every=3", "storage.name=fp32"),
                         export=False, progress=False)
-    assert fp32.summary["shadow"]["checks"] > 0
-    assert fp32.summary["shadow"]["max_error"] == 0.0 and fp32.summary["shadow"]["max_loss_error"] == 0.0
+    assert fp32.summary.shadow["checks"] > 0
+    assert fp32.summary.shadow["max_error"] == 0.0 and fp32.summary.shadow["max_loss_error"] == 0.0
 
 
 def _check(every: int = 0) -> tuple[ShadowCheck, tuple, tuple]:

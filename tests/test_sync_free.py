@@ -83,7 +83,7 @@ def test_an_epoch_of_the_loop_reads_the_device_once_per_check_and_at_its_end(kin
     assert steps == 10
     data.date_batches(0)  # host work, before the count
     with SyncCount(trainables.optimizer) as count:
-        train_loss, _, skipped = loop._train_epoch(model, trainables, loss_fn, data, 0, 0, worker)
+        train_loss, _, skipped = loop._train_epoch(loop.Training(model, trainables, loss_fn, data, worker, 0), 0)
     reads = steps // check_every + 1  # the checks after every check_every steps, and the epoch's end
     assert dict(count.by_op) == {"Tensor.tolist": reads}, count.events
     assert math.isfinite(train_loss) and skipped == 0
@@ -99,7 +99,7 @@ def test_the_epoch_loss_is_the_mean_of_the_steps_taken():
         seen.append(float(value.detach()))
         return value
 
-    train_loss, _, _ = loop._train_epoch(model, trainables, recording, data, 0, 0, worker)
+    train_loss, _, _ = loop._train_epoch(loop.Training(model, trainables, recording, data, worker, 0), 0)
     assert len(seen) == 10 and train_loss == pytest.approx(float(np.mean(seen)), rel=1e-6)
 
 

@@ -58,8 +58,8 @@ def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
     plan = plan_resources(cfg, ray_session.cluster_resources())
     trainer = build_trainer(cfg, {"train": rows, "val": rows}, manifest, plan, name=f"overfit-{name}", local_mode=True)
     result = trainer.fit()
-    history = result.return_value["history"]
-    assert result.return_value["rows"] == [256]
+    history = result.return_value.history
+    assert result.return_value.rows == [256]
     assert max(h["val_accuracy"] for h in history[-5:]) >= 0.95, [round(h["val_accuracy"], 3) for h in history[::10]]
 
 
@@ -158,15 +158,15 @@ def test_ddp_two_workers_equal_one_process_on_the_same_global_batches(ray_sessio
     two = run_training(_cfg(shards, tmp_path, *common, "scaling.workers=2", "storage.name=ddp2"), export=False)
     one = run_training(_cfg(shards, tmp_path, *common, "scaling.workers=1", "storage.name=ddp1"), export=False)
     total = Manifest.read(shards).rows["train"]
-    rows, prints = two.summary["rows"], two.summary["fingerprint"]
-    assert two.summary["world_size"] == 2 and len(rows) == 2
+    rows, prints = two.summary.rows, two.summary.fingerprint
+    assert two.summary.world_size == 2 and len(rows) == 2
     # the ranks read disjoint halves that together are the whole split
-    assert rows[0] == rows[1] and sum(rows) == total == one.summary["rows"][0]
-    assert sum(prints) == pytest.approx(one.summary["fingerprint"][0], rel=1e-9)
+    assert rows[0] == rows[1] and sum(rows) == total == one.summary.rows[0]
+    assert sum(prints) == pytest.approx(one.summary.fingerprint[0], rel=1e-9)
     # cached on the CPU: each rank indexes its batches in host memory (hardware/staging.py)
-    assert two.summary["data_path"] == ["host (cpu trains from host memory)"] * 2
+    assert two.summary.data_path == ["host (cpu trains from host memory)"] * 2
     # rank 0's time and memory per phase, recorded in the worker (train/phases.py)
-    phases = two.summary["phases"]
+    phases = two.summary.phases
     assert [(p["phase"], p["epoch"]) for p in phases] == [("start", None), ("read", None)] + [
         (kind, epoch) for epoch in range(1, 4) for kind in ("train", "validate", "checkpoint")]  # epochs from 1
     assert all(p["seconds"] >= 0 for p in phases) and phases[-1]["at"] > phases[0]["at"]
@@ -185,23 +185,23 @@ def test_resume_continues_at_next_epoch_bitwise_and_same_seed_is_reproducible(ra
     full = run_training(_cfg(shards, tmp_path, *common, "storage.name=full"), export=False)
     on_s3 = [f"storage.path={s3.bucket('ar-resume')}/runs", "storage.name=cut"]
     cut = run_training(_cfg(shards, tmp_path, *common, *on_s3, "train.stop_after=2"), export=False)
-    assert cut.summary["epochs_run"] == 2 and cut.run_path.startswith("s3://ar-resume/runs/cut-")
+    assert cut.summary.epochs_run == 2 and cut.run_path.startswith("s3://ar-resume/runs/cut-")
     resumed = run_training(_cfg(shards, tmp_path, *common, *on_s3, "storage.resume=true"), export=False)
     captured = capfd.readouterr()
     # epochs count from 1 in messages; the folder keeps its 0-based name
     said = captured.out + captured.err
     assert "resumed from the checkpoint of epoch 2 (epoch-0001): continuing at epoch 3 of 4" in said
     assert resumed.run_path == cut.run_path  # the same run, found in the bucket
-    assert resumed.summary["epochs_run"] == 4 and resumed.summary["epochs_per_rank"] == [2]  # epochs 3 and 4 only
+    assert resumed.summary.epochs_run == 4 and resumed.summary.epochs_per_rank == [2]  # epochs 3 and 4 only
     a, b = _final_state(full), _final_state(resumed)
     for key in a:
         assert torch.equal(a[key], b[key]), key  # resumed == uninterrupted, bit for bit
-    losses = [h["train_loss"] for h in full.summary["history"]]
-    assert losses == [h["train_loss"] for h in resumed.summary["history"]]
+    losses = [h["train_loss"] for h in full.summary.history]
+    assert losses == [h["train_loss"] for h in resumed.summary.history]
     # same seed twice: the cut run, a second run from scratch, matched the full run epoch for epoch
-    val = [h["val_log_loss"] for h in full.summary["history"]]
-    assert [h["train_loss"] for h in cut.summary["history"]] == losses[:2]
-    assert [h["val_log_loss"] for h in cut.summary["history"]] == val[:2]
+    val = [h["val_log_loss"] for h in full.summary.history]
+    assert [h["train_loss"] for h in cut.summary.history] == losses[:2]
+    assert [h["val_log_loss"] for h in cut.summary.history] == val[:2]
 
 
 @pytest.mark.slow
@@ -261,13 +261,13 @@ def test_num_to_keep_leaves_the_k_best_checkpoints_by_a_min_metric_plus_the_late
     cfg = _cfg(odd_val_shards, tmp_path, "train.metric=val_log_loss", "train.epochs=5", "train.patience=0",
                "storage.num_to_keep=2", "storage.name=keep", "train.lr=0.003", "train.batch_size=64")
     out = run_training(cfg, export=False)
-    loss = {h["epoch"]: h["val_log_loss"] for h in out.summary["history"]}
+    loss = {h["epoch"]: h["val_log_loss"] for h in out.summary.history}
     assert sorted(loss) == [1, 2, 3, 4, 5] and len(set(loss.values())) == 5, loss  # epochs by number, from 1
     best_two = sorted(loss, key=loss.get)[:2]
     kept = {p.name for p in Path(out.run_path).glob("epoch-*") if p.is_dir()}
     assert kept == {f"epoch-{e - 1:04d}" for e in {*best_two, 5}}, (kept, loss)  # folders from 0
     # the loop's best and the checkpoint the run would export agree with the history
-    assert out.summary["best"] == min(loss.values())
+    assert out.summary.best == min(loss.values())
     assert out.best_metrics["epoch"] == best_two[0]
 
 

@@ -3,7 +3,7 @@ registers, an evaluation of it, and its end (``finalize``).
 
 :class:`RunLog` itself logs nothing: it is the logger of a run with tracking off, so no caller asks
 whether there is one.  :class:`~alchemetric_ray.tracking.mlflow_runs.Tracker` is the MLflow one;
-:func:`run_log` gives whichever the config asks for, started.
+:func:`~alchemetric_ray.tracking.mlflow_runs.run_log` gives whichever the config asks for, started.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from alchemetric_ray.config import RunConfig
 from alchemetric_ray.storage import Location
 
 RUN_FILE = "mlflow_run.json"  # in the run folder: which MLflow run a --resume continues
@@ -58,14 +57,3 @@ class RunLog:
         logged, if anything."""
         return None
 
-
-def run_log(cfg: RunConfig, run_folder: Location, name: str, *, tags: dict[str, str]) -> RunLog:
-    """The log of the run in ``run_folder``: MLflow's where ``tracking.mlflow_uri`` is set (continuing the
-    run a resumed run logged into), else one that logs nothing."""
-    if not cfg.tracking.mlflow_uri:
-        return RunLog()
-    from alchemetric_ray.tracking.mlflow_runs import Tracker
-
-    tracker = Tracker(cfg)
-    tracker.start(run_folder / RUN_FILE, name, tags=tags)
-    return tracker

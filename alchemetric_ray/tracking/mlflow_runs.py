@@ -234,7 +234,7 @@ class Tracker(RunLog):
             self._tags(tags)
 
     def log_outcome(self, outcome: Any) -> None:
-        self.log_epochs(outcome.summary.get("history") or [])
+        self.log_epochs(outcome.summary.history)
         self.log_tags(run_tags(outcome))
         best_row = outcome.best_metrics or {}
         self.log_figures("best", best_row, step=int(best_row.get("epoch") or 0))  # runs sort by them
@@ -337,6 +337,16 @@ class Tracker(RunLog):
 
     def live(self, where: Location, every_s: float) -> LiveEpochs:
         return LiveEpochs(self, where, every_s)
+
+
+def run_log(cfg: RunConfig, run_folder: Location, name: str, *, tags: dict[str, str]) -> RunLog:
+    """The log of the run in ``run_folder``: MLflow's where ``tracking.mlflow_uri`` is set (continuing the
+    run a resumed run logged into), else one that logs nothing."""
+    if not cfg.tracking.mlflow_uri:
+        return RunLog()
+    tracker = Tracker(cfg)
+    tracker.start(run_folder / RUN_FILE, name, tags=tags)
+    return tracker
 
 
 class LiveEpochs:
@@ -453,17 +463,16 @@ def environment_tags(shards: Location | None) -> dict[str, Any]:
 
 def run_tags(outcome: Any) -> dict[str, Any]:
     """The plan's and the workers' decisions with their reasons, the versions and the data, as tags."""
-    plan, summary = outcome.plan, outcome.summary or {}
+    plan, summary = outcome.plan, outcome.summary
     reasons = plan.reasons
     tags: dict[str, Any] = {
         "plan.accelerator": plan.accelerator, "plan.accelerator.reason": reasons.accelerator,
         "plan.workers": plan.num_workers, "plan.workers.reason": reasons.workers,
         "plan.data.reason": reasons.data, "plan.data_path.reason": reasons.data_path,
-        "device": summary.get("device"), "device.reason": summary.get("device_reason"),
-        "precision": (summary.get("precision") or {}).get("mode") if isinstance(summary.get("precision"), dict)
-        else summary.get("precision"),
-        "precision.detail": summary.get("precision"),
-        "data_path": (summary.get("data_path") or [None])[0],
+        "device": summary.device, "device.reason": summary.device_reason,
+        "precision": (summary.precision or {}).get("mode"),
+        "precision.detail": summary.precision,
+        "data_path": (summary.data_path or [None])[0],
         **environment_tags(outcome.shards),
     }
     return tags

@@ -25,9 +25,11 @@ to resume from) comes from ``train/runtime.py``: a Train worker group or a Tune 
 
 from __future__ import annotations
 
+import functools
 import math
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,23 +74,24 @@ from alchemetric_ray.train.losses import DateGroups, Loss, make_loss
 from alchemetric_ray.train.phases import PhaseLog
 from alchemetric_ray.train.runtime import LocalRun, TrainGroup, TrialProcess
 from alchemetric_ray.train.shadow import ShadowCheck, shadow_wanted
+from alchemetric_ray.train.summary import LoopSummary
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
+def train_loop_per_worker(config: dict[str, Any]) -> LoopSummary:
     """The ``TorchTrainer``'s loop: :func:`run_loop` as a Ray Train worker."""
     phases = PhaseLog()  # from here on, time and memory per phase (before this: Ray's start-up)
     folder = RunFolder(locate(config["run_dir"])) if config.get("run_dir") else None
     return run_loop(config, TrainGroup(folder), phases)
 
 
-def local_loop(config: dict[str, Any]) -> dict[str, Any]:
+def local_loop(config: dict[str, Any]) -> LoopSummary:
     """The ``TorchTrainer``'s loop in local mode: :func:`run_loop` in the driver, through its ``LocalRun``."""
     phases = PhaseLog()
     return run_loop(config, config["runtime"], phases)
 
 
 def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalRun,
-             phases: PhaseLog | None = None) -> dict[str, Any]:
+             phases: PhaseLog | None = None) -> LoopSummary:
     """The loop itself, wherever it runs (``runtime``); returns rank 0's summary of the run."""
     phases = phases or PhaseLog()
     console.quiet_worker()  # this worker's own Ray Data context and loggers: our lines only
@@ -102,9 +105,12 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
     worker.say(f"worker {worker.rank}: data path {data.path}", detail=data.path.kind == HOST)
     trainables = _trainables(core, train_cfg, worker, data.steps_per_epoch(manifest.rows["train"] // worker.world))
     class_counts = manifest.class_counts.get("train") if train_cfg.class_weights else None
-    loss_fn = make_loss(loss, class_counts, worker.device)
-    metric, mode = selection_metric(cfg), selection_mode(cfg)
-    shadow = _shadow(cfg, core, worker, trainables, loss, class_counts, known)
+    loss_on = functools.partial(make_loss, loss, class_counts)  # the run's loss, on a device
+    selection = Selection.of(cfg)
+    metric = selection.metric
+    shadow = _shadow(cfg, core, worker, trainables, known, loss_on)
+    training = Training(model, trainables, loss_on(worker.device), data, worker, train_cfg.seed, known.micro_rows,
+                        shadow)
 
     state = _resume(trainables, worker, runtime, train_cfg.epochs)
     start_epoch = state.epoch + 1
@@ -115,11 +121,9 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
 
     stopped_early = False
     for epoch in range(start_epoch, train_cfg.epochs):
-        train_loss, samples_per_s, skipped = _train_epoch(model, trainables, loss_fn, data, epoch, train_cfg.seed,
-                                                          worker, known.micro_rows, shadow)
+        train_loss, samples_per_s, skipped = _train_epoch(training, epoch)
         phases.mark("train", epoch + 1)
-        metrics, improved, stop = _validate_and_decide(core, data, state, train_cfg, worker, manifest, metric, mode,
-                                                       cfg.signals.quantile)
+        metrics, improved, stop = _validate_and_decide(core, data, state, worker, manifest, selection)
         phases.mark("validate", epoch + 1)
         state.epoch = epoch
         row = {"epoch": epoch + 1, "train_loss": train_loss, **_scalars(metrics), "samples_per_s": samples_per_s,
@@ -139,7 +143,7 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
             break
 
     summary = _summary(worker, state, data, stopped_early, epochs_here=state.epoch + 1 - start_epoch, phases=phases)
-    summary.update(known_bugs=known.as_dict(), shadow=shadow.stats.as_dict() if shadow else None)
+    summary.known_bugs, summary.shadow = known.as_dict(), shadow.stats.as_dict() if shadow else None
     return summary
 
 
@@ -217,6 +221,37 @@ class _Worker:
             console.say(message)
 
 
+@dataclass(frozen=True)
+class Selection:
+    """How the loop picks its best epoch and when patience runs out: the selection metric, its
+    direction, the early-stop patience, and the long-short book's quantile the metrics use."""
+
+    metric: str
+    mode: str
+    patience: int
+    quantile: float
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> Selection:
+        return cls(selection_metric(cfg), selection_mode(cfg), cfg.train.patience, cfg.signals.quantile)
+
+
+@dataclass
+class Training:
+    """What an epoch trains with on this worker: the model (DDP-wrapped where the group has several
+    workers), its optimizer and schedule, the loss, the batches, the worker, the run's seed, the
+    known-bug micro-batch size (0: whole batches) and the shadow check (None: off)."""
+
+    model: nn.Module
+    trainables: Trainables
+    loss_fn: Loss
+    data: WorkerBatches
+    worker: _Worker
+    seed: int
+    micro_rows: int = 0
+    shadow: ShadowCheck | None = None
+
+
 def _place_worker(cfg: RunConfig, plan: ResourcePlan, runtime: TrainGroup | TrialProcess | LocalRun) -> _Worker:
     """Rank, device, precision and torch threads of this worker, announced with their reasons."""
     # The driver's plan chose the kind of device for the whole group; each worker takes its own one of that kind.
@@ -250,16 +285,17 @@ def _trainables(core: nn.Module, train_cfg: TrainConfig, worker: _Worker, steps_
     return Trainables(core, optimizer, scheduler, step_fn)
 
 
-def _shadow(cfg: RunConfig, core: nn.Module, worker: _Worker, trainables: Trainables, loss: str,
-            class_counts: list[int] | None, known: BackendCheck) -> ShadowCheck | None:
-    """The in-run shadow check (``train/shadow.py``) where ``train.shadow`` wants it on this device."""
+def _shadow(cfg: RunConfig, core: nn.Module, worker: _Worker, trainables: Trainables, known: BackendCheck,
+            loss_on: Callable[[torch.device], Loss]) -> ShadowCheck | None:
+    """The in-run shadow check (``train/shadow.py``) where ``train.shadow`` wants it on this device;
+    ``loss_on``: the run's loss on a given device (the worker's, and the CPU copy's)."""
     if not shadow_wanted(cfg.train.shadow, worker.device):
         return None
     every = cfg.train.shadow_every
     worker.say(f"shadow check on: {worker.device} {worker.precision.mode} against a float32 CPU copy, "
                + (f"every {every} steps" if every else "adaptive (at most 5% of the step time)"))
-    return ShadowCheck(core, worker.precision, make_loss(loss, class_counts, worker.device),
-                       make_loss(loss, class_counts, torch.device("cpu")), worker.device, every=every,
+    return ShadowCheck(core, worker.precision, loss_on(worker.device), loss_on(torch.device("cpu")), worker.device,
+                       every=every,
                        micro_rows=known.micro_rows, scaler=trainables.step.scaler, hint=known.hint(),
                        world=worker.world, rank=worker.rank)
 
@@ -273,19 +309,20 @@ def _shadow_row(shadow: ShadowCheck | None) -> dict[str, Any]:
     return row
 
 
-def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: WorkerBatches, epoch: int,
-                 seed: int, worker: _Worker, micro_rows: int = 0,
-                 shadow: ShadowCheck | None = None) -> tuple[float, float, int]:
+def _train_epoch(training: Training, epoch: int) -> tuple[float, float, int]:
     """One pass over this rank's training batches: the mean loss over the ranks, samples per second,
-    and the steps a GradScaler skipped so far (this rank's).  ``micro_rows``: each batch forwarded in
-    micro-batches (``train/backend_check.py``); ``shadow``: the shadow check, run before the steps it picks.
+    and the steps a GradScaler skipped so far (this rank's).  ``training.micro_rows``: each batch
+    forwarded in micro-batches (``train/backend_check.py``); ``training.shadow``: the shadow check, run
+    before the steps it picks.
 
     Nothing in the pass reads the device: the loss of the steps taken is summed there, and read
     with the step's verdicts in the epoch's last check, which raises (on every rank alike) if a
     step went non-finite, before anything is validated, reported or checkpointed."""
+    model, trainables, loss_fn, data, worker, shadow = (training.model, training.trainables, training.loss_fn,
+                                                        training.data, training.worker, training.shadow)
     model.train()
     # Dropout draws from (seed, epoch, rank): a resumed run draws what an uninterrupted one would have.
-    torch.manual_seed(seed * 1_000_003 + epoch * 1009 + worker.rank)
+    torch.manual_seed(training.seed * 1_000_003 + epoch * 1009 + worker.rank)
     loss_sum = torch.zeros((), device=worker.device)
     taken = torch.zeros((), device=worker.device)
     seen, started = 0, time.perf_counter()
@@ -299,7 +336,7 @@ def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: 
             cpu_dates = DateGroups.from_sizes(date_rows) if date_rows is not None else on_reference(date)
             shadow((x, y, dates), (on_reference(host_x), on_reference(host_y), cpu_dates), epoch=epoch + 1, step=step)
         with worker.precision.autocast():
-            out = forward(model, x, micro_rows)
+            out = forward(model, x, training.micro_rows)
         loss = loss_fn(out, y, dates)  # float32, outside autocast
         outcome = trainables.step(loss, epoch=epoch + 1, step=step)  # epochs from 1 in its messages
         trainables.scheduler.step()
@@ -316,9 +353,8 @@ def _train_epoch(model: nn.Module, trainables: Trainables, loss_fn: Loss, data: 
     return _sum_over_ranks(train_loss, worker.world) / worker.world, samples_per_s, int(skipped)
 
 
-def _validate_and_decide(core: nn.Module, data: WorkerBatches, state: LoopState, train_cfg: TrainConfig,
-                         worker: _Worker, manifest: Manifest, metric: str, mode: str,
-                         quantile: float) -> tuple[dict[str, Any], bool, bool]:
+def _validate_and_decide(core: nn.Module, data: WorkerBatches, state: LoopState, worker: _Worker, manifest: Manifest,
+                         selection: Selection) -> tuple[dict[str, Any], bool, bool]:
     """Validate, and decide together: (metrics, improved, stop); the metrics on rank 0 only.
 
     Each rank scores its own part of the validation split (the parts are disjoint and together
@@ -332,12 +368,13 @@ def _validate_and_decide(core: nn.Module, data: WorkerBatches, state: LoopState,
     metrics: dict[str, Any] = {}
     decision = [False, False, state.best]
     if worker.rank == 0:
-        metrics = target_metrics(outputs, labels, fwd, dates, manifest.classes, prefix="val_", quantile=quantile)
-        value = metrics[metric]
-        improved = is_better(value, state.best, mode)
+        metrics = target_metrics(outputs, labels, fwd, dates, manifest.classes, prefix="val_",
+                                 quantile=selection.quantile)
+        value = metrics[selection.metric]
+        improved = is_better(value, state.best, selection.mode)
         state.best = value if improved else state.best
         state.bad_epochs = 0 if improved else state.bad_epochs + 1
-        decision = [bool(train_cfg.patience) and state.bad_epochs >= train_cfg.patience, improved, state.best]
+        decision = [bool(selection.patience) and state.bad_epochs >= selection.patience, improved, state.best]
     stop, improved, state.best = _broadcast(decision, worker.world)
     return metrics, bool(improved), stop
 
@@ -369,27 +406,27 @@ def _report(row: dict[str, Any], trainables: Trainables, meta: CheckpointMeta, r
 
 
 def _summary(worker: _Worker, state: LoopState, data: WorkerBatches, stopped_early: bool, *,
-             epochs_here: int, phases: PhaseLog) -> dict[str, Any]:
+             epochs_here: int, phases: PhaseLog) -> LoopSummary:
     """What ``fit()`` returns (rank 0's): the run's history and, per rank, what it ran and read."""
-    return {
-        "history": state.history,
-        "best": state.best,
-        "stopped_early": stopped_early,
-        "epochs_run": len(state.history),
-        "device": str(worker.device),
-        "device_reason": worker.device_choice.reason,
-        "precision": worker.precision.as_dict(),
-        "threads": worker.threads,
-        "world_size": worker.world,
-        "epochs_per_rank": _gather_list(epochs_here, worker.world),
-        "node_ids": _gather_list(_node_id(), worker.world),
-        "rows": _gather_list(data.rows_seen, worker.world),
-        "fingerprint": _gather_list(data.fingerprint, worker.world),
-        "val_rows": _gather_list(data.val_rows, worker.world),  # validation rows each rank scored (last epoch)
-        "val_fingerprint": _gather_list(data.val_fingerprint, worker.world),
-        "data_path": _gather_list(str(data.path), worker.world),  # where each rank's batches came from
-        "phases": phases.records,  # rank 0's time and memory per phase (train/phases.py)
-    }
+    return LoopSummary(
+        history=state.history,
+        best=state.best,
+        stopped_early=stopped_early,
+        epochs_run=len(state.history),
+        device=str(worker.device),
+        device_reason=worker.device_choice.reason,
+        precision=worker.precision.as_dict(),
+        threads=worker.threads,
+        world_size=worker.world,
+        epochs_per_rank=_gather_list(epochs_here, worker.world),
+        node_ids=_gather_list(_node_id(), worker.world),
+        rows=_gather_list(data.rows_seen, worker.world),
+        fingerprint=_gather_list(data.fingerprint, worker.world),
+        val_rows=_gather_list(data.val_rows, worker.world),  # validation rows each rank scored (last epoch)
+        val_fingerprint=_gather_list(data.val_fingerprint, worker.world),
+        data_path=_gather_list(str(data.path), worker.world),  # where each rank's batches came from
+        phases=phases.records,  # rank 0's time and memory per phase (train/phases.py)
+    )
 
 
 # ---- helpers ------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from alchemetric_ray.placement.session import (
 from alchemetric_ray.scoring.objective import loss_of, selection_metric, selection_mode
 from alchemetric_ray.storage import Location, StorageError, local_copy, locate
 from alchemetric_ray.tracking.logger import RunLog
+from alchemetric_ray.train.summary import LoopSummary
 
 
 class TrainError(UserError, RuntimeError):
@@ -55,7 +56,7 @@ class TrainOutcome:
     run_path: str | None
     shards: Location
     plan: ResourcePlan
-    summary: dict[str, Any]  # the loop's return value (rank 0)
+    summary: LoopSummary  # the loop's return value (rank 0)
     best_checkpoint: Any  # ray.train.Checkpoint | None
     best_metrics: dict[str, Any] | None
     latest_checkpoint: Any
@@ -307,7 +308,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     this process.  A Ctrl-C raises :class:`Interrupted` once the run has stopped: every checkpoint
     finished before it stays in the run folder, and ``--resume`` continues after the latest."""
     from alchemetric_ray.artifacts.run_folder import RunFolder
-    from alchemetric_ray.tracking.logger import run_log
+    from alchemetric_ray.tracking.mlflow_runs import run_log
     from alchemetric_ray.tracking.tensorboard import SUBDIR, write_hparams
 
     started = time.monotonic()
@@ -323,11 +324,11 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     result = _fit_logged(cfg, run, folder, tensorboard, log)
     best, latest = folder.best(), folder.latest(warn=False)
     outcome = TrainOutcome(run.name, str(folder.where) if where.is_local else str(where / run.name), run.shards,
-                           run.plan, result.return_value or {}, best and best.checkpoint(), best and best.metrics,
-                           latest and latest.checkpoint(), None, 0.0, tensorboard, cfg, log)
+                           run.plan, result.return_value or LoopSummary(), best and best.checkpoint(),
+                           best and best.metrics, latest and latest.checkpoint(), None, 0.0, tensorboard, cfg, log)
     # the HParams tab: the run's settings beside its best epoch's figures (as a sweep's trials show them)
     write_hparams(tensorboard, cfg.flat(), {**(outcome.best_metrics or {}),
-                                            "epochs_run": outcome.summary.get("epochs_run")})
+                                            "epochs_run": outcome.summary.epochs_run})
     log.log_outcome(outcome)
     if export and best is not None:
         outcome.model_dir = _export_logged(cfg, outcome, log, f"after epoch {latest.epoch + 1} of {cfg.train.epochs}")
