@@ -49,7 +49,7 @@ from alchemetric_ray.hardware.staging import HOST, DataPath
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.train import loop
 from alchemetric_ray.train.losses import make_loss
-from alchemetric_ray.train.shadow import BUDGET, TOLERANCE, ShadowCheck
+from alchemetric_ray.train.shadow import BUDGET, TOLERANCE, ShadowCheck, ShadowSettings
 
 CPU = torch.device("cpu")
 FEATURES, CLASSES, WINDOW, HIDDEN = 16, 3, 20, 64
@@ -84,8 +84,9 @@ class Run:
         self.trainables = loop._trainables(self.model, TrainConfig(batch_size=batch, epochs=epochs), self.worker,
                                            self.steps)
         self.loss_fn = make_loss("ce")
-        self.shadow = None if every is None else ShadowCheck(self.model, precision, self.loss_fn, make_loss("ce"), CPU,
-                                                             every=every, scaler=self.trainables.step.scaler)
+        self.shadow = None if every is None else ShadowCheck(self.model, precision, (self.loss_fn, make_loss("ce")),
+                                                             CPU, ShadowSettings(every=every),
+                                                             scaler=self.trainables.step.scaler)
         # per epoch (the checks' figures as running totals)
         self.record = {"epoch_s": [], "steps_per_epoch": self.steps, "checks_so_far": [], "check_s_so_far": [],
                        "every_so_far": [], "shadow": None}

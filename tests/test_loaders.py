@@ -226,7 +226,7 @@ def test_streamed_epochs_shuffle_in_windows_and_see_every_row_once(ray_session, 
         batch = 32
 
         def epoch(seed, ep):
-            data = WorkerBatches.streamed(datasets["train"], datasets["val"], collate, Batching(batch, seed),
+            data = WorkerBatches.streamed((datasets["train"], datasets["val"], collate), Batching(batch, seed),
                                           torch.device("cpu"))
             batches = list(data.train_batches(ep))
             assert data.rows_seen == m.rows["train"]

@@ -32,7 +32,7 @@ from alchemetric_ray.hardware.optimizer import NonFiniteLossError, OptimizerStep
 from alchemetric_ray.hardware.precision import Precision, resolve_precision
 from alchemetric_ray.placement.plan import plan_resources
 from alchemetric_ray.train import loop
-from alchemetric_ray.train.trainer import build_trainer
+from alchemetric_ray.train.trainer import Execution, build_trainer
 
 CPU = torch.device("cpu")
 # The CUDA fp16 recipe (autocast fp16 + GradScaler) on the CPU: a real GradScaler("cpu").
@@ -114,7 +114,8 @@ def _local_run(ray, shards, tmp_path, train_frame, val_frame, manifest, *overrid
     plan = plan_resources(cfg, ray.cluster_resources())
     datasets = {"train": ray.data.from_pandas(train_frame), "val": ray.data.from_pandas(val_frame)}
     # Train's local mode: the real loop, Ray Data shards and reports, in this process
-    return build_trainer(cfg, datasets, manifest, plan, name=f"numerics-{tmp_path.name}", local_mode=True).fit()
+    return build_trainer(cfg, datasets, manifest, plan, name=f"numerics-{tmp_path.name}",
+                         execution=Execution(local_mode=True)).fit()
 
 
 def test_loop_under_a_scaler_skips_an_overflowing_batch_each_epoch_and_goes_on(ray_session, shards, rows, tmp_path,

@@ -25,7 +25,7 @@ from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware import resolve_precision
 from alchemetric_ray.train import shadow as shadow_module
 from alchemetric_ray.train.losses import make_loss
-from alchemetric_ray.train.shadow import TOLERANCE, ShadowCheck, shadow_wanted
+from alchemetric_ray.train.shadow import TOLERANCE, ShadowCheck, ShadowSettings, shadow_wanted
 from alchemetric_ray.train.trainer import run_training
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -108,7 +108,8 @@ def _check(every: int = 0) -> tuple[ShadowCheck, tuple, tuple]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     cpu = torch.device("cpu")
-    check = ShadowCheck(model, resolve_precision("fp32", cpu), make_loss("ce"), make_loss("ce"), cpu, every=every)
+    check = ShadowCheck(model, resolve_precision("fp32", cpu), (make_loss("ce"), make_loss("ce")), cpu,
+                        ShadowSettings(every=every))
     x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
     return check, (x, y, None), (x, y, None)
 

@@ -9,6 +9,7 @@ import pytest
 from alchemetric_ray.data.normalize import RESERVOIR, NormalizerFit
 from alchemetric_ray.data.splits import (
     SplitError,
+    SplitSpec,
     boundaries,
     label_end_dates,
     plan_splits,
@@ -20,7 +21,7 @@ CAL = pd.bdate_range("2015-01-01", periods=1000).to_numpy()
 
 
 def test_fraction_plan_has_embargo_gaps():
-    plan = plan_splits(CAL, train_frac=0.7, val_frac=0.15, embargo=5)
+    plan = plan_splits(CAL, SplitSpec(train_frac=0.7, val_frac=0.15, embargo=5))
     d = pd.DatetimeIndex(CAL)
     i_train_end = d.get_loc(pd.Timestamp(plan.train_end))
     i_val_start = d.get_loc(pd.Timestamp(plan.val_start))
@@ -32,13 +33,14 @@ def test_fraction_plan_has_embargo_gaps():
 
 
 def test_explicit_dates():
-    plan = plan_splits(CAL, train_frac=0.7, val_frac=0.15, embargo=2, train_end="2017-01-02", val_end="2017-06-30")
+    plan = plan_splits(CAL, SplitSpec(train_frac=0.7, val_frac=0.15, embargo=2, train_end="2017-01-02",
+                                      val_end="2017-06-30"))
     assert plan.val_start > "2017-01-02" and plan.train_end < "2017-01-02"
     assert plan.test_start > "2017-06-30"
 
 
 def test_assign_purges_rows_whose_label_crosses_a_boundary():
-    plan = plan_splits(CAL, train_frac=0.7, val_frac=0.15, embargo=2)
+    plan = plan_splits(CAL, SplitSpec(train_frac=0.7, val_frac=0.15, embargo=2))
     dates = CAL
     # a ticker with a 10-bar hole before each boundary (calendar dates 690-699 before val starts at
     # 700, and 840-849 before test starts at 850): its label windows (2 bars) reach further in
@@ -64,7 +66,7 @@ def test_assign_purges_rows_whose_label_crosses_a_boundary():
 
 def test_too_little_data_is_a_clear_error():
     with pytest.raises(SplitError, match="split 'val' is empty: 20 trading dates"):
-        plan_splits(CAL[:20], train_frac=0.7, val_frac=0.1, embargo=5)
+        plan_splits(CAL[:20], SplitSpec(train_frac=0.7, val_frac=0.1, embargo=5))
 
 
 def test_walk_forward_folds_expand_and_never_overlap():
@@ -117,7 +119,8 @@ def test_a_walk_forward_fold_retrained_through_plan_splits_keeps_its_segments_wi
     and features.val_end: those must give back the fold's own segments, the embargo taken once."""
     for fold in walk_forward_folds(CAL, 4, embargo=3):
         train_end, val_end = boundaries(CAL, fold)
-        rebuilt = plan_splits(CAL, train_frac=0.7, val_frac=0.15, embargo=3, train_end=train_end, val_end=val_end)
+        rebuilt = plan_splits(CAL, SplitSpec(train_frac=0.7, val_frac=0.15, embargo=3, train_end=train_end,
+                                             val_end=val_end))
         assert (rebuilt.train_end, rebuilt.val_start, rebuilt.val_end, rebuilt.test_start) == (
             fold.train_end, fold.val_start, fold.val_end, fold.test_start)
         dates = list(np.unique(CAL.astype("datetime64[D]")).astype(str))
@@ -150,8 +153,8 @@ def test_a_rolling_window_trains_on_the_last_train_window_dates_before_each_bloc
     # plan_splits rebuilds each fold on the full calendar from its boundaries and its start
     f = folds[1]
     train_end, val_end = boundaries(CAL, f)
-    rebuilt = plan_splits(CAL, train_frac=0.7, val_frac=0.15, embargo=5, train_end=train_end, val_end=val_end,
-                          train_start=f.train_start)
+    rebuilt = plan_splits(CAL, SplitSpec(train_frac=0.7, val_frac=0.15, embargo=5, train_end=train_end, val_end=val_end,
+                          train_start=f.train_start))
     assert rebuilt.test_end == str(pd.Timestamp(CAL[-1]).date())  # the run's test split: to the end, scored by block
     assert dataclasses.replace(rebuilt, test_end=f.test_end) == f
     with pytest.raises(SplitError, match="signals.train_window=10"):

@@ -293,7 +293,7 @@ def test_a_nan_in_the_second_epoch_stops_the_run_before_its_report_and_no_checkp
     from alchemetric_ray.data.loaders import read_split
     from alchemetric_ray.data.manifest import Manifest
     from alchemetric_ray.placement.plan import plan_resources
-    from alchemetric_ray.train.trainer import build_trainer
+    from alchemetric_ray.train.trainer import Execution, build_trainer
 
     manifest = Manifest.read(shards)
     frame = read_split(shards, "train", columns=["date", "ticker", *manifest.features, "label", "fwd_ret"])
@@ -324,7 +324,8 @@ def test_a_nan_in_the_second_epoch_stops_the_run_before_its_report_and_no_checkp
                              "train.check_every=3", "device.name=cpu", "precision.mode=fp32"])
     plan = plan_resources(cfg, ray_session.cluster_resources())
     datasets = {"train": ray_session.data.from_pandas(rows), "val": ray_session.data.from_pandas(rows)}
-    trainer = build_trainer(cfg, datasets, manifest, plan, name="nan-epoch-2", local_mode=True)
+    trainer = build_trainer(cfg, datasets, manifest, plan, name="nan-epoch-2",
+                            execution=Execution(local_mode=True))
     with pytest.raises(NonFiniteLossError) as err:
         trainer.fit()
     message = str(err.value)

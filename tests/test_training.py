@@ -18,7 +18,7 @@ from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.hardware import device as dev
 from alchemetric_ray.models import MODELS, model_spec
 from alchemetric_ray.placement.plan import PlanError, plan_resources
-from alchemetric_ray.train.trainer import build_trainer, run_training
+from alchemetric_ray.train.trainer import Execution, build_trainer, run_training
 
 WINDOW = 8
 
@@ -56,7 +56,8 @@ def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
         ds = read_split(shards, "train", columns=columns, manifest=manifest)
     rows = ds.limit(256).materialize()  # the same 256 rows to train on and to score
     plan = plan_resources(cfg, ray_session.cluster_resources())
-    trainer = build_trainer(cfg, {"train": rows, "val": rows}, manifest, plan, name=f"overfit-{name}", local_mode=True)
+    trainer = build_trainer(cfg, {"train": rows, "val": rows}, manifest, plan, name=f"overfit-{name}",
+                            execution=Execution(local_mode=True))
     result = trainer.fit()
     history = result.return_value.history
     assert result.return_value.rows == [256]

@@ -123,16 +123,18 @@ class WorkerBatches:
     _made: dict = field(default_factory=dict)  # the last epoch's date batches, made once
 
     @classmethod
-    def streamed(cls, train_shard, val_shard, collate, batching: Batching, device: torch.device, *,
-                 sharers: int = 1, fewest: Callable[[int], int] = lambda n: n) -> WorkerBatches:
-        """The shards streamed every epoch (``train.cache_data=false``)."""
+    def streamed(cls, shards: tuple, batching: Batching, device: torch.device, *, sharers: int = 1,
+                 fewest: Callable[[int], int] = lambda n: n) -> WorkerBatches:
+        """The shards streamed every epoch (``train.cache_data=false``); ``shards``: (the train split's
+        shard, the val split's, the collate function that makes their batches)."""
         path = choose_data_path(device, cached=False, shard_bytes=0, fraction=0.0, sharers=sharers)
-        return cls(batching, path, shards=(train_shard, val_shard, collate), fewest=fewest)
+        return cls(batching, path, shards=shards, fewest=fewest)
 
     @classmethod
-    def read(cls, train: Batch, val: Batch, batching: Batching, device: torch.device, *, fraction: float = 0.0,
+    def read(cls, splits: tuple[Batch, Batch], batching: Batching, device: torch.device, *, fraction: float = 0.0,
              sharers: int = 1, fewest: Callable[[int], int] = lambda n: n) -> WorkerBatches:
-        """Every row of both splits, read once (``train.cache_data``), put where the staging says."""
+        """Every row of both splits (train, val), read once (``train.cache_data``), put where the staging says."""
+        train, val = splits
         path = choose_data_path(device, cached=True, shard_bytes=nbytes(train) + nbytes(val), fraction=fraction,
                                 sharers=sharers)
         return cls.cached(train, val, batching, device, path, fewest=fewest)

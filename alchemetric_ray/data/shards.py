@@ -45,7 +45,7 @@ from alchemetric_ray.data.cross_section import apply_cross_section, plan_ops
 from alchemetric_ray.data.labels import LabelSpec, make_labels
 from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
-from alchemetric_ray.data.splits import SPLITS, SplitPlan, label_end_dates, plan_splits
+from alchemetric_ray.data.splits import SPLITS, SplitPlan, SplitSpec, label_end_dates, plan_splits
 from alchemetric_ray.fsutil import unwritable_ancestor
 from alchemetric_ray.outputs import claim, staged_output
 from alchemetric_ray.storage import Location, locate, preflight
@@ -169,9 +169,9 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
         features = staged or stage_features(cfg, tmp / "_staging", bars=bars,
                                             source_description=source_description, progress=progress)
         stats, staging = features.stats, features.folder
-        plan = plan_splits(stats["calendar"], train_frac=cfg.features.train_frac, val_frac=cfg.features.val_frac,
-                           embargo=embargo, train_end=cfg.features.train_end, val_end=cfg.features.val_end,
-                           train_start=cfg.features.train_start)
+        fc = cfg.features
+        plan = plan_splits(stats["calendar"], SplitSpec(fc.train_frac, fc.val_frac, embargo, fc.train_end, fc.val_end,
+                                                        fc.train_start))
         normalizer = _fit_normalizer(staging, names, plan, cfg)
         counts = _write_shards(staging, tmp, names, plan, normalizer, spec)
         if staged is None:

@@ -52,11 +52,24 @@ class SplitPlan:
         return out
 
 
-def plan_splits(calendar: np.ndarray, *, train_frac: float, val_frac: float, embargo: int,
-                train_end: str | None = None, val_end: str | None = None,
-                train_start: str | None = None) -> SplitPlan:
-    """Segment boundaries on the shared calendar (sorted unique dates); ``train_start`` drops the
-    dates before it from the calendar (a rolling window's start)."""
+@dataclass(frozen=True)
+class SplitSpec:
+    """Where the segments fall: fractions of the calendar (``train_frac``, ``val_frac``), or explicit
+    ends (``train_end`` and ``val_end``, both or neither); ``embargo`` dates dropped before each
+    boundary; ``train_start`` drops the dates before it (a rolling window's start)."""
+
+    train_frac: float
+    val_frac: float
+    embargo: int
+    train_end: str | None = None
+    val_end: str | None = None
+    train_start: str | None = None
+
+
+def plan_splits(calendar: np.ndarray, spec: SplitSpec) -> SplitPlan:
+    """Segment boundaries on the shared calendar (sorted unique dates), as ``spec`` says."""
+    train_frac, val_frac, embargo = spec.train_frac, spec.val_frac, spec.embargo
+    train_end, val_end, train_start = spec.train_end, spec.val_end, spec.train_start
     dates = np.unique(np.asarray(calendar).astype("datetime64[D]"))
     if train_start:
         dates = dates[dates >= np.datetime64(train_start, "D")]

@@ -73,7 +73,7 @@ from alchemetric_ray.train.backend_check import BackendCheck, check_backend, for
 from alchemetric_ray.train.losses import DateGroups, Loss, make_loss
 from alchemetric_ray.train.phases import PhaseLog
 from alchemetric_ray.train.runtime import LocalRun, TrainGroup, TrialProcess
-from alchemetric_ray.train.shadow import ShadowCheck, shadow_wanted
+from alchemetric_ray.train.shadow import ShadowCheck, ShadowSettings, shadow_wanted
 from alchemetric_ray.train.summary import LoopSummary
 
 
@@ -171,10 +171,10 @@ def _batches(cfg: RunConfig, manifest, loss: str, worker: _Worker, runtime: Trai
     collate = collate_for(model_spec(cfg.model).inputs, manifest.features)
     sharers, fewest = gpu_sharers(plan.gpus_per_worker), lambda n: min(_gather_list(n, worker.world))
     if not train_cfg.cache_data:
-        return WorkerBatches.streamed(runtime.shard("train"), runtime.shard("val"), collate, batching, worker.device,
+        return WorkerBatches.streamed((runtime.shard("train"), runtime.shard("val"), collate), batching, worker.device,
                                       sharers=sharers, fewest=fewest)
-    train, val = (runtime.rows(split, batching.batch_size, collate) for split in ("train", "val"))
-    return WorkerBatches.read(train, val, batching, worker.device, fraction=train_cfg.device_cache_fraction,
+    splits = tuple(runtime.rows(split, batching.batch_size, collate) for split in ("train", "val"))
+    return WorkerBatches.read(splits, batching, worker.device, fraction=train_cfg.device_cache_fraction,
                               sharers=sharers, fewest=fewest)
 
 
@@ -294,10 +294,9 @@ def _shadow(cfg: RunConfig, core: nn.Module, worker: _Worker, trainables: Traina
     every = cfg.train.shadow_every
     worker.say(f"shadow check on: {worker.device} {worker.precision.mode} against a float32 CPU copy, "
                + (f"every {every} steps" if every else "adaptive (at most 5% of the step time)"))
-    return ShadowCheck(core, worker.precision, loss_on(worker.device), loss_on(torch.device("cpu")), worker.device,
-                       every=every,
-                       micro_rows=known.micro_rows, scaler=trainables.step.scaler, hint=known.hint(),
-                       world=worker.world, rank=worker.rank)
+    return ShadowCheck(core, worker.precision, (loss_on(worker.device), loss_on(torch.device("cpu"))), worker.device,
+                       ShadowSettings(every, known.micro_rows, known.hint(), worker.world, worker.rank),
+                       scaler=trainables.step.scaler)
 
 
 def _shadow_row(shadow: ShadowCheck | None) -> dict[str, Any]:

@@ -101,19 +101,32 @@ class ShadowStats:
                 "seconds": round(self.seconds, 4), "skipped_overflow": self.skipped_overflow}
 
 
-class ShadowCheck:
-    """The check for one worker's training (see the module docstring)."""
+@dataclass(frozen=True)
+class ShadowSettings:
+    """How one worker's shadow check runs: ``every`` steps (0: the adaptive budget), the known-bug
+    micro-batch size its forward uses (0: whole batches), the hint its failure line ends with, and the
+    worker's place in its group (``world`` ranks, this one ``rank``)."""
 
-    def __init__(self, core: nn.Module, precision: Precision, loss_fn, reference_loss_fn, device: torch.device, *,
-                 every: int = 0, micro_rows: int = 0, scaler: torch.amp.GradScaler | None = None,
-                 hint: str | None = None, world: int = 1, rank: int = 0):
+    every: int = 0
+    micro_rows: int = 0
+    hint: str | None = None
+    world: int = 1
+    rank: int = 0
+
+
+class ShadowCheck:
+    """The check for one worker's training (see the module docstring).  ``losses``: the run's loss on
+    the worker's device and on the CPU copy's."""
+
+    def __init__(self, core: nn.Module, precision: Precision, losses: tuple, device: torch.device,
+                 settings: ShadowSettings = ShadowSettings(), *, scaler: torch.amp.GradScaler | None = None):
         self.core, self.precision, self.device = core, precision, device
-        self.loss_fn, self.reference_loss_fn = loss_fn, reference_loss_fn
-        self.fixed = every
-        self.micro_rows = micro_rows
+        self.loss_fn, self.reference_loss_fn = losses
+        every = self.fixed = settings.every
+        self.micro_rows = settings.micro_rows
         self.scaler = scaler
-        self.hint = hint
-        self.world, self.rank = world, rank
+        self.hint = settings.hint
+        self.world, self.rank = settings.world, settings.rank
         self.tolerance = TOLERANCE[precision.mode]
         self.names = [name for name, p in core.named_parameters() if p.requires_grad]
         self.params = [p for p in core.parameters() if p.requires_grad]

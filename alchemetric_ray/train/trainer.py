@@ -141,18 +141,30 @@ def data_config(cfg: RunConfig):
     return CompleteValidationConfig(execution_options=options, by_date=loss_of(cfg) == "ic")
 
 
+@dataclass(frozen=True)
+class Execution:
+    """How a ``TorchTrainer`` runs its loop: in a worker group, or with ``local_mode`` in this process
+    (``runtime``: a ``LocalRun`` that persists its reports; without one, Ray's local mode as it is);
+    Ray Train's ``callbacks`` (worker mode); ``epoch_lines``: the loop prints a line per epoch (a sweep's
+    trials print one line each instead)."""
+
+    local_mode: bool = False
+    runtime: Any = None
+    callbacks: list | None = None
+    epoch_lines: bool = True
+
+
 def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: ResourcePlan, *, name: str,
-                  callbacks: list | None = None, local_mode: bool = False, epoch_lines: bool = True,
-                  runtime: Any = None):
-    """The run's ``TorchTrainer``: a worker group, or with ``local_mode`` the loop in this process
-    (``runtime``: a ``LocalRun`` that persists its reports; without one, Ray's local mode as it is)."""
+                  execution: Execution = Execution()):
+    """The run's ``TorchTrainer``, run as ``execution`` says."""
     from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
     from ray.train import RunConfig as TrainRunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from alchemetric_ray.train.loop import local_loop, train_loop_per_worker
 
-    config = loop_config(cfg, manifest, plan, epoch_lines=epoch_lines)
+    local_mode, runtime = execution.local_mode, execution.runtime
+    config = loop_config(cfg, manifest, plan, epoch_lines=execution.epoch_lines)
     if local_mode and runtime is not None:
         config["runtime"] = runtime
     elif not local_mode:
@@ -175,7 +187,7 @@ def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: Reso
             failure_config=FailureConfig(max_failures=cfg.scaling.max_failures,
                                          controller_failure_limit=CONTROLLER_FAILURE_LIMIT),
             worker_runtime_env={"env_vars": worker_env(cfg)},
-            callbacks=callbacks,
+            callbacks=execution.callbacks,
             logging_config=console.train_logging_config(),
         ),
     )
@@ -349,11 +361,11 @@ def _fit_logged(cfg: RunConfig, run: Prepared, folder, tensorboard: Location, lo
         runtime = LocalRun(run.datasets, run.datasets and data_config(cfg), folder, ScalarWriter(tensorboard),
                            reader=run.reader)
         scalars = contextlib.closing(runtime.scalars)
-        trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name, local_mode=True,
-                                runtime=runtime)
+        trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name,
+                                execution=Execution(local_mode=True, runtime=runtime))
     else:
         trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name,
-                                callbacks=[TensorBoardScalars(tensorboard)])
+                                execution=Execution(callbacks=[TensorBoardScalars(tensorboard)]))
     try:
         with scalars, scale_up(cfg, run.plan, run_bundles(run.plan), local_mode=run.local) as window, \
                 log.live(folder.where, cfg.tracking.live_every_s):

@@ -39,6 +39,7 @@ from alchemetric_ray.scoring.objective import selection_metric, selection_mode
 from alchemetric_ray.storage import Location
 from alchemetric_ray.tracking.logger import RunLog
 from alchemetric_ray.train.trainer import (
+    Execution,
     adopt_target,
     build_trainer,
     check_compatible,
@@ -199,7 +200,7 @@ def _trial(config: dict[str, Any], *, base: dict, targets: dict[str, tuple[Locat
 
     trial_id = ray.tune.get_context().get_trial_id()
     trainer = build_trainer(cfg, datasets, manifest, plan, name=f"{sweep}-{trial_id}",
-                            callbacks=[TuneReportCallback()], epoch_lines=False)
+                            execution=Execution(callbacks=[TuneReportCallback()], epoch_lines=False))
     if start_timeout:  # the sweep's per-attempt worker-group start timeout (placement/autoscale.py)
         set_worker_group_start_timeout(start_timeout)
     trainer.fit()
