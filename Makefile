@@ -59,7 +59,7 @@ test: install test-deps lint
 test-fast: install lint
 	$(PYTEST) tests -m "not slow"
 
-# The configuration reference, generated from the config's fields (alchemetric_ray/config.py);
+# The configuration reference, generated from the config's fields (alchemetric_ray/config/schema.py);
 # tests/test_config_reference.py fails when the committed file is stale.
 docs: install
 	$(BIN)/python -m alchemetric_ray.config_reference --out docs/configuration.md

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from alchemetric_ray.config import REFERENCE_DOC, RULES, reference, sections
 
-HEADER = ("<!-- Generated from alchemetric_ray/config.py by `make docs` "
+HEADER = ("<!-- Generated from alchemetric_ray/config/ by `make docs` "
           "(python -m alchemetric_ray.config_reference --out docs/configuration.md): do not edit by hand. -->")
 
 INTRO = """\

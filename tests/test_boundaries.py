@@ -3,7 +3,7 @@
 Outside ``alchemetric_ray/hardware/`` no module may call torch's device back-ends or branch on a
 device kind ("cuda", "mps", "xpu", "cpu", "cuda:0"): no comparison, ``in`` test, ``startswith``,
 dict keyed by a kind, ``match`` case, ``getattr(torch, kind)``, or list of kinds to pick from.
-The one list of kinds a user may write is a ``Literal[...]`` type in config.py (its vocabulary);
+The one list of kinds a user may write is a ``Literal[...]`` type in config/vocabulary.py;
 what each kind means lives in hardware/, so adding a device kind touches nothing else with logic.
 """
 

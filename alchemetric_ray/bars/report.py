@@ -12,7 +12,7 @@ from alchemetric_ray.config import DataConfig, DuplicatePolicy
 RULES = ("empty_cell", "duplicate_row", "duplicate_date", "nonfinite_price", "nonpositive_price", "nonfinite_volume",
          "negative_volume", "high_below_low", "ohlc_inconsistent", "zero_volume", "stale_price")
 DUPLICATE_POLICIES = typing.get_args(DuplicatePolicy)
-# Written once, in config.py: a caller of iter_bars without a config gets what the CLI gets.
+# Written once, in config/schema.py (DataConfig): a caller of iter_bars without a config gets what the CLI gets.
 ON_DUPLICATE_DEFAULT: str = DataConfig().on_duplicate
 
 
