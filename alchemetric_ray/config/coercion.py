@@ -78,7 +78,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, f"{key}.")
+        return _build(typing.cast(type, tp), value, f"{key}.")
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):

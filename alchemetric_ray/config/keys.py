@@ -40,7 +40,7 @@ def sections() -> list[tuple[str, str]]:
     """(section name, what it configures) for every section of :class:`RunConfig`, in order."""
     out = []
     for section in dataclasses.fields(RunConfig):
-        cls = section.default_factory  # type: ignore[misc]
+        cls: Any = section.default_factory  # every section defaults to its dataclass
         out.append((section.name, " ".join((cls.__doc__ or "").split())))
     return out
 
@@ -49,7 +49,7 @@ def reference() -> list[Setting]:
     """Every key of every section: its type, default, allowed values and help, in field order."""
     rows = []
     for section in dataclasses.fields(RunConfig):
-        cls = section.default_factory  # type: ignore[misc]
+        cls: Any = section.default_factory  # every section defaults to its dataclass
         hints = typing.get_type_hints(cls)
         defaults = cls()
         for f in dataclasses.fields(cls):

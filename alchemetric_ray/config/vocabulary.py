@@ -72,7 +72,7 @@ class DeviceName(str):
         return super().__new__(cls, text)
 
     @staticmethod
-    def split(text: str) -> tuple[str, int | None]:
+    def split(text: str) -> tuple[str, int | None]:  # type: ignore[override]  # a name's parts, not str.split (device.py)
         """``"cuda:1"`` -> ``("cuda", 1)``, ``"mps"`` -> ``("mps", None)``; ValueError if the index is not a number."""
         kind, colon, index = str(text).partition(":")
         if colon and not index.isdigit():
@@ -94,7 +94,7 @@ class DeviceName(str):
         return self.split(self)[0]
 
     @property
-    def index(self) -> int | None:
+    def index(self) -> int | None:  # type: ignore[override]  # the device index, not str.index (tests read it)
         return self.split(self)[1]
 
 

@@ -25,7 +25,7 @@ import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast, overload
 
 import torch
 from torch import nn
@@ -46,6 +46,12 @@ class KnownBugError(UserError, RuntimeError):
     """The run would meet a known backend bug that no workaround covers (one line)."""
 
 
+@overload
+def _version(text: str) -> tuple[int, ...]: ...
+@overload
+def _version(text: None) -> None: ...
+@overload
+def _version(text: str | None) -> tuple[int, ...] | None: ...
 def _version(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
@@ -174,6 +180,9 @@ _GPUS = {"mps": _Gpus(_apple_gpu, may_be_unknown=True), "cuda": _Gpus(_nvidia_gp
 _NO_GPUS = _Gpus(_host, may_be_unknown=False)
 
 
+_TorchDevice = torch.device  # for Backend's annotations, where "torch" names its field
+
+
 @dataclass(frozen=True)
 class Backend:
     """What an entry is matched against: the device kind, its GPU family where known, torch's version."""
@@ -184,7 +193,7 @@ class Backend:
     name: str | None = None
 
     @classmethod
-    def of(cls, device: torch.device | str) -> Backend:
+    def of(cls, device: _TorchDevice | str) -> Backend:
         """The backend of ``device`` in this process (the chip's name from the OS on a Mac)."""
         device = torch.device(device)
         family, name = _GPUS.get(device.type, _NO_GPUS).read(device)
@@ -388,8 +397,9 @@ class Rule:
     """How the entries of one trigger kind (``trigger.kind`` in the YAML file) are evaluated."""
 
     kind: str
-    # (entry, trace, backend, run traits, family unknown) -> what the run meets, or None; None: no rule to evaluate
-    match: Callable[[Entry, Trace | None, Backend, RunTraits, bool], Match | Unknown | None] | None
+    # (entry, trace, backend, run traits, family unknown) -> what the run meets, or None; None: no rule to evaluate.
+    # The trace is a Trace, or None for a rule not on_trace (evaluate() skips those without a trace)
+    match: Callable[[Entry, Any, Backend, RunTraits, bool], Match | Unknown | None] | None
     on_trace: bool = False  # judged on the traced step: not evaluable without a run (``env``)
     bounds_k: bool = False  # a matched call's K reaches the entry's k_min: micro-batches can keep it below
     bounds_rows: bool = False  # an entry may name min_rows, the step's rows from which it applies
@@ -423,7 +433,8 @@ def evaluate(trace: Trace | None, backend: Backend, traits: RunTraits = RunTrait
         if not rule.evaluable or (trace is None and rule.on_trace):
             found.not_evaluable.append(e)
             continue
-        result = rule.match(e, trace, backend, traits, applies is None)
+        match = cast(Callable[..., Match | Unknown | None], rule.match)  # evaluable: not None
+        result = match(e, trace, backend, traits, applies is None)
         if isinstance(result, Match):
             found.matched.append(result)
         elif isinstance(result, Unknown):
@@ -455,7 +466,7 @@ def rows_below(matches: list[Match], trace: Trace, backend: Backend) -> int | No
 
 def applicable_here(backends: list[Backend]) -> list[tuple[Entry, Backend, bool | None]]:
     """(entry, backend, applies) for every entry that applies (or may: family unknown) to one of ``backends``."""
-    out = []
+    out: list[tuple[Entry, Backend, bool | None]] = []
     for b in backends:
         for e in entries():
             applies = e.applies(b)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -186,11 +187,12 @@ class OptimizerStep:
     def _masked_step(self, bad: torch.Tensor) -> None:
         """The optimizer's step, which leaves the weights as they are where ``bad`` (no host sync)."""
         if self._skips_on_device:
-            self.optimizer.found_inf = bad.float()  # GradScaler's protocol: the kernel skips, step counts too
+            # GradScaler's protocol: the kernel skips, step counts too
+            self.optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # a dynamic attribute the kernel reads
             try:
                 self.optimizer.step()
             finally:
-                del self.optimizer.found_inf
+                del self.optimizer.found_inf  # type: ignore[attr-defined]  # set just above
             return
         for p in self.params:  # zero gradients: SGD stays put; momentum and weight decay still act (finitely)
             if p.grad is not None:
@@ -206,7 +208,8 @@ class OptimizerStep:
             st.in_row.copy_((st.in_row + skip) * skip)  # +1 per skip, back to 0 on a taken step
             trips = (st.in_row >= self.max_skipped_steps) & (st.tripped_at == _NO_STEP)
             st.tripped_at.copy_(torch.where(trips, index, st.tripped_at))
-            st.tripped_scale.copy_(torch.where(trips, self.scaler._scale.float(), st.tripped_scale))
+            scale = cast(torch.Tensor, self.scaler._scale)  # set by the scaler's first scale(), before any step
+            st.tripped_scale.copy_(torch.where(trips, scale.float(), st.tripped_scale))
         else:
             first = skipped & (st.bad_at == _NO_STEP)
             st.bad_at.copy_(torch.where(first, index, st.bad_at))

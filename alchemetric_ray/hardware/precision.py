@@ -113,10 +113,13 @@ def _cuda_capability(device: torch.device) -> str:
 
 class ModelTraits(Protocol):
     """What the policy needs to know about a model: its name (for messages) and, where CPU autocast
-    is wrong for it, why (None = safe).  ``models.ModelSpec`` declares both."""
+    is wrong for it, why (None = safe).  ``models.ModelSpec`` declares both (read-only: it is frozen)."""
 
-    name: str
-    cpu_autocast_broken: str | None
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def cpu_autocast_broken(self) -> str | None: ...
 
 
 def resolve_precision(

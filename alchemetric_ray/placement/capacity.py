@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
@@ -205,7 +205,7 @@ def from_kuberay_spec(ray_cluster_spec: Any, name: str = "raycluster") -> dict:
             "available_node_types": types}
 
 
-def _count(value: Any) -> bool:
+def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

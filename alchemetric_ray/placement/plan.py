@@ -14,12 +14,13 @@ cluster's resources and the :class:`~alchemetric_ray.placement.capacity.Capacity
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware.device import TrainAccelerator, train_accelerator
 from alchemetric_ray.hardware.staging import gpu_sharers, planned_data_path
-from alchemetric_ray.placement.capacity import UP_NOW, Capacity, now
+from alchemetric_ray.placement.capacity import UP_NOW, Capacity, NodeType, now
 from alchemetric_ray.placement.capacity import shape as _shape
 
 DATA_CPU_RESERVE = 1.0  # logical CPUs kept free for Ray Data's read tasks
@@ -210,7 +211,7 @@ def _plan_on_node_types(cfg: RunConfig, cluster: dict[str, float], capacity: Cap
     accelerator = train_accelerator(cfg.device.name, possible_gpus, max(1, scaling.workers), node_types=types)
 
     if accelerator.use_gpu:
-        node = best_gpu
+        node = cast(NodeType, best_gpu)  # a GPU run here: possible_gpus > 0, so best_gpu is a type
         gpus = node.resources["GPU"]
         per_node = int(gpus // scaling.gpus_per_worker)
         if per_node < 1:

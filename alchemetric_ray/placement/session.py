@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 from alchemetric_ray import console, interrupts
 from alchemetric_ray.config import RunConfig
@@ -74,7 +75,8 @@ def ensure_ray(cfg: RunConfig) -> None:
     # with a SIGTERM that lands in a finalizer (console.quiet_stop_in_finalizer)
     runtime_env = {"env_vars": env, "worker_process_setup_hook": "alchemetric_ray.console.quiet_stop_in_finalizer"}
     console.quiet_ray_logger()
-    quiet = {"logging_level": logging.INFO if console.verbose() else logging.WARNING, "log_to_driver": True}
+    quiet: dict[str, Any] = {"logging_level": logging.INFO if console.verbose() else logging.WARNING,
+                             "log_to_driver": True}
     if os.environ.get("RAY_ADDRESS"):
         check_ray_address(os.environ["RAY_ADDRESS"])  # one line within seconds, not Ray's retries for minutes
         # Ray's own helpers in our actors (Train's placement-group cleaner) find the cluster through

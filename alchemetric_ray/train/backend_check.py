@@ -22,6 +22,7 @@ worker, on its own device, before the first step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -99,7 +100,8 @@ def check_backend(cfg: RunConfig, n_features: int, outputs: int, device: torch.d
     if others:
         raise kb.KnownBugError(others[0].line(backend))
     if fixable:
-        micro = kb.rows_below(fixable, trace, backend) if world == 1 else None
+        # trace None: no rule on the trace ran, so no matched call for rows_below to measure
+        micro = kb.rows_below(fixable, cast(kb.Trace, trace), backend) if world == 1 else None
         if not micro:
             why = ("the workaround (micro-batches) needs one worker" if world > 1
                    else "micro-batches cannot bring K under the limit")

@@ -14,7 +14,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from alchemetric_ray import console
 from alchemetric_ray.artifacts.export import check_models_dir, claim_model_folder, estimated_export_bytes, export_model
@@ -154,7 +154,7 @@ class Execution:
     epoch_lines: bool = True
 
 
-def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: ResourcePlan, *, name: str,
+def build_trainer(cfg: RunConfig, datasets: dict | None, manifest: Manifest, plan: ResourcePlan, *, name: str,
                   execution: Execution = Execution()):
     """The run's ``TorchTrainer``, run as ``execution`` says."""
     from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
@@ -170,7 +170,8 @@ def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: Reso
     elif not local_mode:
         config["run_dir"] = str(storage_location(cfg) / name)  # a newer checkpoint there wins (train/runtime.py)
     return TorchTrainer(
-        local_loop if local_mode and runtime is not None else train_loop_per_worker,
+        # a local run's LoopSummary comes back as result.return_value
+        local_loop if local_mode and runtime is not None else train_loop_per_worker,  # type: ignore[arg-type]  # Ray: -> None
         train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=0 if local_mode else plan.num_workers, use_gpu=plan.use_gpu,
                                      resources_per_worker=None if local_mode else plan.worker_bundle(),
@@ -178,14 +179,14 @@ def build_trainer(cfg: RunConfig, datasets: dict, manifest: Manifest, plan: Reso
         torch_config=TorchConfig(backend=plan.backend),
         datasets=datasets,
         dataset_config=data_config(cfg) if datasets else None,
-        run_config=TrainRunConfig(
+        run_config=TrainRunConfig(  # type: ignore[call-arg]  # ray.train exports V2's at runtime, mypy reads V1's
             name=name,
             **train_storage(cfg),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.storage.num_to_keep,
                                                checkpoint_score_attribute=selection_metric(cfg),
                                                checkpoint_score_order=selection_mode(cfg)),
-            failure_config=FailureConfig(max_failures=cfg.scaling.max_failures,
-                                         controller_failure_limit=CONTROLLER_FAILURE_LIMIT),
+            failure_config=FailureConfig(  # type: ignore[call-arg]  # V2's at runtime, as above
+                max_failures=cfg.scaling.max_failures, controller_failure_limit=CONTROLLER_FAILURE_LIMIT),
             worker_runtime_env={"env_vars": worker_env(cfg)},
             callbacks=execution.callbacks,
             logging_config=console.train_logging_config(),
@@ -319,7 +320,7 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     ``local_mode`` (None: ``train.local_mode``, decided by :func:`runs_locally`) runs the loop in
     this process.  A Ctrl-C raises :class:`Interrupted` once the run has stopped: every checkpoint
     finished before it stays in the run folder, and ``--resume`` continues after the latest."""
-    from alchemetric_ray.artifacts.run_folder import RunFolder
+    from alchemetric_ray.artifacts.run_folder import Kept, RunFolder
     from alchemetric_ray.tracking.mlflow_runs import run_log
     from alchemetric_ray.tracking.tensorboard import SUBDIR, write_hparams
 
@@ -337,13 +338,15 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     best, latest = folder.best(), folder.latest(warn=False)
     outcome = TrainOutcome(run.name, str(folder.where) if where.is_local else str(where / run.name), run.shards,
                            run.plan, result.return_value or LoopSummary(), best and best.checkpoint(),
-                           best and best.metrics, latest and latest.checkpoint(), None, 0.0, tensorboard, cfg, log)
+                           best.metrics if best else None, latest and latest.checkpoint(), None, 0.0, tensorboard, cfg,
+                           log)
     # the HParams tab: the run's settings beside its best epoch's figures (as a sweep's trials show them)
     write_hparams(tensorboard, cfg.flat(), {**(outcome.best_metrics or {}),
                                             "epochs_run": outcome.summary.epochs_run})
     log.log_outcome(outcome)
     if export and best is not None:
-        outcome.model_dir = _export_logged(cfg, outcome, log, f"after epoch {latest.epoch + 1} of {cfg.train.epochs}")
+        done = f"after epoch {cast(Kept, latest).epoch + 1} of {cfg.train.epochs}"  # a best one, so a latest
+        outcome.model_dir = _export_logged(cfg, outcome, log, done)
     log.finalize()  # an evaluation after this still logs into the run (cli.py)
     outcome.seconds = time.monotonic() - started
     return outcome
@@ -354,13 +357,13 @@ def _fit_logged(cfg: RunConfig, run: Prepared, folder, tensorboard: Location, lo
     (the finished epochs logged, the logged run KILLED), any other end of it FAILED."""
     from alchemetric_ray.tracking.tensorboard import ScalarWriter, TensorBoardScalars
 
-    scalars = contextlib.nullcontext()
+    scalars: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if run.local:
         from alchemetric_ray.train.runtime import LocalRun
 
         runtime = LocalRun(run.datasets, run.datasets and data_config(cfg), folder, ScalarWriter(tensorboard),
                            reader=run.reader)
-        scalars = contextlib.closing(runtime.scalars)
+        scalars = contextlib.closing(cast(ScalarWriter, runtime.scalars))  # the ScalarWriter given just above
         trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name,
                                 execution=Execution(local_mode=True, runtime=runtime))
     else:
