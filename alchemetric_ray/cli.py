@@ -155,7 +155,7 @@ def _evaluate_export(model_dir, data: str | None, cfg: RunConfig, log) -> None:
                                  f"--out {report_dir}") from None
     print(verdict_table(result))
     print(f"report: {report_dir / 'report.md'} (equity curves: {report_dir / 'equity.png'})")
-    log.log_evaluation(report_dir, result.get("verdict"), result)
+    log.log_evaluation(report_dir, result)
     log.finalize()
 
 
@@ -206,9 +206,12 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
 
 
 def load_model_config(model_dir) -> RunConfig:
-    from alchemetric_ray.artifacts.export import load_model
+    """A saved model's config, read from its folder's config file alone: the weights are loaded once,
+    by the command that scores with them."""
+    from alchemetric_ray.artifacts.export import CONFIG
+    from alchemetric_ray.storage import locate
 
-    return load_model(model_dir).config
+    return RunConfig.from_dict(json.loads((locate(model_dir) / CONFIG).read_text()))
 
 
 def _predict_args(p: argparse.ArgumentParser) -> None:
@@ -219,14 +222,13 @@ def _predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="signals Parquet file to write")
 
 
-def _model_config(args: argparse.Namespace, cfg: RunConfig) -> RunConfig:
-    """The saved model's own config, with this command's overrides (signals, device) on top.  The
-    device is this command's (``--device``, else auto), never the training run's request: a model
-    trained with ``--device cpu`` on a laptop scores on the GPUs of the cluster it is submitted to."""
-    from alchemetric_ray.artifacts.export import load_model
+def _model_config(args: argparse.Namespace, loaded) -> RunConfig:
+    """The saved model's own config (``loaded``: the model this command loaded), with this command's
+    overrides (signals, device) on top.  The device is this command's (``--device``, else auto), never
+    the training run's request: a model trained with ``--device cpu`` on a laptop scores on the GPUs of
+    the cluster it is submitted to."""
     from alchemetric_ray.data.manifest import reconcile_features, with_shard_features
 
-    loaded = load_model(args.model_dir)
     saved = with_shard_features(loaded.config, loaded.manifest)
     # a features.* override the model was not trained with is refused, naming both values
     return reconcile_features(saved.replace(f"device.name={args.device or 'auto'}", *args.overrides),
@@ -236,10 +238,12 @@ def _model_config(args: argparse.Namespace, cfg: RunConfig) -> RunConfig:
 @command("predict", "score new OHLCV data with a saved model (Ray Data batch inference) -> signals.parquet",
          _predict_args)
 def _predict(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.signals.predict import predict
 
     _download_registered(args, cfg)
-    frame = predict(args.model_dir, args.data, args.out, _model_config(args, cfg))
+    loaded = load_model(args.model_dir)  # the command's one load: predict scores with it
+    frame = predict(loaded, args.data, args.out, _model_config(args, loaded))
     longs, shorts = int((frame["position"] > 0).sum()), int((frame["position"] < 0).sum())
     print(f"wrote {args.out}: {len(frame)} signals for {frame['ticker'].nunique()} tickers, "
           f"{frame['date'].min().date()}..{frame['date'].max().date()}; {longs} long, {shorts} short; "
@@ -275,30 +279,33 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
 
 @command("evaluate", "the model vs baselines on its test segment: IC, long-short, Sharpe, verdict", _evaluate_args)
 def _evaluate(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.signals.evaluate import evaluate
+    from alchemetric_ray.signals.walk_forward import PooledWalkForward
 
     registered = _download_registered(args, cfg)
-    result = evaluate(args.model_dir, args.data, args.out, _model_config(args, cfg), pooled=args.walk_forward)
-    window = (result.get("data") or {}).get("window")
-    if window:
-        print(f"scored window {window['start']}..{window['end']}: {window['days']} days, {window['names']} names "
-              f"(from the model's test-segment start {window['model_test_start']} to the data's last labelled date)")
-    if result.get("baselines_note"):
-        print(f"baselines: {result['baselines_note']}")
-    print(result["verdict"]["line"])
-    wf = result.get("walk_forward") or {}
-    if "pooled" in wf:
-        seg, model = wf["pooled"]["segment"], wf["pooled"]["rows"][0]["rank_ic"]
-        print(f"walk-forward, pooled out of sample {seg['start']}..{seg['end']} ({model['n_days']} days, "
-              f"{wf['refits']} refits every {wf['refit_every']} days, {wf['seconds']:.0f} s): "
-              f"{wf['pooled']['verdict']['line']}")
+    loaded = load_model(args.model_dir)  # the command's one load: every step of the evaluation uses it
+    result = evaluate(loaded, args.data, args.out, _model_config(args, loaded), pooled=args.walk_forward)
+    if result.data:
+        window = result.data.window
+        print(f"scored window {window.start}..{window.end}: {window.days} days, {window.names} names "
+              f"(from the model's test-segment start {window.model_test_start} to the data's last labelled date)")
+    if result.baselines_note:
+        print(f"baselines: {result.baselines_note}")
+    print(result.verdict.line)
+    wf = result.walk_forward
+    if isinstance(wf, PooledWalkForward):
+        seg, days = wf.pooled.segment, wf.pooled.deep_model.rank_ic.n_days
+        print(f"walk-forward, pooled out of sample {seg.start}..{seg.end} ({days} days, "
+              f"{wf.refits} refits every {wf.refit_every} days, {wf.seconds:.0f} s): "
+              f"{wf.pooled.verdict.line}")
     print(f"report: {args.out}/report.md")
     if registered:
         from alchemetric_ray.storage import locate
         from alchemetric_ray.tracking.mlflow_runs import registered_version
 
         tracker = registered_version(registered, cfg)
-        tracker.log_evaluation(locate(args.out), result.get("verdict"), result)
+        tracker.log_evaluation(locate(args.out), result)
         # this look at the test segment goes back beside the version's model: the next download counts it
         tracker.log_artifacts(Path(args.model_dir) / "looks", "model/looks")
         if tracker.finalize() is None:

@@ -223,11 +223,11 @@ def test_a_cs_rank_model_trains_with_mse_reports_ic_and_predicts_scores(ray_sess
     assert "| model | val rank IC | test rank IC | test IC | test MSE |" in card and "Survivorship" in card
 
     result = evaluate(outcome.model_dir, None, tmp_path / "report")
-    names = [r["name"] for r in result["rows"]]
+    names = [r.name for r in result.rows]
     assert names == ["deep model", "ridge regression", "hist gradient boosting", "momentum 20d", "buy and hold"]
     assert "Survivorship" in (tmp_path / "report" / "report.md").read_text()
-    verdict = result["verdict"]
-    assert not verdict["signal"] and not verdict["edge"], verdict["line"]  # the null market
+    verdict = result.verdict
+    assert not verdict.signal and not verdict.edge, verdict.line  # the null market
 
     signals = pd.read_parquet(tmp_path / "report" / "signals.parquet")  # what evaluate's predict() wrote
     assert not [c for c in signals.columns if c.startswith("p_")] and "pred_class" not in signals

@@ -410,23 +410,23 @@ def test_edge_verdict_lines():
     strong, weak, same = _daily(0.041, 1, common), _daily(0.010, 2, common), _daily(0.040, 3, common)
     yes = edge_verdict(_ic(0.041, 0.012, 0.070, daily=strong), _ic(0.010, -0.01, 0.03, daily=weak), n_tickers=50,
                        baseline_name="momentum 20d")
-    assert yes["edge"] is True and yes["signal"] is True and yes["cross_section_meaningful"] is True
-    assert yes["line"].startswith("edge over the best baseline: yes (mean rank IC 0.041, 95% CI [0.012, 0.070]; "
-                                  "momentum 20d 0.010; difference +0.03")
-    assert yes["difference"]["ci_low"] > 0 and yes["difference"]["n_days"] == 500
+    assert yes.edge is True and yes.signal is True and yes.cross_section_meaningful is True
+    assert yes.line.startswith("edge over the best baseline: yes (mean rank IC 0.041, 95% CI [0.012, 0.070]; "
+                               "momentum 20d 0.010; difference +0.03")
+    assert yes.difference.ci_low > 0 and yes.difference.n_days == 500
     ci_spans_zero = edge_verdict(_ic(0.041, -0.002, 0.080, daily=strong), _ic(0.010, -0.01, 0.03, daily=weak),
                                  n_tickers=50)
-    assert ci_spans_zero["edge"] is False and ci_spans_zero["signal"] is False
-    assert ci_spans_zero["line"].startswith("edge over the best baseline: no (mean rank IC 0.041")
+    assert ci_spans_zero.edge is False and ci_spans_zero.signal is False
+    assert ci_spans_zero.line.startswith("edge over the best baseline: no (mean rank IC 0.041")
     # a real signal that only ties the best baseline is no edge over it
     tie = edge_verdict(_ic(0.041, 0.012, 0.070, daily=strong), _ic(0.040, 0.01, 0.07, daily=same), n_tickers=50)
-    assert tie["signal"] is True and tie["edge"] is False
-    assert tie["difference"]["ci_low"] < 0 < tie["difference"]["ci_high"]
+    assert tie.signal is True and tie.edge is False
+    assert tie.difference.ci_low < 0 < tie.difference.ci_high
     alone = edge_verdict(_ic(0.03, 0.01, 0.05, rank=False), None, n_tickers=50)
-    assert alone["edge"] is True and "mean IC 0.030" in alone["line"]
+    assert alone.edge is True and "mean IC 0.030" in alone.line
     few = edge_verdict(_ic(0.2, 0.1, 0.3), _ic(0.0, -0.1, 0.1), n_tickers=3)
-    assert few["edge"] is False and few["cross_section_meaningful"] is False
-    assert "not meaningful with 3 tickers" in few["line"]
+    assert few.edge is False and few.cross_section_meaningful is False
+    assert "not meaningful with 3 tickers" in few.line
 
 
 def test_classification_metrics_equal_the_scikit_learn_functions_they_replace():
@@ -503,7 +503,9 @@ def test_a_contender_without_a_long_short_book_has_its_figures_undefined_not_zer
     its Sharpe, return, drawdown, turnover and PSR are None in evaluation.json and n/a in both
     tables; its positions book and its (undefined) rank IC keep their own figures."""
     from alchemetric_ray.config import load_config
-    from alchemetric_ray.signals.contenders import BUY_AND_HOLD, contender_stats
+    from alchemetric_ray.signals.contenders import BUY_AND_HOLD, Segment, contender_stats
+    from alchemetric_ray.signals.metrics import Verdict
+    from alchemetric_ray.signals.records import Evaluation
     from alchemetric_ray.signals.report import _contender_table, verdict_table
 
     cfg = load_config(None)
@@ -516,11 +518,13 @@ def test_a_contender_without_a_long_short_book_has_its_figures_undefined_not_zer
     assert all(row["long_short"][k] is None for k in ("sharpe", "annual_return", "max_drawdown", "turnover"))
     assert row["psr"] is None and row["long_short"]["n_days"] == model.long_short.n_days
     assert np.isfinite(row["positions"]["sharpe"])
-    result = {"segment": {"start": "2020-01-01", "end": "2020-03-01"}, "rows": [model.as_dict(), row],
-              "verdict": {"line": "verdict"}}
+    result = Evaluation(segment=Segment("2020-01-01", "2020-03-01"), tickers=12, rows=[model, hold],
+                        best_baseline=None, verdict=Verdict(edge=False, signal=False, line="verdict",
+                                                            cross_section_meaningful=True),
+                        n_trials=1, selection=None, baselines_note=None)
     hold_line = next(line for line in verdict_table(result).splitlines() if line.startswith(BUY_AND_HOLD))
     assert hold_line.split()[-3:] == ["n/a", "n/a", "n/a"]  # L/S Sharpe, L/S return, bal. acc
-    cells = [c.strip() for c in _contender_table(result["rows"])[-1].strip("|").split("|")]
+    cells = [c.strip() for c in _contender_table(result.rows)[-1].strip("|").split("|")]
     assert cells[4:8] == ["n/a"] * 4 and cells[10] == "n/a" and cells[8] != "n/a"  # L/S and PSR; positions kept
     assert "0.00" not in hold_line
 

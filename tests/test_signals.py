@@ -126,12 +126,12 @@ def test_known_answer_a_sequence_model_ranks_what_the_row_features_cannot_see(ra
                              f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
                              "storage.name=known"])
     result = evaluate(run_training(cfg, progress=False).model_dir, None, tmp_path / "report")
-    rows = {r["name"]: r["rank_ic"] for r in result["rows"]}
-    assert rows["deep model"]["ci_low"] > 0, rows["deep model"]
+    rows = {r.name: r.rank_ic for r in result.rows}
+    assert rows["deep model"].ci_low > 0, rows["deep model"]
     for baseline in ("ridge regression", "hist gradient boosting"):
-        assert rows[baseline]["ci_low"] <= 0 <= rows[baseline]["ci_high"], (baseline, rows[baseline])
-    verdict = result["verdict"]
-    assert verdict["signal"] and verdict["edge"] and verdict["difference"]["ci_low"] > 0, verdict["line"]
+        assert rows[baseline].ci_low <= 0 <= rows[baseline].ci_high, (baseline, rows[baseline])
+    verdict = result.verdict
+    assert verdict.signal and verdict.edge and verdict.difference.ci_low > 0, verdict.line
 
 
 @pytest.mark.slow
@@ -147,8 +147,8 @@ def test_known_answer_the_null_market_gives_no_signal(ray_session, tmp_path, see
                              "features.label=cs_rank", "model.hidden=16", "train.epochs=1",
                              f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
                              "storage.name=null-market"])
-    verdict = evaluate(run_training(cfg, progress=False).model_dir, None, tmp_path / "report")["verdict"]
-    assert not verdict["signal"] and not verdict["edge"], verdict["line"]
+    verdict = evaluate(run_training(cfg, progress=False).model_dir, None, tmp_path / "report").verdict
+    assert not verdict.signal and not verdict.edge, verdict.line
 
 
 @pytest.mark.slow
@@ -168,18 +168,18 @@ def test_verdict_on_a_synthetic_market_with_class_labels(ray_session, tmp_path):
                              "train.mode=min", "train.deterministic=true"])
     model_dir = run_training(cfg, progress=False).model_dir
     result = evaluate(model_dir, None, tmp_path / "report")
-    model, verdict = result["rows"][0], result["verdict"]
-    assert verdict["signal"] is edge and verdict["edge"] is edge, verdict["line"]
-    assert (model["rank_ic"]["ci_low"] > 0) is edge
-    diff = verdict["difference"]
-    assert (diff["ci_low"] > 0) is edge  # the deep model beats the best baseline on the same days
-    best = max(r["rank_ic"]["mean"] for r in result["rows"][1:] if np.isfinite(r["rank_ic"]["mean"]))
+    model, verdict = result.rows[0], result.verdict
+    assert verdict.signal is edge and verdict.edge is edge, verdict.line
+    assert (model.rank_ic.ci_low > 0) is edge
+    diff = verdict.difference
+    assert (diff.ci_low > 0) is edge  # the deep model beats the best baseline on the same days
+    best = max(r.rank_ic.mean for r in result.rows[1:] if np.isfinite(r.rank_ic.mean))
     if edge:
-        assert model["rank_ic"]["mean"] > best
-    assert verdict["line"].startswith(f"edge over the best baseline: {'yes' if edge else 'no'} (mean rank IC")
-    assert f"{result['best_baseline']} " in verdict["line"] and "difference" in verdict["line"]
+        assert model.rank_ic.mean > best
+    assert verdict.line.startswith(f"edge over the best baseline: {'yes' if edge else 'no'} (mean rank IC")
+    assert f"{result.best_baseline} " in verdict.line and "difference" in verdict.line
     report = (tmp_path / "report" / "report.md").read_text()
-    assert verdict["line"] in report and "| buy and hold |" in report and "| momentum 20d |" in report
+    assert verdict.line in report and "| buy and hold |" in report and "| momentum 20d |" in report
     assert ("signal: yes" if edge else "signal: no") in report
     assert (tmp_path / "report" / "equity.png").stat().st_size > 5000
     saved = json.loads((tmp_path / "report" / "evaluation.json").read_text())
@@ -284,18 +284,18 @@ def test_known_answer_the_pooled_walk_forward_confirms_an_effect_the_test_segmen
                              "signals.refit_every=200", f"storage.path={tmp_path / 'results'}",
                              f"storage.models_dir={tmp_path / 'models'}", "storage.name=weak"])
     result = evaluate(run_training(cfg, progress=False).model_dir, None, tmp_path / "report", pooled=True)
-    own = result["rows"][0]["rank_ic"]
-    assert own["ci_low"] < 0 < own["ci_high"], own  # 177 days: too few to tell
-    wf = result["walk_forward"]
-    pooled = wf["pooled"]
-    model = pooled["rows"][0]["rank_ic"]
-    assert model["n_days"] > 3.5 * own["n_days"] and wf["refits"] == 4
-    assert model["ci_low"] > 0.01, model  # found, with a margin (z about 6)
-    assert (model["ci_high"] - model["ci_low"]) < 0.6 * (own["ci_high"] - own["ci_low"])
-    assert pooled["verdict"]["signal"] and pooled["verdict"]["edge"], pooled["verdict"]["line"]
-    for row in pooled["rows"][1:]:
-        if row["name"] != "buy and hold":
-            assert row["rank_ic"]["mean"] < model["mean"], row["name"]
+    own = result.rows[0].rank_ic
+    assert own.ci_low < 0 < own.ci_high, own  # 177 days: too few to tell
+    wf = result.walk_forward
+    pooled = wf.pooled
+    model = pooled.rows[0].rank_ic
+    assert model.n_days > 3.5 * own.n_days and wf.refits == 4
+    assert model.ci_low > 0.01, model  # found, with a margin (z about 6)
+    assert (model.ci_high - model.ci_low) < 0.6 * (own.ci_high - own.ci_low)
+    assert pooled.verdict.signal and pooled.verdict.edge, pooled.verdict.line
+    for row in pooled.rows[1:]:
+        if row.name != "buy and hold":
+            assert row.rank_ic.mean < model.mean, row.name
 
 
 @pytest.mark.slow
@@ -313,9 +313,9 @@ def test_known_answer_the_pooled_walk_forward_finds_nothing_on_the_null_market(r
                              f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
                              "storage.name=null-pooled"])
     result = evaluate(run_training(cfg, progress=False).model_dir, None, tmp_path / "report", pooled=True)
-    wf = result["walk_forward"]
-    pooled = wf["pooled"]
-    model = pooled["rows"][0]["rank_ic"]
-    assert wf["refits"] >= 3 and model["n_days"] > 2.5 * result["rows"][0]["rank_ic"]["n_days"]
-    assert model["ci_low"] < 0 < model["ci_high"], model
-    assert not pooled["verdict"]["signal"] and not pooled["verdict"]["edge"], pooled["verdict"]["line"]
+    wf = result.walk_forward
+    pooled = wf.pooled
+    model = pooled.rows[0].rank_ic
+    assert wf.refits >= 3 and model.n_days > 2.5 * result.rows[0].rank_ic.n_days
+    assert model.ci_low < 0 < model.ci_high, model
+    assert not pooled.verdict.signal and not pooled.verdict.edge, pooled.verdict.line

@@ -65,6 +65,7 @@ class LoadedModel:
     manifest: Manifest
     meta: dict[str, Any]
     path: Path | str  # a local folder, or the URI of a model on object storage
+    location: Location | None = None  # where load_model found it, named as its caller named it
 
     @property
     def mode(self) -> str:
@@ -192,8 +193,10 @@ def load_model(path: str | Path | Location) -> LoadedModel:
         with tempfile.TemporaryDirectory(prefix="alchemetric-model-") as tmp:
             loaded = _load_local(where.download(Path(tmp) / where.name))
         loaded.path = where.uri
-        return loaded
-    return _load_local(Path(path) if not isinstance(path, Location) else where.local)
+    else:
+        loaded = _load_local(Path(path) if not isinstance(path, Location) else where.local)
+    loaded.location = where
+    return loaded
 
 
 def _load_local(path: Path) -> LoadedModel:

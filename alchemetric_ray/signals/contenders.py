@@ -1,8 +1,8 @@
 """What an evaluation scores and each contender's row: the model's signals and every baseline's on
 one segment (logistic or ridge regression and HistGradientBoosting, fitted on the model's training
 rows or, for new data without them, on its own earlier rows; a 20-day momentum rule; buy-and-hold),
-the window new data is scored on, and one typed :class:`ContenderRow` per contender with the best
-baseline and the verdict.
+the window new data is scored on (:class:`DataWindow`), and one typed :class:`ContenderRow` per
+contender with the best baseline and the verdict (:class:`SegmentResult`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from alchemetric_ray.scoring.metrics import classification_metrics
 from alchemetric_ray.signals import metrics as sm
 from alchemetric_ray.signals import portfolio as sp
 from alchemetric_ray.signals.predict import direction_score, signal_positions
-from alchemetric_ray.signals.selection import selection_figures
+from alchemetric_ray.signals.selection import SelectionFigures, selection_figures
 
 FEW_TICKERS = 10
 BUY_AND_HOLD = "buy and hold"
@@ -39,6 +39,17 @@ def _segment(frame: pd.DataFrame, start: str, end: str) -> pd.DataFrame:
 def _scored(frame: pd.DataFrame, score: np.ndarray, pos: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({"date": frame["date"].to_numpy(), "ticker": frame["ticker"].to_numpy(), "score": score,
                          "position": pos, "fwd_ret": frame["fwd_ret"].to_numpy(dtype=np.float64)})
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The first and last date (``YYYY-MM-DD``) of a scored segment."""
+
+    start: str
+    end: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"start": self.start, "end": self.end}
 
 
 @dataclass
@@ -193,24 +204,52 @@ def contender_frames(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     return Contenders(start, end, frames, proba, labels, baselines_note)
 
 
+@dataclass
+class SegmentResult:
+    """Every contender's row on one segment (the deep model's first), the best baseline by mean rank
+    IC, the verdict on the model's edge over it, and the trials behind the model with its deflated
+    Sharpe ratio (``selection``: None where fewer than 2 trials stand behind it); :meth:`as_dict` is
+    the part of ``evaluation.json`` that describes the segment."""
+
+    segment: Segment
+    tickers: int
+    rows: list[ContenderRow]
+    best_baseline: str | None
+    verdict: sm.Verdict
+    n_trials: int
+    selection: SelectionFigures | None
+    baselines_note: str | None
+
+    @property
+    def deep_model(self) -> ContenderRow:
+        """The deep model's row."""
+        return self.rows[0]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"segment": self.segment.as_dict(), "tickers": self.tickers, "rows": [r.as_dict() for r in self.rows],
+                "best_baseline": self.best_baseline, "verdict": self.verdict.as_dict(), "n_trials": self.n_trials,
+                "selection": self.selection.as_dict() if self.selection else None,
+                "baselines_note": self.baselines_note}
+
+
 def score_contenders(contenders: Contenders, manifest: Manifest, cfg: RunConfig, *,
-                     selection: dict | None = None) -> dict[str, Any]:
+                     selection: dict | None = None) -> SegmentResult:
     """Every contender's row, the best baseline and the verdict, on what :func:`contender_frames` scored."""
     horizon = manifest.label["horizon"]
     rows = [contender_stats(name, frame, cfg, horizon=horizon, proba=contenders.proba[name],
                             labels=contenders.labels[name]) for name, frame in contenders.frames.items()]
     figures = selection_figures(contenders.frames["deep model"], selection, cfg)
-    rows[0].dsr = figures["dsr"] if figures else None  # of the validation book: see result["selection"]
+    rows[0].dsr = figures.dsr if figures else None  # of the validation book: see the result's selection
     n_tickers = int(contenders.frames["deep model"]["ticker"].nunique())
     baselines_with_ic = [r for r in rows[1:] if r.name != BUY_AND_HOLD and r.rank_ic.n_days > 0]
     best = max(baselines_with_ic, key=lambda r: r.rank_ic.mean if not math.isnan(r.rank_ic.mean) else -1,
                default=None)
     verdict = sm.edge_verdict(rows[0].rank_ic, best.rank_ic if best else None, n_tickers=n_tickers,
                               few_tickers=FEW_TICKERS, baseline_name=best.name if best else "best baseline")
-    return {"segment": {"start": contenders.start, "end": contenders.end}, "tickers": n_tickers, "rows": rows,
-            "best_baseline": best.name if best else None, "verdict": verdict,
-            "n_trials": figures["n_trials"] if figures else 1, "selection": figures,
-            "baselines_note": contenders.baselines_note}
+    return SegmentResult(segment=Segment(contenders.start, contenders.end), tickers=n_tickers, rows=rows,
+                         best_baseline=best.name if best else None, verdict=verdict,
+                         n_trials=figures.n_trials if figures else 1, selection=figures,
+                         baselines_note=contenders.baselines_note)
 
 
 def _baseline_rows(inputs: pd.DataFrame, manifest: Manifest, start: str) -> tuple[pd.DataFrame, str | None]:
@@ -241,7 +280,24 @@ def _day(value) -> str:
     return str(np.datetime64(value, "D"))
 
 
-def new_data_window(inputs: pd.DataFrame, manifest: Manifest) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DataWindow:
+    """The dates ``evaluate --data`` scores (:func:`new_data_window`): first and last date, how many
+    days and names of the new data fall in it, and the model's own test segment beside it."""
+
+    start: str
+    end: str
+    days: int
+    names: int
+    model_test_start: str
+    model_test_end: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "days": self.days, "names": self.names,
+                "model_test_start": self.model_test_start, "model_test_end": self.model_test_end}
+
+
+def new_data_window(inputs: pd.DataFrame, manifest: Manifest) -> DataWindow:
     """The dates ``evaluate --data`` scores: from the model's test-segment start (earlier dates'
     labels took part in training or model selection) or the data's first date, whichever is later,
     to the data's last date with a realised forward return; with its days and names."""
@@ -253,6 +309,6 @@ def new_data_window(inputs: pd.DataFrame, manifest: Manifest) -> dict[str, Any]:
                               f"(its last date with a forward return: "
                               f"{_day(labelled['date'].max()) if len(labelled) else 'none'})")
     scored = labelled[labelled["date"] >= first]
-    return {"start": _day(first), "end": _day(scored["date"].max()), "days": int(scored["date"].nunique()),
-            "names": int(scored["ticker"].nunique()), "model_test_start": test_start,
-            "model_test_end": manifest.splits["test_end"]}
+    return DataWindow(start=_day(first), end=_day(scored["date"].max()), days=int(scored["date"].nunique()),
+                      names=int(scored["ticker"].nunique()), model_test_start=test_start,
+                      model_test_end=manifest.splits["test_end"])

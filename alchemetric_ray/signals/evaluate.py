@@ -13,15 +13,16 @@ at the next open).  Optional walk-forward folds retrain the model per fold.
 
 Its parts: what is scored and each contender's row (``signals/contenders.py``), the trials behind the
 model and its deflated Sharpe ratio (``signals/selection.py``), the walk-forward refits
-(``signals/walk_forward.py``), and the report (``signals/report.py``).  This module runs them in order
-and keeps the ledger of looks at the test segment.
+(``signals/walk_forward.py``), the report (``signals/report.py``) and the record an evaluation returns
+(``signals/records.py``).  This module runs them in order, with the one model the command loaded, and
+keeps the ledger of looks at the test segment.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -30,42 +31,42 @@ from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text
 from alchemetric_ray.outputs import claim, staged_output
-from alchemetric_ray.signals.contenders import EvaluationError, contender_frames, new_data_window, score_contenders
-from alchemetric_ray.signals.predict import inputs_frame, predict
+from alchemetric_ray.signals.contenders import (
+    EvaluationError,
+    Segment,
+    SegmentResult,
+    contender_frames,
+    new_data_window,
+    score_contenders,
+)
+from alchemetric_ray.signals.predict import inputs_frame, loaded_model, model_location, predict
+from alchemetric_ray.signals.records import Evaluation, Looks, ModelInfo, NewData
 from alchemetric_ray.signals.report import plot_equity, render_report
 from alchemetric_ray.signals.selection import selection_inputs
 from alchemetric_ray.signals.walk_forward import pooled_walk_forward, walk_forward
 from alchemetric_ray.storage import Location, locate
 
+if TYPE_CHECKING:
+    from alchemetric_ray.artifacts.export import LoadedModel
+
 
 def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest: Manifest, cfg: RunConfig,
-                     *, selection: dict | None = None, segment: tuple[str, str] | None = None) -> dict[str, Any]:
+                     *, selection: dict | None = None, segment: tuple[str, str] | None = None) -> SegmentResult:
     """The model and every baseline on the test segment of ``inputs`` (rows with features and labels);
     ``selection``: the trials behind the model (:func:`selection_inputs`), for its deflated Sharpe."""
     contenders = contender_frames(model_signals, inputs, manifest, cfg, segment=segment)
     return score_contenders(contenders, manifest, cfg, selection=selection)
 
 
-def public(result: dict) -> dict:
-    """``result`` as ``evaluation.json`` holds it (and :func:`evaluate` returns it): every contender
-    row (:class:`~alchemetric_ray.signals.contenders.ContenderRow`, the pooled walk-forward's too) as
-    its dict."""
-    out = {**result, "rows": [r.as_dict() for r in result["rows"]]}
-    if "pooled" in (result.get("walk_forward") or {}):
-        out["walk_forward"] = {**result["walk_forward"], "pooled": public(result["walk_forward"]["pooled"])}
-    return out
-
-
-def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | Path | Location,
-             cfg: RunConfig | None = None, *, pooled: bool = False) -> dict:
+def evaluate(model: str | Path | Location | LoadedModel, data: str | None, out_dir: str | Path | Location,
+             cfg: RunConfig | None = None, *, pooled: bool = False) -> Evaluation:
     """Predict, score the test segment against the baselines, and write the report to ``out_dir``;
-    ``pooled`` adds the pooled walk-forward evaluation (:func:`pooled_walk_forward`).  Returns what
-    ``evaluation.json`` holds (:func:`public`)."""
-    from alchemetric_ray.artifacts.export import load_model
-
-    model_dir, out_dir = locate(model_dir), locate(out_dir)
+    ``pooled`` adds the pooled walk-forward evaluation (:func:`pooled_walk_forward`).  ``model``: a
+    saved model folder, or the model already loaded from one (every step uses that one load).  Returns
+    the evaluation's record; ``evaluation.json`` is its ``as_dict()``."""
+    model_dir, out_dir = model_location(model), locate(out_dir)
     claim(out_dir, "evaluation", what="report folder")  # before any work: only our own report is replaced
-    loaded = load_model(model_dir)
+    loaded = loaded_model(model)
     cfg = cfg or loaded.config
     if pooled and cfg.signals.folds:
         raise EvaluationError(f"--walk-forward and signals.folds={cfg.signals.folds} are two walk-forward "
@@ -73,34 +74,34 @@ def evaluate(model_dir: str | Path | Location, data: str | None, out_dir: str | 
     metrics = json.loads((model_dir / "metrics.json").read_text()) if (model_dir / "metrics.json").is_file() else {}
     splits = loaded.manifest.splits
     with staged_output(out_dir, "evaluation") as tmp:
-        signals = predict(model_dir, data, tmp / "signals.parquet", cfg)
+        signals = predict(loaded, data, tmp / "signals.parquet", cfg)
         inputs = inputs_frame(loaded, data, on_duplicate=cfg.data.on_duplicate if data else None)
         window = new_data_window(inputs, loaded.manifest) if data else None
-        result = evaluate_signals(signals, inputs, loaded.manifest, cfg,
+        scored = evaluate_signals(signals, inputs, loaded.manifest, cfg,
                                   selection=selection_inputs(model_dir, loaded.manifest, metrics),
-                                  segment=(window["start"], window["end"]) if window else None)
+                                  segment=(window.start, window.end) if window else None)
+        result = Evaluation(**vars(scored))
         if data:  # new data: where it came from, the window scored, how its duplicated bars were treated
-            result["data"] = {"path": str(data), "window": window, "duplicates": inputs.attrs.get("duplicates")}
+            result.data = NewData(path=str(data), window=window, duplicates=inputs.attrs.get("duplicates"))
         if pooled:
-            result["walk_forward"] = pooled_walk_forward(cfg, data, loaded, tmp)
+            result.walk_forward = pooled_walk_forward(cfg, data, loaded, tmp)
         elif cfg.signals.folds:
-            result["walk_forward"] = walk_forward(cfg, data, loaded, cfg.signals.folds, tmp)
-        result["model"] = {"dir": str(model_dir), "id": signals["model_id"].iloc[0] if len(signals) else None,
-                           "name": loaded.config.model.name, "device": loaded.meta.get("device"),
-                           "precision": loaded.meta.get("precision"), "label": loaded.manifest.label["scheme"],
-                           "cross_sectional": bool(loaded.manifest.cross_section)}
+            result.walk_forward = walk_forward(cfg, data, loaded, cfg.signals.folds, tmp)
+        result.model = ModelInfo(dir=str(model_dir), id=signals["model_id"].iloc[0] if len(signals) else None,
+                                 name=loaded.config.model.name, device=loaded.meta.get("device"),
+                                 precision=loaded.meta.get("precision"), label=loaded.manifest.label["scheme"],
+                                 cross_sectional=bool(loaded.manifest.cross_section))
         # this command is a look at the test segment: the earlier looks at it, and this one
-        scored = (result["walk_forward"]["pooled"]["segment"] if pooled else result["segment"])
-        look = {"start": min(scored["start"], result["segment"]["start"]),
-                "end": max(scored["end"], result["segment"]["end"])}
+        seen = result.walk_forward.pooled.segment if pooled else result.segment
+        look = Segment(start=min(seen.start, result.segment.start), end=max(seen.end, result.segment.end))
         earlier = ledger.looks_at(model_dir, splits["test_start"], splits["test_end"])
-        result["looks"] = {"test_start": splits["test_start"], "test_end": splits["test_end"],
-                           "count": len(earlier) + 1, "earlier": earlier, "this": look}
+        result.looks = Looks(test_start=splits["test_start"], test_end=splits["test_end"], count=len(earlier) + 1,
+                             earlier=earlier, this=look)
         plot_equity(result, tmp / "equity.png")
-        result = public(result)
         atomic_write_text(tmp / "report.md", render_report(result))
-        atomic_write_json(tmp / "evaluation.json", result)
+        atomic_write_json(tmp / "evaluation.json", result.as_dict())
     what = ("pooled walk-forward and test segment" if pooled else "new data" if data else "test segment") + \
         f" scored against the baselines, report {out_dir}"
-    ledger.record_look(model_dir, "evaluate", look["start"], look["end"], what)
+    ledger.record_look(model_dir, "evaluate", look.start, look.end, what)
     return result
+

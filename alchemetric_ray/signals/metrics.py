@@ -41,6 +41,8 @@ __all__ = [
     "expected_max_sharpe",
     "deflated_sharpe",
     "edge_verdict",
+    "ICDifference",
+    "Verdict",
 ]
 
 EULER_GAMMA = 0.5772156649015329  # Euler-Mascheroni constant
@@ -71,6 +73,38 @@ class ICStats:
     rank: bool = False
     confidence: float = 0.95
     lag: int = 0
+
+
+@dataclass(frozen=True)
+class ICDifference:
+    """The paired (model - baseline) daily IC difference: its mean, interval and day count
+    (:func:`ic_difference`)."""
+
+    mean: float
+    ci_low: float
+    ci_high: float
+    n_days: int
+
+    def as_dict(self) -> dict:
+        return {"mean": self.mean, "ci_low": self.ci_low, "ci_high": self.ci_high, "n_days": self.n_days}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer of :func:`edge_verdict`: whether the model has an edge over its best baseline and
+    a signal at all, the one line that says so, whether the cross-section is wide enough to judge,
+    and the paired difference to the best baseline (None without one, or without the names)."""
+
+    edge: bool
+    signal: bool
+    line: str
+    cross_section_meaningful: bool
+    difference: ICDifference | None = None
+
+    def as_dict(self) -> dict:
+        return {"edge": self.edge, "signal": self.signal, "line": self.line,
+                "cross_section_meaningful": self.cross_section_meaningful,
+                "difference": self.difference.as_dict() if self.difference else None}
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,14 +274,13 @@ def edge_verdict(
     n_tickers: int,
     few_tickers: int = 10,
     baseline_name: str = "best baseline",
-) -> dict:
+) -> Verdict:
     """One-line answer to "does the model beat its best baseline on the cross-section?".
 
     edge = the model's IC interval excludes 0 AND the paired (model - baseline) daily IC
     difference has an interval above 0 (see :func:`ic_difference`); a model that merely ties the
     best baseline has no edge over it.  With ``n_tickers < few_tickers`` the cross-sectional
     numbers are not meaningful: edge is False and the line says so.
-    Returns {"edge", "signal", "line", "cross_section_meaningful", "difference"}.
     """
     kind = "mean rank IC" if model_ic.rank else "mean IC"
     pct = f"{round(100 * model_ic.confidence):d}%"
@@ -256,16 +289,16 @@ def edge_verdict(
             f"edge over the best baseline: no (cross-sectional numbers are not meaningful with "
             f"{n_tickers} ticker{'s' if n_tickers != 1 else ''}; need at least {few_tickers})"
         )
-        return {"edge": False, "signal": False, "line": line, "cross_section_meaningful": False, "difference": None}
+        return Verdict(edge=False, signal=False, line=line, cross_section_meaningful=False)
     signal = bool(np.isfinite(model_ic.ci_low) and model_ic.ci_low > 0)
     detail = f"{kind} {model_ic.mean:.3f}, {pct} CI [{model_ic.ci_low:.3f}, {model_ic.ci_high:.3f}]"
     if best_baseline_ic is None:
         line = f"edge (no baseline given): {'yes' if signal else 'no'} ({detail})"
-        return {"edge": signal, "signal": signal, "line": line, "cross_section_meaningful": True, "difference": None}
+        return Verdict(edge=signal, signal=signal, line=line, cross_section_meaningful=True)
     d_mean, d_lo, d_hi, d_n = ic_difference(model_ic, best_baseline_ic)
     beats = bool(np.isfinite(d_lo) and d_lo > 0)
     edge = signal and beats
     line = (f"edge over the best baseline: {'yes' if edge else 'no'} ({detail}; {baseline_name} "
             f"{best_baseline_ic.mean:.3f}; difference {d_mean:+.3f}, {pct} CI [{d_lo:+.3f}, {d_hi:+.3f}])")
-    return {"edge": edge, "signal": signal, "line": line, "cross_section_meaningful": True,
-            "difference": {"mean": d_mean, "ci_low": d_lo, "ci_high": d_hi, "n_days": d_n}}
+    return Verdict(edge=edge, signal=signal, line=line, cross_section_meaningful=True,
+                   difference=ICDifference(d_mean, d_lo, d_hi, d_n))

@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -37,6 +38,9 @@ from alchemetric_ray.outputs import claim_signals_file, signals_metadata
 from alchemetric_ray.scoring.metrics import direction_score
 from alchemetric_ray.signals.portfolio import quantile_positions
 from alchemetric_ray.storage import Location, local_copy, locate
+
+if TYPE_CHECKING:
+    from alchemetric_ray.artifacts.export import LoadedModel
 
 
 class SignalError(UserError, ValueError):
@@ -67,11 +71,11 @@ class ModelPredictor:
         else:
             x = np.stack([np.asarray(batch[f], dtype=np.float32) for f in self.features], axis=1)
         proba = predict_proba(self.model, x, self.device, self.precision, regression=self.loaded.manifest.regression)
-        out = {k: batch[k] for k in ("date", "ticker", "fwd_ret", "effective_date")}
-        out["proba"] = proba.astype(np.float32)
-        out["device"] = np.full(len(proba), str(self.device))
-        out["precision"] = np.full(len(proba), self.precision.mode)
-        return out
+        columns = {k: batch[k] for k in ("date", "ticker", "fwd_ret", "effective_date")}
+        columns["proba"] = proba.astype(np.float32)
+        columns["device"] = np.full(len(proba), str(self.device))
+        columns["precision"] = np.full(len(proba), self.precision.mode)
+        return columns
 
 
 def model_id(model_dir: str | Path | Location) -> str:
@@ -227,21 +231,39 @@ def _normalized(frame: pd.DataFrame, norm: Normalizer, names: list[str], regress
                         label=label.astype(np.float32) if regression else np.nan_to_num(label, nan=-1).astype(np.int64))
 
 
-def predict(model_dir: str | Path | Location, data: str | None, out: str | Path | Location,
+def model_location(model: str | Path | Location | LoadedModel) -> Location:
+    """Where ``model`` lives: a saved model's folder (a path or a location), or the folder a loaded
+    model was loaded from, named as its loader was given it."""
+    from alchemetric_ray.artifacts.export import LoadedModel
+
+    if isinstance(model, LoadedModel):
+        return model.location or locate(model.path)
+    return locate(model)
+
+
+def loaded_model(model: str | Path | Location | LoadedModel) -> LoadedModel:
+    """``model`` loaded: a saved model's folder is loaded here (a command's one load: it passes the
+    result on), a model already loaded is passed through."""
+    from alchemetric_ray.artifacts.export import LoadedModel, load_model
+
+    return model if isinstance(model, LoadedModel) else load_model(model_location(model))
+
+
+def predict(model: str | Path | Location | LoadedModel, data: str | None, out: str | Path | Location,
             cfg: RunConfig | None = None, *, staged: Path | None = None) -> pd.DataFrame:
     """Score ``data`` (OHLCV folder/file; None = the model's training data) with a saved model into
-    ``out``.  ``staged``: a folder :func:`stage_inputs` already filled for this model and data (a
-    caller that also needs the inputs in memory stages them once)."""
+    ``out``.  ``model``: the model's folder, or the model already loaded from it (:func:`loaded_model`;
+    scored in this process it is not loaded again).  ``staged``: a folder :func:`stage_inputs` already
+    filled for this model and data (a caller that also needs the inputs in memory stages them once)."""
     import ray
 
-    from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.data.loaders import read_parquet_folder
     from alchemetric_ray.placement.autoscale import gpu_preflight
     from alchemetric_ray.placement.capacity import discover_capacity
     from alchemetric_ray.placement.session import ensure_ray
 
-    model_dir, out = locate(model_dir), locate(out)
-    loaded = load_model(model_dir)
+    model_dir, out = model_location(model), locate(out)
+    loaded = loaded_model(model)
     cfg = cfg or loaded.config
     _check_paths(data, out)
     claim_signals_file(out, what="signals output")  # before any work: a folder or a foreign file is refused

@@ -1,5 +1,6 @@
 """The evaluation's report: the equity plot (``equity.png``) drawn from the contenders' rows, the
-Markdown of ``report.md`` and the terminal's verdict table, both rendered from what
+Markdown of ``report.md`` and the terminal's verdict table, both rendered from the evaluation's
+record (:class:`~alchemetric_ray.signals.records.Evaluation`), figure for figure what
 ``evaluation.json`` holds.
 """
 
@@ -7,11 +8,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from alchemetric_ray.artifacts import ledger
-from alchemetric_ray.signals.contenders import FEW_TICKERS, ContenderRow
+from alchemetric_ray.signals.contenders import FEW_TICKERS, ContenderRow, SegmentResult
+from alchemetric_ray.signals.walk_forward import FoldsWalkForward, PooledWalkForward
+
+if TYPE_CHECKING:
+    from alchemetric_ray.signals.records import Evaluation, Looks
 
 
 def equity_curves(tickers: int, rows: list[ContenderRow]) -> dict[str, pd.DataFrame]:
@@ -28,7 +34,7 @@ def equity_curves(tickers: int, rows: list[ContenderRow]) -> dict[str, pd.DataFr
     return curves
 
 
-def plot_equity(result: dict, path: Path) -> None:
+def plot_equity(result: SegmentResult, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,8 +42,8 @@ def plot_equity(result: dict, path: Path) -> None:
 
     fig = Figure(figsize=(9, 4.5), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
-    cross = result["tickers"] >= FEW_TICKERS
-    for name, eq in equity_curves(result["tickers"], result["rows"]).items():
+    cross = result.tickers >= FEW_TICKERS
+    for name, eq in equity_curves(result.tickers, result.rows).items():
         ax.plot(pd.to_datetime(eq["date"]), eq["equity"], label=name, linewidth=2.2 if name == "deep model" else 1.2)
     ax.set_title(("long-short top/bottom quantile" if cross else "thresholded positions") + ", net of costs")
     ax.set_ylabel("equity (start = 1)")
@@ -53,136 +59,160 @@ def _f(value, fmt="{:.4f}") -> str:
     return fmt.format(value)
 
 
-def verdict_table(result: dict) -> str:
+def _long_short(row: ContenderRow, figure: str) -> float | None:
+    """A figure of the row's long-short book; None where the book never traded (it is undefined)."""
+    return getattr(row.long_short, figure) if row.trades else None
+
+
+def _balanced_accuracy(row: ContenderRow) -> float | None:
+    return (row.classification or {}).get("balanced_accuracy")
+
+
+def verdict_table(result: Evaluation) -> str:
     """The verdict and the side-by-side table for a terminal: one row per contender."""
-    seg = result["segment"]
-    scored = "new " if result.get("data") else "test "
-    header = (f"{scored + seg['start'] + '..' + seg['end']:<26s} {'rank IC [95% CI]':>26s} {'L/S Sharpe':>10s} "
+    seg = result.segment
+    scored = "new " if result.data else "test "
+    header = (f"{scored + seg.start + '..' + seg.end:<26s} {'rank IC [95% CI]':>26s} {'L/S Sharpe':>10s} "
               f"{'L/S return':>10s} {'bal. acc':>8s}")
     lines = [header]
-    for r in result["rows"]:
-        rank_ic, long_short = r["rank_ic"], r["long_short"]
-        bal = r.get("classification", {}).get("balanced_accuracy")
-        interval = (f"{_f(rank_ic['mean'], '{:+.4f}')} "
-                    f"[{_f(rank_ic['ci_low'], '{:+.4f}')}, {_f(rank_ic['ci_high'], '{:+.4f}')}]")
-        lines.append(f"{r['name']:<26s} {interval:>26s} {_f(long_short['sharpe'], '{:.2f}'):>10s} "
-                     f"{_f(long_short['annual_return'], '{:.1%}'):>10s} {_f(bal):>8s}")
-    return "\n".join([*lines, result["verdict"]["line"]])
+    for row in result.rows:
+        rank_ic = row.rank_ic
+        interval = f"{_f(rank_ic.mean, '{:+.4f}')} [{_f(rank_ic.ci_low, '{:+.4f}')}, {_f(rank_ic.ci_high, '{:+.4f}')}]"
+        sharpe, annual = _f(_long_short(row, "sharpe"), "{:.2f}"), _f(_long_short(row, "annual_return"), "{:.1%}")
+        lines.append(f"{row.name:<26s} {interval:>26s} {sharpe:>10s} {annual:>10s} {_f(_balanced_accuracy(row)):>8s}")
+    return "\n".join([*lines, result.verdict.line])
 
 
-def _contender_table(rows: list[dict]) -> list[str]:
+def _contender_table(rows: list[ContenderRow]) -> list[str]:
     lines = ["| contender | rank IC [CI] | IC | ICIR | L/S Sharpe | L/S ann. return | max DD | turnover | "
              "positions Sharpe | hit rate | PSR | DSR | bal. acc |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        rank_ic, long_short = row["rank_ic"], row["long_short"]
-        cells = [row["name"], f"{_f(rank_ic['mean'])} [{_f(rank_ic['ci_low'])}, {_f(rank_ic['ci_high'])}]",
-                 _f(row["ic"]["mean"]), _f(rank_ic["icir"], "{:.2f}"),
-                 _f(long_short["sharpe"], "{:.2f}"), _f(long_short["annual_return"], "{:.2%}"),
-                 _f(long_short["max_drawdown"], "{:.2%}"), _f(long_short["turnover"], "{:.2f}"),
-                 _f(row["positions"]["sharpe"], "{:.2f}"), _f(row["hit_rate"], "{:.3f}"), _f(row["psr"], "{:.3f}"),
-                 _f(row["dsr"], "{:.3f}"), _f(row.get("classification", {}).get("balanced_accuracy"))]
+        rank_ic = row.rank_ic
+        cells = [row.name, f"{_f(rank_ic.mean)} [{_f(rank_ic.ci_low)}, {_f(rank_ic.ci_high)}]",
+                 _f(row.ic.mean), _f(rank_ic.icir, "{:.2f}"),
+                 _f(_long_short(row, "sharpe"), "{:.2f}"), _f(_long_short(row, "annual_return"), "{:.2%}"),
+                 _f(_long_short(row, "max_drawdown"), "{:.2%}"), _f(_long_short(row, "turnover"), "{:.2f}"),
+                 _f(row.positions.sharpe, "{:.2f}"), _f(row.hit_rate, "{:.3f}"),
+                 _f(row.psr if row.trades else None, "{:.3f}"), _f(row.dsr, "{:.3f}"), _f(_balanced_accuracy(row))]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def _pooled_section(wf: dict) -> list[str]:
-    pooled, seg = wf["pooled"], wf["pooled"]["segment"]
-    days = pooled["rows"][0]["rank_ic"]["n_days"]
-    lines = [f"## Walk-forward, pooled out of sample ({wf['refits']} refits every {wf['refit_every']} trading days, "
-             f"{wf['window']} window)", "",
-             f"Every out-of-sample prediction of {seg['start']}..{seg['end']} ({days} days, {pooled['tickers']} "
+def _pooled_section(wf: PooledWalkForward) -> list[str]:
+    pooled, seg = wf.pooled, wf.pooled.segment
+    days = pooled.deep_model.rank_ic.n_days
+    lines = [f"## Walk-forward, pooled out of sample ({wf.refits} refits every {wf.refit_every} trading days, "
+             f"{wf.window} window)", "",
+             f"Every out-of-sample prediction of {seg.start}..{seg.end} ({days} days, {pooled.tickers} "
              f"tickers), scored once; each block was predicted by a model (and baselines) fitted only on the dates "
-             f"before it. {wf['refits']} refits took {wf['seconds']:.0f} s ({wf['refits_per_minute']:.2f} a minute).",
-             "", f"**{pooled['verdict']['line']}**", ""]
-    if pooled.get("baselines_note"):
-        lines += [f"> Baselines: {pooled['baselines_note']}.", ""]
-    lines += _contender_table(pooled["rows"])
+             f"before it. {wf.refits} refits took {wf.seconds:.0f} s ({wf.refits_per_minute:.2f} a minute).",
+             "", f"**{pooled.verdict.line}**", ""]
+    if pooled.baselines_note:
+        lines += [f"> Baselines: {pooled.baselines_note}.", ""]
+    lines += _contender_table(pooled.rows)
     lines += ["", "| year | days | rank IC [CI] | best baseline rank IC |", "|---|---|---|---|"]
-    for year in wf["years"]:
-        lines.append(f"| {year['year']} | {year['days']} | {_f(year['rank_ic'])} [{_f(year['ci_low'])}, "
-                     f"{_f(year['ci_high'])}] | {_f(year['best_baseline_rank_ic'])} |")
+    for year in wf.years:
+        lines.append(f"| {year.year} | {year.days} | {_f(year.rank_ic)} [{_f(year.ci_low)}, "
+                     f"{_f(year.ci_high)}] | {_f(year.best_baseline_rank_ic)} |")
     lines += ["", "| fold | trained through | scored | days | rank IC | Sharpe | best baseline rank IC |",
               "|---|---|---|---|---|---|---|"]
-    for fold in wf["folds"]:
-        lines.append(f"| {fold['fold']} | {fold['train_end']} | {fold['test_start']}..{fold['test_end']} | "
-                     f"{fold['days']} | {_f(fold['rank_ic'])} | {_f(fold['sharpe'], '{:.2f}')} | "
-                     f"{_f(fold['best_baseline_rank_ic'])} |")
+    for fold in wf.folds:
+        lines.append(f"| {fold.fold} | {fold.train_end} | {fold.test_start}..{fold.test_end} | "
+                     f"{fold.days} | {_f(fold.rank_ic)} | {_f(fold.sharpe, '{:.2f}')} | "
+                     f"{_f(fold.best_baseline_rank_ic)} |")
     return [*lines, ""]
 
 
-def _looks_lines(looks: dict | None) -> list[str]:
+def _folds_section(wf: FoldsWalkForward) -> list[str]:
+    lines = [f"## Walk-forward ({len(wf.folds)} folds, retrained per fold)", "",
+             f"rank IC {wf.rank_ic_mean:.4f} ± {wf.rank_ic_std:.4f}; long-short Sharpe "
+             f"{wf.sharpe_mean:.2f} ± {wf.sharpe_std:.2f}", "",
+             "| fold | test | rank IC | Sharpe | best baseline rank IC |", "|---|---|---|---|---|"]
+    for fold in wf.folds:
+        lines.append(f"| {fold.fold} | {fold.test_start}..{fold.test_end} | {_f(fold.rank_ic)} | "
+                     f"{_f(fold.sharpe, '{:.2f}')} | {_f(fold.best_baseline_rank_ic)} |")
+    return [*lines, ""]
+
+
+def _looks_lines(looks: Looks | None) -> list[str]:
     """How often the test segment has been scored: a look is a command that scored it (its labels
     against a model's scores): `evaluate`, `train`/`tune` with train.score_test, `doctor --model`."""
     if not looks:
         return []
-    earlier = looks["earlier"]
-    line = (f"Looks at the test segment {looks['test_start']}..{looks['test_end']}: {looks['count']}, this one "
+    line = (f"Looks at the test segment {looks.test_start}..{looks.test_end}: {looks.count}, this one "
             "included (a look: a command that scored the segment's labels; recorded in the model folder's looks/)")
-    if earlier:
-        line += f"; the earlier: {ledger.look_summary(earlier)}"
+    if looks.earlier:
+        line += f"; the earlier: {ledger.look_summary(looks.earlier)}"
     tail = (" Any look after the first may have steered the model (a retrain, another configuration): read these "
             "figures as less than out of sample; new data (`evaluate --data`) is fresh evidence."
-            if looks["count"] > 1 else "")
+            if looks.count > 1 else "")
     return [f"{line}.{tail}", ""]
 
 
-def render_report(result: dict) -> str:
-    seg = result["segment"]
-    v = result["verdict"]
-    lines = [f"# Evaluation: {result['model']['name']} ({result['model']['id']})", "",
-             f"**{v['line']}**", "",
-             f"signal: {'yes' if v.get('signal') else 'no'} (the model's rank-IC interval "
-             f"{'excludes' if v.get('signal') else 'does not exclude'} 0); an edge over the best baseline also needs "
-             "the paired daily difference to be above 0.", "",
-             f"{'Scored window' if result.get('data') else 'Test segment'} {seg['start']}..{seg['end']}, "
-             f"{result['tickers']} tickers; returns are earned from the "
-             "open after each signal; costs are included in the portfolio figures.", ""]
-    window = (result.get("data") or {}).get("window")
+def _data_lines(result: Evaluation) -> list[str]:
+    """New data: the window scored and how the data's duplicated bars were treated."""
+    if not result.data:
+        return []
+    window, dup, lines = result.data.window, result.data.duplicates, []
     if window:
-        lines += [f"Scored window {window['start']}..{window['end']}: {window['days']} days, "
-                  f"{window['names']} names of the new data, from the model's test-segment start "
-                  f"{window['model_test_start']} (earlier dates' labels took part in training and model selection) "
+        lines += [f"Scored window {window.start}..{window.end}: {window.days} days, "
+                  f"{window.names} names of the new data, from the model's test-segment start "
+                  f"{window.model_test_start} (earlier dates' labels took part in training and model selection) "
                   "to the data's last date with a realised return (the model's own test segment ended "
-                  f"{window['model_test_end']}).", ""]
-    if result.get("baselines_note"):
-        lines += [f"> Baselines: {result['baselines_note']}.", ""]
-    dup = (result.get("data") or {}).get("duplicates")
+                  f"{window.model_test_end}).", ""]
+    if result.baselines_note:
+        lines += [f"> Baselines: {result.baselines_note}.", ""]
     if dup:
-        lines += [f"Data {result['data']['path']}: {dup['exact_rows_dropped']} exact duplicate row(s) dropped; "
+        lines += [f"Data {result.data.path}: {dup['exact_rows_dropped']} exact duplicate row(s) dropped; "
                   f"{dup['conflicting_dates']} date(s) with differing rows, resolved by data.on_duplicate="
                   f"{dup['resolved_by']}" + (f" (tickers skipped: {', '.join(dup['tickers_skipped'])})"
                                              if dup["tickers_skipped"] else "") + ".", ""]
-    if not v.get("cross_section_meaningful", True):
-        lines += [f"> With only {result['tickers']} tickers the cross-sectional numbers (IC, rank IC, long-short) are "
+    return lines
+
+
+def _selection_lines(result: Evaluation) -> list[str]:
+    """The trials behind the model and its deflated Sharpe ratio, beside the same book on the scored dates."""
+    sel = result.selection
+    if not sel:
+        return []
+    return [f"The model was chosen among {sel.n_trials} trials ({sel.selections} selection(s) exported "
+            "under its name for this test segment: sweeps and training runs, from the model folder's "
+            "trials.json). Its DSR deflates the chosen trial's *validation* long-short Sharpe ratio, gross "
+            f"and per date as the trials were compared ({_f(sel.val_ls_sr_gross_per_date)}), against the "
+            "best of that many unskilled trials whose Sharpe ratios vary as these did (Bailey and López de "
+            "Prado, 2014): DSR " + _f(sel.dsr, "{:.3f}") + ". Like with like, the same book on the scored "
+            f"dates, gross and per date: {_f(sel.scored_ls_sr_gross_per_date)} over {sel.scored_days} "
+            "days. The table's L/S Sharpe is net of costs and annualised, not deflated.", ""]
+
+
+def render_report(result: Evaluation) -> str:
+    seg, v, model = result.segment, result.verdict, result.model
+    lines = [f"# Evaluation: {model.name} ({model.id})", "",
+             f"**{v.line}**", "",
+             f"signal: {'yes' if v.signal else 'no'} (the model's rank-IC interval "
+             f"{'excludes' if v.signal else 'does not exclude'} 0); an edge over the best baseline also needs "
+             "the paired daily difference to be above 0.", "",
+             f"{'Scored window' if result.data else 'Test segment'} {seg.start}..{seg.end}, "
+             f"{result.tickers} tickers; returns are earned from the "
+             "open after each signal; costs are included in the portfolio figures.", ""]
+    if result.data:
+        lines += _data_lines(result)
+    elif result.baselines_note:
+        lines += [f"> Baselines: {result.baselines_note}.", ""]
+    if not v.cross_section_meaningful:
+        lines += [f"> With only {result.tickers} tickers the cross-sectional numbers (IC, rank IC, long-short) are "
                   "not meaningful; read the position returns instead.", ""]
-    if result.get("model", {}).get("cross_sectional"):
-        lines += [f"> Cross-sectional model ({result['model']['label']}): its labels or features compare the stocks "
+    if model.cross_sectional:
+        lines += [f"> Cross-sectional model ({model.label}): its labels or features compare the stocks "
                   "of each date. Survivorship: those stocks are the tickers in the data, i.e. listed at its end date; "
                   "stocks delisted earlier are missing from every date, which flatters long-short results.", ""]
-    lines += _looks_lines(result.get("looks"))
-    sel = result.get("selection")
-    if sel:
-        lines += [f"The model was chosen among {sel['n_trials']} trials ({sel['selections']} selection(s) exported "
-                  "under its name for this test segment: sweeps and training runs, from the model folder's "
-                  "trials.json). Its DSR deflates the chosen trial's *validation* long-short Sharpe ratio, gross "
-                  f"and per date as the trials were compared ({_f(sel['val_ls_sr_gross_per_date'])}), against the "
-                  "best of that many unskilled trials whose Sharpe ratios vary as these did (Bailey and López de "
-                  "Prado, 2014): DSR " + _f(sel["dsr"], "{:.3f}") + ". Like with like, the same book on the scored "
-                  f"dates, gross and per date: {_f(sel['scored_ls_sr_gross_per_date'])} over {sel['scored_days']} "
-                  "days. The table's L/S Sharpe is net of costs and annualised, not deflated.", ""]
-    lines += _contender_table(result["rows"])
+    lines += _looks_lines(result.looks)
+    lines += _selection_lines(result)
+    lines += _contender_table(result.rows)
     lines += ["", "![equity curves](equity.png)", ""]
-    wf = result.get("walk_forward")
-    if wf and "pooled" in wf:
-        lines += _pooled_section(wf)
-    elif wf:
-        lines += [f"## Walk-forward ({len(wf['folds'])} folds, retrained per fold)", "",
-                  f"rank IC {wf['rank_ic_mean']:.4f} ± {wf['rank_ic_std']:.4f}; long-short Sharpe "
-                  f"{wf['sharpe_mean']:.2f} ± {wf['sharpe_std']:.2f}", "",
-                  "| fold | test | rank IC | Sharpe | best baseline rank IC |", "|---|---|---|---|---|"]
-        for fold in wf["folds"]:
-            lines.append(f"| {fold['fold']} | {fold['test_start']}..{fold['test_end']} | {_f(fold['rank_ic'])} | "
-                         f"{_f(fold['sharpe'], '{:.2f}')} | {_f(fold['best_baseline_rank_ic'])} |")
-        lines.append("")
+    if isinstance(result.walk_forward, PooledWalkForward):
+        lines += _pooled_section(result.walk_forward)
+    elif result.walk_forward:
+        lines += _folds_section(result.walk_forward)
     return "\n".join(lines) + "\n"

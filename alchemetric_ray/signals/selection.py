@@ -5,6 +5,8 @@ ratio beside the same book on the scored segment.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -12,6 +14,25 @@ from alchemetric_ray.artifacts import ledger
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.signals import metrics as sm
+
+
+@dataclass(frozen=True)
+class SelectionFigures:
+    """The trials behind the model and its deflated Sharpe ratio (:func:`selection_figures`): how many
+    trials and selections, the chosen trial's gross per-date validation long-short Sharpe ratio and its
+    deflation, and the same book on the scored segment with its day count."""
+
+    n_trials: int
+    selections: int
+    val_ls_sr_gross_per_date: float
+    dsr: float | None
+    scored_ls_sr_gross_per_date: float
+    scored_days: int
+
+    def as_dict(self) -> dict:
+        return {"n_trials": self.n_trials, "selections": self.selections,
+                "val_ls_sr_gross_per_date": self.val_ls_sr_gross_per_date, "dsr": self.dsr,
+                "scored_ls_sr_gross_per_date": self.scored_ls_sr_gross_per_date, "scored_days": self.scored_days}
 
 
 def deflated_validation_sharpe(sweep: dict | None) -> float | None:
@@ -49,7 +70,7 @@ def selection_inputs(model_dir, manifest: Manifest, metrics: dict) -> dict | Non
     return ledger.deflation_inputs(entries) if entries else _sweep_inputs(metrics.get("sweep"))
 
 
-def selection_figures(model_frame: pd.DataFrame, inputs: dict | None, cfg: RunConfig) -> dict | None:
+def selection_figures(model_frame: pd.DataFrame, inputs: dict | None, cfg: RunConfig) -> SelectionFigures | None:
     """The deflated Sharpe ratio beside its like: the figure it deflates is the chosen trial's gross
     per-date validation long-short Sharpe ratio (the book the trials were compared on,
     ``scoring.metrics.signal_metrics``); the same book, gross and per date, on the scored segment
@@ -61,6 +82,6 @@ def selection_figures(model_frame: pd.DataFrame, inputs: dict | None, cfg: RunCo
     frame = model_frame.dropna(subset=["fwd_ret"])
     test = signal_metrics(frame["score"].to_numpy(np.float64), frame["fwd_ret"].to_numpy(np.float64),
                           frame["date"].to_numpy(), prefix="", quantile=cfg.signals.quantile)
-    return {"n_trials": int(inputs["n_trials"]), "selections": int(inputs.get("selections", 1)),
-            "val_ls_sr_gross_per_date": inputs["chosen"]["sr"], "dsr": _deflated(inputs),
-            "scored_ls_sr_gross_per_date": test["ls_sr"], "scored_days": int(test["ls_days"])}
+    return SelectionFigures(n_trials=int(inputs["n_trials"]), selections=int(inputs.get("selections", 1)),
+                            val_ls_sr_gross_per_date=inputs["chosen"]["sr"], dsr=_deflated(inputs),
+                            scored_ls_sr_gross_per_date=test["ls_sr"], scored_days=int(test["ls_days"]))

@@ -1,7 +1,9 @@
 """The walk-forward evaluations: the model's config retrained on each fold (in this Ray session, the
 features computed once for every fold), each fold's test block scored against baselines fitted on
 the fold's train rows, and either the per-fold mean and spread (``signals.folds``) or every
-out-of-sample prediction pooled and scored once (``evaluate --walk-forward``), with a per-year table.
+out-of-sample prediction pooled and scored once (``evaluate --walk-forward``), with a per-year table;
+their results as typed records (:class:`FoldsWalkForward`, :class:`PooledWalkForward`), whose
+``as_dict`` is the ``walk_forward`` section of ``evaluation.json``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -21,7 +23,13 @@ import pandas as pd
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.fsutil import is_uri
 from alchemetric_ray.signals import metrics as sm
-from alchemetric_ray.signals.contenders import Contenders, EvaluationError, contender_frames, score_contenders
+from alchemetric_ray.signals.contenders import (
+    Contenders,
+    EvaluationError,
+    SegmentResult,
+    contender_frames,
+    score_contenders,
+)
 from alchemetric_ray.signals.predict import inputs_frame, normalized_copy, predict, stage_inputs, staged_frame
 
 if TYPE_CHECKING:
@@ -39,6 +47,87 @@ class Refit:
     model: LoadedModel
     cfg: RunConfig
     contenders: Contenders
+
+
+@dataclass(frozen=True)
+class FoldRow:
+    """One refit's row: its number and dates (the test block; the train span of its model and
+    baselines, whose normalization reaches as far), the model's days, mean rank IC and long-short
+    Sharpe ratio on the block (None where its book never traded), the best baseline's mean rank IC,
+    and, in a pooled walk-forward, the seconds of its phases (train, stage, predict, baselines)."""
+
+    fold: int
+    test_start: str
+    test_end: str
+    train_start: str
+    train_end: str
+    normalized_through: str
+    days: int
+    rank_ic: float
+    sharpe: float | None
+    best_baseline_rank_ic: float
+    seconds: dict[str, float] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        row = {"fold": self.fold, "test_start": self.test_start, "test_end": self.test_end,
+               "train_start": self.train_start, "train_end": self.train_end,
+               "normalized_through": self.normalized_through, "days": self.days, "rank_ic": self.rank_ic,
+               "sharpe": self.sharpe, "best_baseline_rank_ic": self.best_baseline_rank_ic}
+        return row if self.seconds is None else {**row, "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class YearRow:
+    """One calendar year of a pooled walk-forward: its days, the model's mean daily rank IC with its
+    interval, and the best baseline's (None where it has no day that year)."""
+
+    year: int
+    days: int
+    rank_ic: float
+    ci_low: float
+    ci_high: float
+    best_baseline_rank_ic: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"year": self.year, "days": self.days, "rank_ic": self.rank_ic, "ci_low": self.ci_low,
+                "ci_high": self.ci_high, "best_baseline_rank_ic": self.best_baseline_rank_ic}
+
+
+@dataclass(frozen=True)
+class FoldsWalkForward:
+    """``signals.folds``: one row per fold, and the mean and spread of the model's rank IC and Sharpe
+    ratio over the folds."""
+
+    folds: list[FoldRow]
+    rank_ic_mean: float
+    rank_ic_std: float
+    sharpe_mean: float
+    sharpe_std: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"folds": [f.as_dict() for f in self.folds], "rank_ic_mean": self.rank_ic_mean,
+                "rank_ic_std": self.rank_ic_std, "sharpe_mean": self.sharpe_mean, "sharpe_std": self.sharpe_std}
+
+
+@dataclass(frozen=True)
+class PooledWalkForward:
+    """``evaluate --walk-forward``: how often it refitted and on what window, how many refits and how
+    long they took, the pool of every out-of-sample block scored once (``pooled``), the per-year
+    table and one row per refit."""
+
+    refit_every: int
+    window: str
+    refits: int
+    seconds: float
+    refits_per_minute: float
+    pooled: SegmentResult
+    years: list[YearRow]
+    folds: list[FoldRow]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"refit_every": self.refit_every, "window": self.window, "refits": self.refits,
+                "seconds": self.seconds, "refits_per_minute": self.refits_per_minute, "pooled": self.pooled.as_dict(),
+                "years": [y.as_dict() for y in self.years], "folds": [f.as_dict() for f in self.folds]}
 
 
 def _refits(cfg: RunConfig, data: str | None, loaded, folds: list, calendar: np.ndarray,
@@ -92,7 +181,7 @@ def _refits(cfg: RunConfig, data: str | None, loaded, folds: list, calendar: np.
             normalized_copy(fold_model, raw_inputs, staging)
             seconds["stage"] = time.monotonic() - clock + (once if k == 0 else 0.0)
             clock = time.monotonic()
-            sig = predict(outcome.model_dir, data, work / "folds" / f"signals-{k}.parquet", fold_cfg, staged=staging)
+            sig = predict(fold_model, data, work / "folds" / f"signals-{k}.parquet", fold_cfg, staged=staging)
             inputs = staged_frame(staging, staged)
             shutil.rmtree(staging)
             seconds["predict"] = time.monotonic() - clock
@@ -104,19 +193,20 @@ def _refits(cfg: RunConfig, data: str | None, loaded, folds: list, calendar: np.
             yield Refit(index=k, fold=fold, model=fold_model, cfg=fold_cfg, contenders=contenders)
 
 
-def _fold_row(refit: Refit, res: dict) -> dict:
-    model, fold, splits = res["rows"][0], refit.fold, refit.model.manifest.splits
-    return {"fold": refit.index, "test_start": fold.test_start, "test_end": fold.test_end,
-            "train_start": splits["train_start"],
-            "train_end": splits["train_end"],  # the model's and the baselines' last train date
-            "normalized_through": splits["train_end"],
-            "days": model.rank_ic.n_days, "rank_ic": model.rank_ic.mean,
-            "sharpe": model.long_short.sharpe if model.trades else None,
-            "best_baseline_rank_ic": max((r.rank_ic.mean for r in res["rows"][1:] if not math.isnan(r.rank_ic.mean)),
-                                         default=float("nan"))}
+def _fold_row(refit: Refit, scored: SegmentResult, seconds: dict[str, float] | None = None) -> FoldRow:
+    model, fold, splits = scored.deep_model, refit.fold, refit.model.manifest.splits
+    baseline_ics = [r.rank_ic.mean for r in scored.rows[1:] if not math.isnan(r.rank_ic.mean)]
+    return FoldRow(fold=refit.index, test_start=fold.test_start, test_end=fold.test_end,
+                   train_start=splits["train_start"],
+                   train_end=splits["train_end"],  # the model's and the baselines' last train date
+                   normalized_through=splits["train_end"],
+                   days=model.rank_ic.n_days, rank_ic=model.rank_ic.mean,
+                   sharpe=model.long_short.sharpe if model.trades else None,
+                   best_baseline_rank_ic=max(baseline_ics, default=float("nan")),
+                   seconds=seconds)
 
 
-def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: Path) -> dict:
+def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: Path) -> FoldsWalkForward:
     """``signals.folds``: retrain per fold (expanding window) and score each fold's test block
     against baselines fitted on the fold's train rows, in the fold's normalization; mean and spread."""
     from alchemetric_ray.data.labels import LabelSpec
@@ -128,13 +218,13 @@ def walk_forward(cfg: RunConfig, data: str | None, loaded, n_folds: int, work: P
     results = []
     for refit in _refits(cfg, data, loaded, folds, calendar, work):
         results.append(_fold_row(refit, score_contenders(refit.contenders, refit.model.manifest, refit.cfg)))
-    ics = np.array([r["rank_ic"] for r in results], dtype=float)
-    sharpes = np.array([r["sharpe"] for r in results], dtype=float)
-    return {"folds": results, "rank_ic_mean": float(np.nanmean(ics)), "rank_ic_std": float(np.nanstd(ics)),
-            "sharpe_mean": float(np.nanmean(sharpes)), "sharpe_std": float(np.nanstd(sharpes))}
+    ics = np.array([f.rank_ic for f in results], dtype=float)
+    sharpes = np.array([f.sharpe for f in results], dtype=float)
+    return FoldsWalkForward(folds=results, rank_ic_mean=float(np.nanmean(ics)), rank_ic_std=float(np.nanstd(ics)),
+                            sharpe_mean=float(np.nanmean(sharpes)), sharpe_std=float(np.nanstd(sharpes)))
 
 
-def pooled_walk_forward(cfg: RunConfig, data: str | None, loaded, work: Path) -> dict:
+def pooled_walk_forward(cfg: RunConfig, data: str | None, loaded, work: Path) -> PooledWalkForward:
     """``evaluate --walk-forward``: refit every ``signals.refit_every`` trading days (expanding window,
     the splits' embargo and purge), predict each next block, pool every out-of-sample prediction
     (the model's and each baseline's, refit per block) and score the pool once: the rank IC with its
@@ -150,28 +240,28 @@ def pooled_walk_forward(cfg: RunConfig, data: str | None, loaded, work: Path) ->
     parts, rows = [], []
     for refit in _refits(cfg, data, loaded, folds, calendar, work):
         scored = score_contenders(refit.contenders, refit.model.manifest, refit.cfg)
-        rows.append({**_fold_row(refit, scored), "seconds": refit.contenders.seconds})
+        rows.append(_fold_row(refit, scored, refit.contenders.seconds))
         parts.append(refit.contenders)
-        print(f"walk-forward refit {refit.index + 1}/{len(folds)}: trained through {rows[-1]['train_end']}, scored "
-              f"{refit.fold.test_start}..{refit.fold.test_end}: rank IC {rows[-1]['rank_ic']:+.4f}", flush=True)
+        print(f"walk-forward refit {refit.index + 1}/{len(folds)}: trained through {rows[-1].train_end}, scored "
+              f"{refit.fold.test_start}..{refit.fold.test_end}: rank IC {rows[-1].rank_ic:+.4f}", flush=True)
     pooled = score_contenders(Contenders.pooled(parts), loaded.manifest, cfg)
     seconds = time.monotonic() - started
     window = f"rolling {cfg.signals.train_window}-day" if cfg.signals.train_window else "expanding"
-    return {"refit_every": cfg.signals.refit_every, "window": window, "refits": len(folds),
-            "seconds": round(seconds, 1), "refits_per_minute": round(60 * len(folds) / seconds, 2),
-            "pooled": pooled, "years": _per_year(pooled), "folds": rows}
+    return PooledWalkForward(refit_every=cfg.signals.refit_every, window=window, refits=len(folds),
+                             seconds=round(seconds, 1), refits_per_minute=round(60 * len(folds) / seconds, 2),
+                             pooled=pooled, years=_per_year(pooled), folds=rows)
 
 
-def _per_year(result: dict) -> list[dict]:
+def _per_year(pool: SegmentResult) -> list[YearRow]:
     """The model's and the best baseline's mean daily rank IC per calendar year of the pool, with
     the model's interval (:func:`~alchemetric_ray.signals.metrics.mean_interval`) and its days."""
-    model = result["rows"][0].rank_ic
-    best = next((r.rank_ic for r in result["rows"] if r.name == result["best_baseline"]), None)
+    model = pool.deep_model.rank_ic
+    best = next((r.rank_ic for r in pool.rows if r.name == pool.best_baseline), None)
     years = []
     for year, daily in model.daily.groupby(pd.DatetimeIndex(model.daily.index).year):
         v = daily.to_numpy(dtype=np.float64)
         _, lo, hi = sm.mean_interval(v, lag=model.lag, confidence=model.confidence)
         other = best.daily[pd.DatetimeIndex(best.daily.index).year == year] if best is not None else None
-        years.append({"year": int(year), "days": int(v.size), "rank_ic": float(v.mean()), "ci_low": lo, "ci_high": hi,
-                      "best_baseline_rank_ic": float(other.mean()) if other is not None and len(other) else None})
+        years.append(YearRow(year=int(year), days=int(v.size), rank_ic=float(v.mean()), ci_low=lo, ci_high=hi,
+                             best_baseline_rank_ic=float(other.mean()) if other is not None and len(other) else None))
     return years

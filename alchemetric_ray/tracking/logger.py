@@ -49,8 +49,8 @@ class RunLog:
         """The exported model as a new version; its number (None: not registered)."""
         return None
 
-    def log_evaluation(self, report_dir: Location | Path, verdict: dict | None, result: dict | None = None) -> None:
-        pass
+    def log_evaluation(self, report_dir: Location | Path, result: Any) -> None:
+        """An evaluation's report and its verdict (``result``: the ``signals.records.Evaluation``)."""
 
     def finalize(self, status: str = "FINISHED", *, end_time: float | None = None) -> str | None:
         """End the run with ``status`` (FINISHED, FAILED, KILLED); the line printed about what was not

@@ -301,10 +301,11 @@ class Tracker(RunLog):
             self._tag_version(self._figures)
         return self.version
 
-    def log_evaluation(self, report_dir: Location | Path, verdict: dict | None, result: dict | None = None) -> None:
+    def log_evaluation(self, report_dir: Location | Path, result) -> None:
         """An evaluation's report, evaluation.json and equity.png as artifacts; its verdict as tags, and
         the model's figures (rank IC and its interval, long-short Sharpe and return, signal, edge, the
-        difference to the best baseline) as numbers (:meth:`log_figures`)."""
+        difference to the best baseline) as numbers (:meth:`log_figures`).  ``result``: the evaluation's
+        record (``signals.records.Evaluation``), read here, never changed."""
         if not self.run_id:
             return
         for file in ("report.md", "evaluation.json", "equity.png"):
@@ -312,13 +313,12 @@ class Tracker(RunLog):
             exists = path.is_file()
             if exists:
                 self.log_artifacts(path, "evaluation")
-        if result:
-            self.log_figures("evaluation", evaluation_figures(result))
-        if verdict:
-            self.log_tags({"verdict": verdict.get("line"), "verdict.edge": verdict.get("edge")})
-            if self.version:
-                self._call("the verdict tag of the model version", self.client.set_model_version_tag,
-                           self.model_name, self.version, "verdict", str(verdict.get("line"))[:5000])
+        self.log_figures("evaluation", evaluation_figures(result))
+        verdict = result.verdict
+        self.log_tags({"verdict": verdict.line, "verdict.edge": verdict.edge})
+        if self.version:
+            self._call("the verdict tag of the model version", self.client.set_model_version_tag,
+                       self.model_name, self.version, "verdict", str(verdict.line)[:5000])
 
     def finalize(self, status: str = "FINISHED", *, end_time: float | None = None) -> str | None:
         """End the run (``end_time``, Unix seconds: when what it records ended, where it is logged after
@@ -401,16 +401,15 @@ def _finite_number(value: Any) -> float | None:
     return number if number == number and abs(number) != float("inf") else None
 
 
-def evaluation_figures(result: dict) -> dict[str, Any]:
-    """The model's figures in an evaluation's result (its first row) and its verdict, flat."""
-    model = (result.get("rows") or [{}])[0]
-    rank_ic, long_short = model.get("rank_ic") or {}, model.get("long_short") or {}
-    verdict = result.get("verdict") or {}
-    difference = verdict.get("difference") or {}
-    return {"rank_ic": rank_ic.get("mean"), "rank_ic_ci_low": rank_ic.get("ci_low"),
-            "rank_ic_ci_high": rank_ic.get("ci_high"), "ls_sharpe": long_short.get("sharpe"),
-            "ls_annual_return": long_short.get("annual_return"), "signal": verdict.get("signal"),
-            "edge": verdict.get("edge"), "edge_difference": difference.get("mean")}
+def evaluation_figures(result) -> dict[str, Any]:
+    """The model's figures in an evaluation's record (its first row, ``signals.contenders.ContenderRow``:
+    the long-short figures None where its book never traded) and its verdict, flat."""
+    model, verdict = result.rows[0], result.verdict
+    rank_ic, traded = model.rank_ic, model.trades
+    return {"rank_ic": rank_ic.mean, "rank_ic_ci_low": rank_ic.ci_low, "rank_ic_ci_high": rank_ic.ci_high,
+            "ls_sharpe": model.long_short.sharpe if traded else None,
+            "ls_annual_return": model.long_short.annual_return if traded else None, "signal": verdict.signal,
+            "edge": verdict.edge, "edge_difference": verdict.difference.mean if verdict.difference else None}
 
 
 def registered_version(uri: str, cfg: RunConfig) -> Tracker:

@@ -1,0 +1,34 @@
+"""One model load per command (issue 46): `predict` and `evaluate` load the saved model once in the
+driver (``artifacts.export.load_model``: a ``torch.load`` and a model build, on object storage a
+full download) and pass the loaded model on: to the command's config, the scoring, the inputs and
+the report.  Scored in this process (one actor on this machine), nothing loads it again."""
+
+import shutil
+
+import pytest
+
+from alchemetric_ray.artifacts import export
+from alchemetric_ray.cli import main
+
+
+@pytest.fixture
+def loads(monkeypatch) -> list[str]:
+    """The folders ``load_model`` is called with in this process while the test runs, in order."""
+    seen: list[str] = []
+    real = export.load_model
+
+    def counting(path):
+        seen.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(export, "load_model", counting)
+    return seen
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_a_command_loads_its_model_once(ray_session, stock_model, tmp_path, loads, command):
+    model = tmp_path / "stock"
+    shutil.copytree(stock_model, model)  # evaluate records its look in the model folder
+    out = tmp_path / ("signals.parquet" if command == "predict" else "eval")
+    assert main([command, "--device", "cpu", "--model", str(model), "--out", str(out)]) == 0
+    assert loads == [str(model)]
