@@ -115,7 +115,7 @@ def _plain_repeat_suffix() -> None:
     except ImportError:
         return
     if hasattr(ray_logging, "_color"):
-        ray_logging._color = str
+        ray_logging._color = str  # type: ignore[assignment]  # a monkeypatch of Ray's function
 
 
 def is_tty() -> bool:
@@ -169,7 +169,7 @@ def quiet_stop_in_finalizer() -> None:
         if not (isinstance(unraisable.exc_value, SystemExit) and _raised_by_ray_sigterm(unraisable.exc_traceback)):
             previous(unraisable)
 
-    hook._alchemetric = True
+    hook._alchemetric = True  # type: ignore[attr-defined]  # a dynamic marker, read by getattr above
     sys.unraisablehook = hook
 
 

@@ -84,7 +84,7 @@ def remove_stale_stages(target: str | Path) -> list[Path]:
     (killed between making a stage and putting it in place); a live process's stage, another
     machine's (a shared mount) and anything not named as a stage are left alone.  Returns the removed."""
     target = Path(target)
-    removed = []
+    removed: list[Path] = []
     try:
         siblings = list(target.parent.glob(f".{glob_escape(target.name)}.tmp-*"))
     except OSError:

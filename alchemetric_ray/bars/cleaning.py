@@ -41,6 +41,7 @@ naming the file, the column and the date(s):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -80,6 +81,7 @@ def validate_bars(raw: pd.DataFrame, *, ticker: str, source: str, report: Ingest
     kept = table.drop_empty_cells()
     kept = table.resolve_duplicates(kept, on_duplicate)
     skipped_for_duplicates = bool(table.conflicts) and on_duplicate == "skip_ticker"
+    skip_reason: str | None
     if skipped_for_duplicates:  # the other passes would only count drops of rows that all go anyway
         bars, skip_reason = None, f"{table.conflict_text()} (data.on_duplicate=skip_ticker)"
     else:
@@ -104,7 +106,7 @@ def validate_bars(raw: pd.DataFrame, *, ticker: str, source: str, report: Ingest
             report.duplicate_skipped.append(ticker)
         return None
     report.tickers += 1
-    report.rows_kept += len(bars)
+    report.rows_kept += len(cast(pd.DataFrame, bars))  # not skipped: the bars were made
     return bars
 
 
@@ -196,7 +198,7 @@ class _Table:
 
     def conflict_text(self) -> str:
         """The earliest date with differing rows: both rows and the first column where they differ."""
-        a, b = self.first_conflict
+        a, b = cast(tuple[int, int], self.first_conflict)  # called only where there are conflicts
         col = next(c for c in self.numeric
                    if not (self.values[c][a] == self.values[c][b]
                            or (np.isnan(self.values[c][a]) and np.isnan(self.values[c][b]))))

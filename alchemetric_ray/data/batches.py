@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, cast
 
 import torch
 
@@ -86,6 +86,8 @@ def date_batches(dates: torch.Tensor, batch_size: int, seed: int) -> list[tuple[
     place[torch.randperm(n_dates, generator=generator)] = torch.arange(n_dates)
     rows = torch.argsort(place[code], stable=True)  # rows grouped by date, dates in the seeded order
     sizes = torch.bincount(code, minlength=n_dates)[torch.argsort(place)].tolist()
+    batches: list[tuple[torch.Tensor, list[int]]]
+    held: list[int]
     batches, start, size, held = [], 0, 0, []
     for n in sizes:
         if size and size + n > batch_size:
@@ -159,7 +161,8 @@ class WorkerBatches:
     def date_batches(self, epoch: int) -> list[tuple[torch.Tensor, list[int]]]:
         """This epoch's batches of whole dates, as many on every rank (made once per epoch)."""
         if epoch not in self._made:
-            made = date_batches(self.dates, self.batching.batch_size, self.batching.epoch_seed(epoch))
+            dates = cast(torch.Tensor, self.dates)  # batches of whole dates come from cached rows
+            made = date_batches(dates, self.batching.batch_size, self.batching.epoch_seed(epoch))
             self._made = {epoch: made[:self.fewest(len(made))]}
         return self._made[epoch]
 
@@ -167,8 +170,9 @@ class WorkerBatches:
         """This epoch's training batches, each with the rows of each of its dates in turn when the
         batches hold whole dates (the IC loss), else None."""
         if self.batching.by_date:
+            train = cast(BatchSource, self.train)  # cached rows, as date_batches says
             for idx, date_rows in self.date_batches(epoch):
-                yield self.train.take(idx), date_rows
+                yield cast(Batch, train.take(idx)), date_rows  # the four columns it was given
             return
         for batch in self._rows(epoch):
             yield batch, None
@@ -179,7 +183,7 @@ class WorkerBatches:
     def _rows(self, epoch: int) -> Iterator[Batch]:
         seed, size = self.batching.epoch_seed(epoch), self.batching.batch_size
         if self.train is None:
-            train_shard, _, collate = self.shards
+            train_shard, _, collate = cast(tuple, self.shards)  # streamed: no cached rows, so the shards
             count = 0
             for batch in shuffled_stream(train_shard, size, collate, seed):
                 count += len(batch[1])
@@ -188,16 +192,16 @@ class WorkerBatches:
             return
         order = torch.randperm(self.train.rows, generator=torch.Generator().manual_seed(seed))
         for i in range(0, len(order), size):
-            yield self.train.take(order[i:i + size])
+            yield cast(Batch, self.train.take(order[i:i + size]))  # the four columns it was given
 
     def val_batches(self) -> Iterator[Batch]:
         self.val_rows = 0
         if self.val is None:
-            _, val_shard, collate = self.shards
+            _, val_shard, collate = cast(tuple, self.shards)  # streamed: no cached rows, so the shards
             batches = stream(val_shard, self.batching.batch_size, collate)
         else:
             step = VAL_BATCHES * self.batching.batch_size
-            batches = (self.val.span(i, i + step) for i in range(0, self.val.rows, step))
+            batches = (cast(Batch, self.val.span(i, i + step)) for i in range(0, self.val.rows, step))
         for batch in batches:
             self.val_rows += len(batch[1])
             yield batch

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 import pyarrow as pa
@@ -122,7 +122,7 @@ class TabularCollate(ArrowBatchCollateFn):
         super().__init__()
         self.features, self.label = list(features), label
 
-    def __call__(self, batch: pa.Table) -> Batch:
+    def __call__(self, batch: pa.Table) -> Batch:  # type: ignore[override]  # Ray's return: an unbound TypeVar
         x, y = arrow_to_xy(batch, self.features, self.label)
         return (x, y, *keys_tensors(_column(batch, "date"), _column(batch, "fwd_ret")))
 
@@ -144,7 +144,7 @@ def arrow_to_xy(batch: pa.Table, features: list[str], label: str = "label") -> t
 class SequenceCollate(NumpyBatchCollateFn):
     """Numpy batch with an ``x`` tensor column (batch, window, n_features) -> (x, y, date, fwd)."""
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> Batch:
+    def __call__(self, batch: dict[str, np.ndarray]) -> Batch:  # type: ignore[override]  # as TabularCollate's
         x = np.array(batch["x"], dtype=np.float32)  # a writable copy
         return (torch.from_numpy(x), label_tensor(batch["label"]), *keys_tensors(batch["date"], batch["fwd_ret"]))
 
@@ -178,11 +178,12 @@ def read_windows(files: list[Location], features: list[str], window: int, *, col
 
     filesystem = None if not files or files[0].is_local else files[0].filesystem  # pickled to the tasks
     items = ray.data.from_items([{"path": f.path} for f in files], override_num_blocks=max(1, len(files)))
-    return items.map_batches(_file_windows, fn_args=(filesystem, list(features), window, columns),
+    return items.map_batches(_file_windows,  # type: ignore[arg-type]  # Ray's type has no room for fn_args
+                             fn_args=(filesystem, list(features), window, columns),
                              batch_size=1, batch_format="numpy")
 
 
-def _file_windows(batch: dict[str, np.ndarray], filesystem, features: list[str], window: int,
+def _file_windows(batch: dict[str, np.ndarray | list[str]], filesystem, features: list[str], window: int,
                   columns: list[str] | None):
     """The windows of the files named in ``batch``, one ticker at a time (a generator: Ray Data
     gathers them into blocks, so a file's windows are never all in memory at once)."""
@@ -340,7 +341,7 @@ def _corrupt(file: Location, exc: BaseException) -> ShardError:
 
 
 def build_datasets(shards: str | Path | Location, mode: str, window: int, splits=("train", "val"),
-                   check: bool = True) -> tuple[dict[str, Any], dict]:
+                   check: bool = True) -> tuple[dict[str, Any], Manifest]:
     """The Ray Datasets the trainer hands to its workers, and the manifest."""
     manifest = Manifest.read(shards)
     if check:  # a sweep checks once on its driver, not again in every trial
@@ -363,7 +364,7 @@ def concat_batches(parts: list[Batch]) -> Batch:
     """Batches as one (x, y, date, fwd) tuple of contiguous host tensors."""
     if not parts:
         return (torch.zeros(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0))
-    return tuple(torch.cat([t.contiguous() for t in column]) for column in zip(*parts))
+    return cast(Batch, tuple(torch.cat([t.contiguous() for t in column]) for column in zip(*parts)))  # 4 columns
 
 
 class ShardReader:

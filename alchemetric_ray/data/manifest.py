@@ -30,7 +30,7 @@ class ShardError(UserError, ValueError):
 class Manifest:
     format_version: int = FORMAT_VERSION
     created: str = ""
-    source: str = ""  # where the bars came from (a folder, a file or a named source)
+    source: str | None = ""  # where the bars came from (a folder, a file or a named source; None: bars given as such)
     input_hash: str = ""  # hash of the ingested bars: same hash, same shards
     features: list[str]  # feature columns, in the order models read them
     label: dict[str, Any]  # LabelSpec's fields plus its classes and reach (bars)
@@ -42,7 +42,7 @@ class Manifest:
     tickers: list[str] = field(default_factory=list)
     skipped_tickers: dict[str, str] = field(default_factory=dict)  # ticker -> why
     dropped_nonfinite_rows: int = 0
-    ingest: dict[str, Any] = field(default_factory=dict)  # what ingest dropped and why
+    ingest: dict[str, Any] | None = field(default_factory=dict)  # what ingest dropped and why (None: no files read)
     columns: dict[str, str] = field(default_factory=dict)
     # split -> its Parquet files, relative to the shard folder ("split=train/part-00000.parquet").
     # Readers read these and only these: on object storage, where a folder cannot be swapped in

@@ -9,6 +9,7 @@ Normalized values are clipped to +-``CLIP`` so one broken bar cannot dominate a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -86,7 +87,7 @@ class NormalizerFit:
                 raise ValueError("no train rows to fit the normalization on")
             mean = self.sum / self.n
             var = np.maximum(self.sumsq / self.n - mean**2, 0.0) * self.n / max(self.n - 1, 1)
-            center = mean + self.shift
+            center = mean + cast(np.ndarray, self.shift)  # the first chunk's mean: n > 0
             scale = np.sqrt(var)
         else:
             if len(self.sample) == 0:

@@ -5,6 +5,8 @@ IRs).  Which of them selects a run's best, and which way it improves, is ``scori
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 __all__ = ["classification_metrics", "regression_metrics", "signal_metrics", "target_metrics", "direction_score"]
@@ -30,7 +32,7 @@ def classification_metrics(y_true: np.ndarray, proba: np.ndarray, prefix: str = 
     out = _from_confusion(cm.astype(np.float64))
     out["log_loss"] = _log_loss(y_true, proba)
     out["roc_auc"] = _roc_auc(y_true, proba)
-    result = {f"{prefix}{k}": float(v) for k, v in out.items()}
+    result: dict[str, Any] = {f"{prefix}{k}": float(v) for k, v in out.items()}
     result[f"{prefix}confusion"] = cm.tolist()
     return result
 

@@ -28,8 +28,8 @@ class ScalarWriter:
     def __init__(self, logdir: str | Path | Location):
         self.remote = logdir if isinstance(logdir, Location) and not logdir.is_local else None
         self.logdir = None if self.remote else (logdir.path if isinstance(logdir, Location) else str(logdir))
-        self._writer = None  # made on the first report, in the process that writes
-        self._staging = None  # on object storage: the local folder the event file is written in, then uploaded
+        self._writer: Any = None  # a SummaryWriter, made on the first report, in the process that writes
+        self._staging: Any = None  # on object storage: the local TemporaryDirectory written in, then uploaded
 
     def write(self, row: dict[str, Any]) -> None:
         if self._writer is None:

@@ -31,7 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ from alchemetric_ray.artifacts.checkpoint import (
 from alchemetric_ray.artifacts.run_folder import RunFolder
 from alchemetric_ray.config import RunConfig, TrainConfig
 from alchemetric_ray.data.batches import Batching, WorkerBatches
-from alchemetric_ray.data.loaders import collate_for
+from alchemetric_ray.data.loaders import Batch, collate_for
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.hardware import (
     DeviceChoice,
@@ -173,7 +173,8 @@ def _batches(cfg: RunConfig, manifest, loss: str, worker: _Worker, runtime: Trai
     if not train_cfg.cache_data:
         return WorkerBatches.streamed((runtime.shard("train"), runtime.shard("val"), collate), batching, worker.device,
                                       sharers=sharers, fewest=fewest)
-    splits = tuple(runtime.rows(split, batching.batch_size, collate) for split in ("train", "val"))
+    splits = cast(tuple[Batch, Batch], tuple(runtime.rows(split, batching.batch_size, collate)
+                                             for split in ("train", "val")))  # (train, val)
     return WorkerBatches.read(splits, batching, worker.device, fraction=train_cfg.device_cache_fraction,
                               sharers=sharers, fewest=fewest)
 

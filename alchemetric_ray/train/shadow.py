@@ -31,6 +31,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass
+from typing import Sequence, cast
 
 import numpy as np
 import torch
@@ -132,13 +133,13 @@ class ShadowCheck:
         self.params = [p for p in core.parameters() if p.requires_grad]
         self.reference = copy.deepcopy(core).to("cpu", torch.float32)
         for module in self.reference.modules():  # marks the copy (a fault-injection test's model reads it)
-            module.shadow_reference = True
+            module.shadow_reference = True  # type: ignore[assignment]  # a marker; torch types attributes as tensors
         self.reference_params = [p for p in self.reference.parameters() if p.requires_grad]
         self.stats = ShadowStats(every=every or FIRST_GAP)
         self._until = 0  # steps to go before the next check (0: the first step checks)
         self._steps_since = 0
-        self._since = None  # perf_counter at the end of the last check, or at the epoch's start
-        self._step_time = None  # seconds per training step, as last measured between checks
+        self._since: float | None = None  # perf_counter at the end of the last check, or at the epoch's start
+        self._step_time: float | None = None  # seconds per training step, as last measured between checks
 
     # ---- when ---------------------------------------------------------------------------------
 
@@ -214,10 +215,12 @@ class ShadowCheck:
                 out = forward(self.core, x, self.micro_rows)
             loss = self.loss_fn(out, y, dates)
             scaling = self.scaler is not None and self.scaler.is_enabled()
-            target = self.scaler.scale(loss) if scaling else loss
-            grads = torch.autograd.grad(target, self.params, allow_unused=True)
-            inverse = (1.0 / self.scaler._scale.float()) if scaling else None
-            grads = [torch.zeros_like(p) if g is None else (g.float() * inverse if scaling else g.float())
+            scaler = cast(torch.amp.GradScaler, self.scaler)  # read below only when scaling: not None
+            target = scaler.scale(loss) if scaling else loss
+            grads: Sequence[torch.Tensor] = torch.autograd.grad(target, self.params, allow_unused=True)
+            inverse = (1.0 / cast(torch.Tensor, scaler._scale).float()) if scaling else None  # scale() set it
+            grads = [torch.zeros_like(p) if g is None
+                     else (g.float() * cast(torch.Tensor, inverse) if scaling else g.float())
                      for p, g in zip(self.params, grads)]
             # the one read of the check: the loss, the gradients and the weights in one transfer
             flat = torch.cat([loss.detach().float().reshape(1), *(g.reshape(-1) for g in grads),
@@ -257,8 +260,9 @@ class ShadowCheck:
             worst = found.worst
             p = self.params[worst] if worst is not None else None
             shape = ("x".join(map(str, p.shape)) or "scalar") if p is not None else ""
-            largest = (f"; the largest is {self.names[worst]}'s ({shape}, {p.numel():,} values), off by "
-                       f"{found.parameters[worst]:.2%} (tolerance {tol.parameter:.1%})" if p is not None else "")
+            at = cast(int, worst)  # read only where p is not None, i.e. worst is not None
+            largest = (f"; the largest is {self.names[at]}'s ({shape}, {p.numel():,} values), off by "
+                       f"{found.parameters[at]:.2%} (tolerance {tol.parameter:.1%})" if p is not None else "")
             what = (f"the gradient {on} is off by {found.gradient:.2%} of its norm from a float32 CPU copy's "
                     f"(tolerance {tol.gradient:.1%}), the loss by {found.loss:.2%} (tolerance {tol.loss:.1%}){largest}")
         entry = f"known backend bugs that could explain it: {self.hint}" if self.hint else \
