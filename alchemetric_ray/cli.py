@@ -69,9 +69,8 @@ def _env(args: argparse.Namespace, cfg: RunConfig) -> int:
     from alchemetric_ray.models import model_spec
 
     report = environment_report(cfg.device.name, cfg.precision.mode, model_spec(cfg.model), cfg.precision.tf32)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    failed = "error" in report["device"] or "error" in report.get("precision", {})
-    return 2 if failed else 0
+    print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report))
+    return 2 if report.refused else 0
 
 
 def _features_args(p: argparse.ArgumentParser) -> None:
@@ -323,11 +322,12 @@ def _doctor_args(p: argparse.ArgumentParser) -> None:
 @command("doctor", "verify a model on each device/precision here and recommend one (exit 0 if it passes)",
          _doctor_args)
 def _doctor(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from alchemetric_ray.doctor.run import format_report, run_doctor
+    from alchemetric_ray.doctor.report import format_report
+    from alchemetric_ray.doctor.run import run_doctor
 
     report = run_doctor(cfg, device=args.device, model_dir=args.model_dir, quick=args.quick)
-    print(json.dumps(report, indent=2, default=str) if args.json else format_report(report))
-    return report["verdict"]["exit_code"]
+    print(json.dumps(report.as_dict(), indent=2, default=str) if args.json else format_report(report))
+    return report.verdict.exit_code
 
 
 # ---- entry point ---------------------------------------------------------------------------

@@ -74,21 +74,19 @@ def doctor_step(device: str, overrides: list[str], storage: str) -> dict:
 
     cfg = load_config(None, [*overrides, f"device.name={device}", f"storage.path={storage}"])
     report = run_doctor(cfg, device=device, quick=True)
-    verdict = report["verdict"]
     kind = torch.device(device).type
-    mine = [t for t in report["targets"] if t.get("device_type") == kind]
-    refused = [f"{t['device']} {t['mode']}" for t in mine if "refused" in t]
-    blocked = [f"{t['device']} {t['mode']}: {'; '.join(t['blockers'])}" for t in mine
-               if not t.get("passed") and "refused" not in t]
-    passed_here = [f"{t['device']} {t['mode']}" for t in mine if t.get("passed")]
+    mine = [t for t in report.targets if t.device_type == kind]
+    refused = [f"{t.device} {t.mode}" for t in mine if t.refused is not None]
+    blocked = [f"{t.device} {t.mode}: {'; '.join(t.blockers)}" for t in mine if not t.passed and t.refused is None]
+    passed_here = [f"{t.device} {t.mode}" for t in mine if t.passed]
     passed = bool(passed_here)
-    best = verdict["recommended"]
+    best = report.verdict.recommended
     line = (f"passed on {', '.join(passed_here)}" if passed else "no target on this device passed") \
         + (f"; blocked: {' | '.join(blocked)}" if blocked else "") \
         + (f"; refused by the precision policy: {', '.join(refused)}" if refused else "") \
-        + f"; recommended: {best['device'] + ' ' + best['precision'] if best else 'none'}" \
-        + f" (run shape {report['run']['describe']})"
-    return _step("doctor", passed, line, report=report)
+        + f"; recommended: {best.device + ' ' + best.precision if best else 'none'}" \
+        + f" (run shape {report.run.describe()})"
+    return _step("doctor", passed, line, report=report.as_dict())
 
 
 def train_step(device: str, overrides: list[str], storage: str) -> dict:

@@ -1,6 +1,7 @@
 """The backend doctor: real checks on the CPU (asked for explicitly), and the decision logic on patched findings."""
 
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,7 +12,8 @@ from device_probes import no_cuda
 
 from alchemetric_ray.cli import main
 from alchemetric_ray.config import load_config
-from alchemetric_ray.doctor.run import decide, run_doctor
+from alchemetric_ray.doctor.run import run_doctor
+from alchemetric_ray.doctor.verdict import decide
 
 
 @pytest.fixture(scope="module")
@@ -20,45 +22,47 @@ def mlp_report():
 
 
 def _target(report, device_type, mode):
-    return next(t for t in report["targets"] if t["device_type"] == device_type and t["mode"] == mode)
+    return next(t for t in report.targets if t.device_type == device_type and t.mode == mode)
 
 
 def test_every_check_runs_for_cpu_fp32_and_bf16(mlp_report):
     for mode in ("fp32", "bf16"):
         t = _target(mlp_report, "cpu", mode)
-        assert t["op_coverage"]["n_ops"] > 10 and t["op_coverage"]["unsupported"] == {}
-        assert "addmm" in t["op_coverage"]["ops"]
-        assert t["op_coverage"]["fallback_env"] == "PYTORCH_ENABLE_MPS_FALLBACK=0"
-        assert t["parity"]["passed"] and t["amp"]["passed"]
+        assert t.checks.op_coverage["n_ops"] > 10 and t.checks.op_coverage["unsupported"] == {}
+        assert "addmm" in t.checks.op_coverage["ops"]
+        assert t.checks.op_coverage["fallback_env"] == "PYTORCH_ENABLE_MPS_FALLBACK=0"
+        assert t.checks.parity["passed"] and t.checks.amp["passed"]
         # the run's shapes (the default config: 16 features, 3 classes, batch 512), not a toy's
-        assert t["op_coverage"]["rows"] == t["parity"]["batch"] == 512
-        assert [r["batch"] for r in t["speed"]["ladder"]] == [128, 512]  # quick: a quarter of the batch, the batch
-        assert all(r["samples_per_s"] > 0 and r["peak_memory_bytes"] > 0 for r in t["speed"]["ladder"])
+        assert t.checks.op_coverage["rows"] == t.checks.parity["batch"] == 512
+        assert [r["batch"] for r in t.checks.speed["ladder"]] == [128, 512]  # quick: a quarter of the batch, the batch
+        assert all(r["samples_per_s"] > 0 and r["peak_memory_bytes"] > 0 for r in t.checks.speed["ladder"])
         # no entry of the known-bug table is about the CPU: nothing matched, nothing to probe
-        assert t["known_bugs"]["matched"] == [] and t["known_bugs"]["probes"] == [] and t["known_bugs"]["passed"]
-    assert mlp_report["run"] == {"model": mlp_report["run"]["model"], "n_features": 16, "outputs": 3, "window": 20,
-                                 "loss": "ce", "batch": 512, "describe": "mlp: 16 features -> 3 output(s), ce loss, "
-                                                                         "512 rows a step"}
+        bugs = t.checks.known_bugs
+        assert bugs["matched"] == [] and bugs["probes"] == [] and bugs["passed"]
+    run = mlp_report.as_dict()["run"]
+    assert run == {"model": run["model"], "n_features": 16, "outputs": 3, "window": 20,
+                   "loss": "ce", "batch": 512, "describe": "mlp: 16 features -> 3 output(s), ce loss, "
+                                                           "512 rows a step"}
     # at each rung of the ladder the bf16 step's numbers are compared with CPU float32's (fp32 is the reference)
-    assert [r["numbers"] for r in _target(mlp_report, "cpu", "fp32")["speed"]["ladder"]] == [None, None]
-    for rung in _target(mlp_report, "cpu", "bf16")["speed"]["ladder"]:
+    assert [r["numbers"] for r in _target(mlp_report, "cpu", "fp32").checks.speed["ladder"]] == [None, None]
+    for rung in _target(mlp_report, "cpu", "bf16").checks.speed["ladder"]:
         assert rung["numbers"]["passed"] and 0 < rung["numbers"]["logits_max_rel"] <= rung["numbers"]["tolerance_rel"]
     # parity CPU fp32 vs CPU bf16: a real, small difference inside the bf16 tolerance
-    bf16 = _target(mlp_report, "cpu", "bf16")["parity"]
+    bf16 = _target(mlp_report, "cpu", "bf16").checks.parity
     assert 0 < bf16["logits_max_rel"] <= bf16["tolerance_rel"]
-    assert _target(mlp_report, "cpu", "fp32")["parity"]["logits_max_rel"] == 0.0
-    assert _target(mlp_report, "cpu", "bf16")["amp"]["skipped_steps"] == 0
-    assert "refused" in _target(mlp_report, "cpu", "fp16")
-    rec = mlp_report["verdict"]["recommended"]
-    assert rec["device"] == "cpu" and rec["precision"] in ("fp32", "bf16") and mlp_report["verdict"]["exit_code"] == 0
-    json.dumps(mlp_report)  # one JSON object
+    assert _target(mlp_report, "cpu", "fp32").checks.parity["logits_max_rel"] == 0.0
+    assert _target(mlp_report, "cpu", "bf16").checks.amp["skipped_steps"] == 0
+    assert _target(mlp_report, "cpu", "fp16").refused is not None
+    rec = mlp_report.verdict.recommended
+    assert rec.device == "cpu" and rec.precision in ("fp32", "bf16") and mlp_report.verdict.exit_code == 0
+    json.dumps(mlp_report.as_dict())  # one JSON object
 
 
 def test_lstm_under_cpu_autocast_is_a_blocker_and_fp32_is_recommended():
     report = run_doctor(load_config(None, ["model.name=lstm", "model.hidden=16"]), device="cpu", quick=True)
     bf16 = _target(report, "cpu", "bf16")
-    assert any("LSTM fails under CPU autocast" in b for b in bf16["blockers"])
-    assert report["verdict"]["recommended"] == {"device": "cpu", "precision": "fp32"}
+    assert any("LSTM fails under CPU autocast" in b for b in bf16.blockers)
+    assert report.verdict.recommended.as_dict() == {"device": "cpu", "precision": "fp32"}
 
 
 # ---- decision logic on patched findings ----------------------------------------------------------
@@ -66,43 +70,41 @@ def test_lstm_under_cpu_autocast_is_a_blocker_and_fp32_is_recommended():
 
 def _found(mlp_report):
     cpu = copy.deepcopy(_target(mlp_report, "cpu", "fp32"))
-    gpu = copy.deepcopy(cpu)
-    gpu.update(device="mps", device_type="mps", mode="fp32")
-    gpu["speed"]["best_samples_per_s"] = cpu["speed"]["best_samples_per_s"] * 3
+    gpu = dataclasses.replace(copy.deepcopy(cpu), device="mps", device_type="mps", mode="fp32")
+    gpu.checks.speed["best_samples_per_s"] = cpu.checks.speed["best_samples_per_s"] * 3
     for t in (cpu, gpu):
-        t.pop("blockers", None)
-        t.pop("passed", None)
+        t.blockers, t.passed = [], None
     return cpu, gpu
 
 
 def test_decision_fastest_passing_target_wins(mlp_report):
     cpu, gpu = _found(mlp_report)
     verdict = decide([cpu, gpu])
-    assert verdict["recommended"] == {"device": "mps", "precision": "fp32"} and verdict["exit_code"] == 0
-    assert any("3.00x CPU float32" in r for r in verdict["reasons"])
+    assert verdict.recommended.as_dict() == {"device": "mps", "precision": "fp32"} and verdict.exit_code == 0
+    assert any("3.00x CPU float32" in r for r in verdict.reasons)
 
 
 def test_decision_unsupported_operator_blocks(mlp_report):
     cpu, gpu = _found(mlp_report)
-    gpu["op_coverage"]["unsupported"] = {"aten::_linalg_eigh": "not implemented for 'MPS'"}
+    gpu.checks.op_coverage["unsupported"] = {"aten::_linalg_eigh": "not implemented for 'MPS'"}
     decide([cpu, gpu])
-    assert gpu["blockers"] == ["operators without a mps kernel (would fall back to the CPU): aten::_linalg_eigh"]
-    assert decide([cpu, gpu])["recommended"] == {"device": "cpu", "precision": "fp32"}
+    assert gpu.blockers == ["operators without a mps kernel (would fall back to the CPU): aten::_linalg_eigh"]
+    assert decide([cpu, gpu]).recommended.as_dict() == {"device": "cpu", "precision": "fp32"}
 
 
 def test_decision_parity_failure_blocks(mlp_report):
     cpu, gpu = _found(mlp_report)
-    gpu["parity"].update(passed=False, logits_max_rel=0.3)
+    gpu.checks.parity.update(passed=False, logits_max_rel=0.3)
     decide([cpu, gpu])
-    assert gpu["blockers"][0].startswith("numerical parity with CPU float32 failed (logits rel 3.00e-01")
+    assert gpu.blockers[0].startswith("numerical parity with CPU float32 failed (logits rel 3.00e-01")
 
 
 def test_decision_slower_device_blocks(mlp_report):
     cpu, gpu = _found(mlp_report)
-    gpu["speed"]["best_samples_per_s"] = cpu["speed"]["best_samples_per_s"] / 2
+    gpu.checks.speed["best_samples_per_s"] = cpu.checks.speed["best_samples_per_s"] / 2
     verdict = decide([cpu, gpu])
-    assert gpu["blockers"][0].startswith("slower than the CPU for this model")
-    assert verdict["recommended"]["device"] == "cpu"
+    assert gpu.blockers[0].startswith("slower than the CPU for this model")
+    assert verdict.recommended.device == "cpu"
 
 
 def test_decision_flipped_positions_block_and_nothing_passing_exits_nonzero(mlp_report):
@@ -114,10 +116,10 @@ def test_decision_flipped_positions_block_and_nothing_passing_exits_nonzero(mlp_
             "backends": {"mps/fp32": {"passed": passed, "flipped_positions": 0.07, "reasons": reasons},
                          "cpu/fp32": {"passed": True, "reasons": []}}}
     decide([cpu, gpu], cert)
-    assert gpu["blockers"] == ["certificate vs cpu/fp32: 7.0% of the saved model's positions flip (limit 1%)"]
-    cpu["amp"] = {"passed": False, "final_loss": 2.0, "final_loss_fp32": 0.5, "skipped_steps": 9}
+    assert gpu.blockers == ["certificate vs cpu/fp32: 7.0% of the saved model's positions flip (limit 1%)"]
+    cpu.checks.amp = {"passed": False, "final_loss": 2.0, "final_loss_fp32": 0.5, "skipped_steps": 9}
     verdict = decide([cpu, gpu], cert)
-    assert verdict["recommended"] is None and verdict["exit_code"] == 1
+    assert verdict.recommended is None and verdict.exit_code == 1
 
 
 # ---- the certificate, and predict's warning ------------------------------------------------------
@@ -199,7 +201,7 @@ def test_certificate_for_a_saved_model(stock_model, tmp_path, capsys):
     assert "never certified" in capsys.readouterr().err
     report = run_doctor(cfg, device="cpu", model_dir=str(model_dir), quick=True)
     cert = json.loads((model_dir / "certificate.json").read_text())
-    assert cert == json.loads(json.dumps(report["certificate"]))
+    assert cert == json.loads(json.dumps(report.certificate))
     assert cert["reference"] == "cpu/fp32"
     same = cert["backends"]["cpu/fp32"]
     assert same["flipped_positions"] == 0.0 and same["score_rank_corr"] == pytest.approx(1.0) and same["rows"] > 100
@@ -232,6 +234,7 @@ def test_doctor_cli_json_and_exit_code(monkeypatch, capsys):
 
 
 def test_mps_autocast_in_training_needs_a_passing_doctor_record(tmp_path):
+    from alchemetric_ray.doctor.report import TargetResult
     from alchemetric_ray.hardware.records import (
         DoctorRequired,
         record_path,
@@ -245,11 +248,11 @@ def test_mps_autocast_in_training_needs_a_passing_doctor_record(tmp_path):
     with pytest.raises(DoctorRequired,
                        match="needs a passing doctor check for this model; run `alchemetric-ray doctor"):
         require_doctor_checked_precision(cfg, "mps")
-    write_records(cfg, [{"device": "mps", "device_type": "mps", "mode": "bf16", "passed": False,
-                         "blockers": ["operators without a mps kernel: aten::foo"]}])
+    write_records(cfg, [TargetResult(device="mps", device_type="mps", mode="bf16", passed=False,
+                                     blockers=["operators without a mps kernel: aten::foo"])])
     with pytest.raises(DoctorRequired, match="the doctor blocked this model there .*aten::foo"):
         require_doctor_checked_precision(cfg, "mps")
-    write_records(cfg, [{"device": "mps", "device_type": "mps", "mode": "bf16", "passed": True, "blockers": []}])
+    write_records(cfg, [TargetResult(device="mps", device_type="mps", mode="bf16", passed=True, blockers=[])])
     require_doctor_checked_precision(cfg, "mps")
     # another model setting is another model: its record is separate
     with pytest.raises(DoctorRequired):
@@ -371,10 +374,10 @@ def test_known_bug_probes_run_at_the_shapes_the_trace_recorded():
 
 
 def test_decision_failed_probe_and_unworkable_bug_block(mlp_report):
-    from alchemetric_ray.doctor.run import format_report
+    from alchemetric_ray.doctor.report import format_report
 
     cpu, gpu = _found(mlp_report)
-    gpu["known_bugs"] = {
+    gpu.checks.known_bugs = {
         "backend": "mps (Apple M2, Apple8), torch 2.13.0", "rows": 40000, "trace_error": None,
         "matched": [{"id": "mps-matmul-large-k-2d", "source": "https://github.com/pytorch/pytorch/issues/193487",
                      "evidence": "the step at 40,000 rows runs mm", "workaround": "micro_batches"},
@@ -385,13 +388,13 @@ def test_decision_failed_probe_and_unworkable_bug_block(mlp_report):
                     "call": "mm (64, 40000) @ (40000, 16), K = 40,000", "dtype": "float32", "tolerance": 1e-3,
                     "max_rel_error": 0.21, "passed": False}], "passed": False}
     verdict = decide([cpu, gpu])
-    assert gpu["blockers"] == [
+    assert gpu.blockers == [
         "known backend bug mps-no-float64 (https://github.com/pytorch/pytorch/issues/142397): the step computes in "
         "float64; training refuses this run",
         "known backend bug mps-matmul-large-k-2d: mm (64, 40000) @ (40000, 16), K = 40,000 on mps is off by "
         "2.10e-01 of its scale after the allocator was dirtied (tolerance 0.001)"]
-    assert verdict["recommended"] == {"device": "cpu", "precision": "fp32"}
-    text = format_report({**mlp_report, "targets": [cpu, gpu], "verdict": verdict, "certificate": None})
+    assert verdict.recommended.as_dict() == {"device": "cpu", "precision": "fp32"}
+    text = format_report(dataclasses.replace(mlp_report, targets=[cpu, gpu], verdict=verdict, certificate=None))
     assert "known bugs at 40,000 rows: matched mps-matmul-large-k-2d (https://github.com/pytorch/pytorch/issues" \
            "/193487)" in text
     assert "probe mm (64, 40000) @ (40000, 16), K = 40,000 in float32: rel error 2.1e-01 (tolerance 0.001) FAIL" in text
@@ -429,14 +432,15 @@ def test_an_operator_without_a_kernel_is_listed_finished_in_float32_and_blocks(e
     assert probe_in_process(shape.to_json(), "cpu", "bf16") == {"unsupported": {}, "error": None}
     found = [examine(eigh_model, cpu, mode, quick=True, shape=shape) for mode in ("fp32", "bf16")]
     fp32, bf16 = found
-    assert fp32["op_coverage"]["unsupported"] == {"_linalg_eigh": error} and fp32["op_coverage"]["error"] is None
-    assert "_linalg_eigh" in fp32["op_coverage"]["ops"]
-    assert fp32["parity"]["skipped"].startswith("skipped: the step needs operators")
+    coverage = fp32.checks.op_coverage
+    assert coverage["unsupported"] == {"_linalg_eigh": error} and coverage["error"] is None
+    assert "_linalg_eigh" in fp32.checks.op_coverage["ops"]
+    assert fp32.checks.parity["skipped"].startswith("skipped: the step needs operators")
     verdict = decide(found)
-    assert fp32["blockers"] == ["operators without a cpu kernel (training would fail): _linalg_eigh"]
-    assert bf16["op_coverage"]["passed"]
-    assert f"the parity check failed: NotImplementedError: {error}" in bf16["blockers"]
-    assert verdict["recommended"] is None and verdict["exit_code"] == 1
+    assert fp32.blockers == ["operators without a cpu kernel (training would fail): _linalg_eigh"]
+    assert bf16.checks.op_coverage["passed"]
+    assert f"the parity check failed: NotImplementedError: {error}" in bf16.blockers
+    assert verdict.recommended is None and verdict.exit_code == 1
 
 
 def test_the_fallback_keeps_dtypes_devices_and_in_place_writes():
@@ -478,7 +482,7 @@ def test_certificate_fails_a_backend_on_its_rank_ic_alone(monkeypatch, mlp_repor
     import torch
 
     from alchemetric_ray.doctor import certificate
-    from alchemetric_ray.doctor.run import format_report
+    from alchemetric_ray.doctor.report import format_report
     from alchemetric_ray.hardware import resolve_precision
     from alchemetric_ray.models import model_spec
 
@@ -505,9 +509,9 @@ def test_certificate_fails_a_backend_on_its_rank_ic_alone(monkeypatch, mlp_repor
     assert other["reasons"] == ["the rank IC changes by -2.0000 (limit 0.005 either way)"]
     assert cert["certified"] == ["cpu/fp32"]
     found = copy.deepcopy(_target(mlp_report, "cpu", "bf16"))
-    found.pop("blockers")
+    found.blockers = []
     decide([found], cert)
-    assert found["blockers"] == ["certificate vs cpu/fp32: the rank IC changes by -2.0000 (limit 0.005 either way)"]
-    text = format_report({**mlp_report, "certificate": cert})
+    assert found.blockers == ["certificate vs cpu/fp32: the rank IC changes by -2.0000 (limit 0.005 either way)"]
+    text = format_report(dataclasses.replace(mlp_report, certificate=cert))
     assert "certificate cpu/bf16   vs cpu/fp32: rank corr -1.0000, flipped positions 0.00% (limit 1%), " \
            "rank IC change -2.0000 (limit 0.005) FAIL" in text

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
@@ -35,11 +38,41 @@ def record_path(cfg: RunConfig, device_type: str, mode: str) -> Location:
     return locate(cfg.storage.path) / "doctor" / f"{cfg.model.name}-{model_key(cfg)}-{device_type}-{mode}.json"
 
 
-def write_records(cfg: RunConfig, targets: list[dict]) -> None:
+class Examined(Protocol):
+    """What a record keeps of one target the doctor examined (``doctor.report.TargetResult``)."""
+
+    device: str
+    device_type: str
+    mode: str
+    passed: bool | None
+    blockers: list[str]
+
+
+@dataclass(frozen=True)
+class DoctorRecord:
+    """The doctor's finding for one model on one (device, precision): the file training reads."""
+
+    model: dict[str, Any]  # the model's settings (cfg.model)
+    device: str
+    mode: str
+    passed: bool
+    blockers: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "device": self.device, "mode": self.mode, "passed": self.passed,
+                "blockers": self.blockers}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> DoctorRecord:
+        return cls(raw.get("model", {}), raw.get("device", ""), raw.get("mode", ""), bool(raw.get("passed")),
+                   list(raw.get("blockers", [])))
+
+
+def write_records(cfg: RunConfig, targets: Sequence[Examined]) -> None:
+    """One record per examined target, under ``<storage.path>/doctor/`` (:func:`record_path`)."""
     for t in targets:
-        record = {"model": cfg.model.__dict__, "device": t["device"], "mode": t["mode"],
-                  "passed": bool(t.get("passed")), "blockers": t.get("blockers", [])}
-        record_path(cfg, t["device_type"], t["mode"]).write_json(record)
+        record = DoctorRecord(cfg.model.__dict__, t.device, t.mode, bool(t.passed), t.blockers)
+        record_path(cfg, t.device_type, t.mode).write_json(record.as_dict())
 
 
 def require_doctor_checked_precision(cfg: RunConfig, accelerator_kind: str) -> None:
@@ -55,7 +88,7 @@ def require_doctor_checked_precision(cfg: RunConfig, accelerator_kind: str) -> N
     if not path.is_file():
         raise DoctorRequired(f"precision '{cfg.precision.mode}' on {shown} needs a passing doctor check for this model"
                              f"; {hint}")
-    record = json.loads(path.read_text())
-    if not record.get("passed"):
+    record = DoctorRecord.from_dict(json.loads(path.read_text()))
+    if not record.passed:
         raise DoctorRequired(f"precision '{cfg.precision.mode}' on {shown}: the doctor blocked this model there "
-                             f"({'; '.join(record.get('blockers', []))[:300]}); use precision.mode=fp32")
+                             f"({'; '.join(record.blockers)[:300]}); use precision.mode=fp32")
