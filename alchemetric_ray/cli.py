@@ -177,11 +177,11 @@ def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
         cfg = cfg.replace("storage.resume=true")
     out = run_sweep(cfg)
     summary = out.summary
-    early = sum(1 for trial in summary["trials"] if trial["stopped_early"])
-    print(f"sweep {out.name}: {summary['num_trials']} configurations tried, {early} stopped early; "
-          f"best trial {summary['best_trial_id']} (by its best epoch's {summary['metric']}, {summary['mode']}) "
-          f"{summary['metric']} {summary['best_value']:.4f} with {summary['best_config']}")
-    test = summary.get("test_metrics") or {}
+    early = sum(1 for trial in summary.trials if trial.stopped_early)
+    print(f"sweep {out.name}: {summary.num_trials} configurations tried, {early} stopped early; "
+          f"best trial {summary.best_trial_id} (by its best epoch's {summary.metric}, {summary.mode}) "
+          f"{summary.metric} {summary.best_value:.4f} with {summary.best_config}")
+    test = summary.test_metrics or {}
     # the chosen trial's target decides what its test split reports (classes, or a cross-sectional score)
     scored = [(name, test[name]) for name in ("balanced_accuracy", "rank_ic", "ic") if name in test]
     if scored:

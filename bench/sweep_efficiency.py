@@ -57,9 +57,9 @@ def sweep(base: list[str], tmp: Path, name: str, scheduler: str, lrs: list[float
     start = time.perf_counter()
     out = run_sweep(cfg, export=False, progress=False)
     wall = time.perf_counter() - start
-    trials = [{"lr": t["config"].get("train.lr"), "epochs_run": t["epochs_run"], "stopped_early": t["stopped_early"],
-               "best_val_log_loss": t["best_value"], "status": t["status"]} for t in out.summary["trials"]]
-    return wall, trials, out.summary["best_value"]
+    trials = [{"lr": t.config.get("train.lr"), "epochs_run": t.epochs_run, "stopped_early": t.stopped_early,
+               "best_val_log_loss": t.best_value, "status": t.status} for t in out.summary.trials]
+    return wall, trials, out.summary.best_value
 
 
 LOOPS = {"in-trial": "auto", "trainer": "trainer"}

@@ -128,9 +128,9 @@ def test_a_sweep_trial_killed_mid_epoch_is_retried_from_the_checkpoint_tune_kept
     assert not runner.is_alive() and outcome, "the sweep did not finish after its trial was killed"
     assert killed_before_second_checkpoint, "the kill landed after epoch 2 had finished; not mid-epoch"
 
-    trial = outcome[0].summary["trials"][0]
-    assert trial["status"] == "TERMINATED" and trial["epochs_run"] == 3
-    assert [row["epoch"] for row in trial["history"]] == [1, 2, 3]  # epochs by their number, from 1
+    trial = outcome[0].summary.trials[0]
+    assert trial.status == "TERMINATED" and trial.epochs_run == 3
+    assert [row["epoch"] for row in trial.history] == [1, 2, 3]  # epochs by their number, from 1
     said = "".join(capfd.readouterr())  # epochs count from 1; the folder is Tune's
     assert re.search(r"resumed from the checkpoint of epoch 1 \(\S+\): continuing at epoch 2 of 3", said), said[-2000:]
     assert pid not in _train_worker_pids("ImplicitFunc")

@@ -611,7 +611,7 @@ def test_one_long_short_book_weighs_each_leg_half_and_holds_nothing_where_it_can
 
 def test_the_chosen_trials_validation_sharpe_is_deflated_by_the_trials_variance():
     from alchemetric_ray.signals.selection import deflated_validation_sharpe
-    from alchemetric_ray.tune.sweep import trial_sr_variance
+    from alchemetric_ray.tune.summary import trial_sr_variance
 
     trials = [{"val_long_short": {"sr": v, "skew": 0.0, "kurt": 3.0, "days": 250}} for v in (0.02, 0.05, 0.11, 0.08)]
     trials.append({"val_long_short": None})  # a trial that errored

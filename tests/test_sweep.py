@@ -15,7 +15,8 @@ import pytest
 from alchemetric_ray.artifacts import ledger
 from alchemetric_ray.config import ConfigError, load_config
 from alchemetric_ray.placement.plan import plan_resources
-from alchemetric_ray.tune.sweep import build_space, concurrency
+from alchemetric_ray.tune.resources import concurrency
+from alchemetric_ray.tune.space import build_space
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,7 +73,7 @@ def test_grid_search_needs_lists():
 def test_optuna_search_uses_tunes_own_integration():
     from ray.tune.search.optuna import OptunaSearch
 
-    from alchemetric_ray.tune.sweep import _searcher
+    from alchemetric_ray.tune.tuner import _searcher
 
     assert isinstance(_searcher(load_config(None, ["tune.search=optuna"])), OptunaSearch)
     assert _searcher(load_config(None, ["tune.search=random"])) is None
@@ -90,7 +91,7 @@ def test_a_one_worker_trial_holds_its_worker_and_a_worker_group_keeps_its_driver
     """What a trial holds and what a sweep asks the autoscaler for: a one-worker trial runs the loop
     in its own process and holds the worker's CPU; a trial of several workers (or with
     tune.trial_loop=trainer) is a driver with a sliver of a CPU beside its TorchTrainer's workers."""
-    from alchemetric_ray.tune.sweep import TRIAL_DRIVER_CPU, runs_in_trial, sweep_bundles, trial_resources
+    from alchemetric_ray.tune.resources import TRIAL_DRIVER_CPU, runs_in_trial, sweep_bundles, trial_resources
 
     cfg = load_config(None, ["scaling.cpus_per_worker=1"])
     one = plan_resources(cfg, {"CPU": 4.0})
@@ -123,35 +124,35 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
                                         "train.score_test=true"))
     out = run_sweep(cfg)
     s = out.summary
-    assert s["num_trials"] == 2 and {t["status"] for t in s["trials"]} == {"TERMINATED"}
-    by_lr = {t["config"]["train.lr"]: t for t in s["trials"]}
-    assert by_lr[1e-9]["stopped_early"] and by_lr[1e-9]["epochs_run"] < 3
-    assert by_lr[0.01]["epochs_run"] == 3 and not by_lr[0.01]["stopped_early"]
-    best = min(s["trials"], key=lambda t: t["best_value"])
-    assert s["best_trial_id"] == best["trial_id"] and s["best_value"] == best["best_value"]
-    assert best["config"]["train.lr"] != 1e-9
+    assert s.num_trials == 2 and {t.status for t in s.trials} == {"TERMINATED"}
+    by_lr = {t.config["train.lr"]: t for t in s.trials}
+    assert by_lr[1e-9].stopped_early and by_lr[1e-9].epochs_run < 3
+    assert by_lr[0.01].epochs_run == 3 and not by_lr[0.01].stopped_early
+    best = min(s.trials, key=lambda t: t.best_value)
+    assert s.best_trial_id == best.trial_id and s.best_value == best.best_value
+    assert best.config["train.lr"] != 1e-9
     # the best trial exported as the same artifact `train` makes, scored on test once
     metrics = json.loads((out.model_dir / "metrics.json").read_text())
-    assert metrics["sweep"]["num_trials"] == 2 and metrics["sweep"]["best_trial_id"] == s["best_trial_id"]
-    assert metrics["val"]["log_loss"] == pytest.approx(s["best_value"])
-    assert s["test_metrics"] == metrics["test"]
+    assert metrics["sweep"]["num_trials"] == 2 and metrics["sweep"]["best_trial_id"] == s.best_trial_id
+    assert metrics["val"]["log_loss"] == pytest.approx(s.best_value)
+    assert s.test_metrics == metrics["test"]
     assert [look["command"] for look in ledger.looks(out.model_dir)] == ["tune (train.score_test)"]
     trials = json.loads((out.model_dir / "trials.json").read_text())["entries"]
     assert [(e["command"], e["sweep"], e["trials"]) for e in trials] == [("tune", out.name, 2)]
-    assert json.loads((out.model_dir / "config.json").read_text())["train"]["lr"] == best["config"]["train.lr"]
-    assert out.report.is_file() and s["best_confusion"] is not None
+    assert json.loads((out.model_dir / "config.json").read_text())["train"]["lr"] == best.config["train.lr"]
+    assert out.report.is_file() and s.best_confusion is not None
     # one worker per trial: each trial ran the loop in its own process, so there is no Train run beside
     # the sweep, and the exported checkpoint is one Tune kept in the best trial's own folder
     assert [p.name for p in (tmp_path / "results").iterdir() if p.name.startswith("sweep-")] == [out.name]
-    assert Path(s["best_checkpoint"]).parent.parent == Path(out.path)
-    assert (Path(s["best_checkpoint"]) / "meta.json").is_file()
+    assert Path(s.best_checkpoint).parent.parent == Path(out.path)
+    assert (Path(s.best_checkpoint) / "meta.json").is_file()
     # every trial's validation long-short moments at its best epoch (the ASHA-stopped one's too), and their
     # variance across the trials: what deflates the chosen trial's validation Sharpe ratio
-    assert all(np.isfinite(t["val_long_short"]["sr"]) and t["val_long_short"]["days"] > 100 for t in s["trials"])
-    srs = [t["val_long_short"]["sr"] for t in s["trials"]]
-    assert s["trial_sr_variance"] == pytest.approx(np.var(srs, ddof=1))
-    assert metrics["sweep"]["trial_sr_variance"] == s["trial_sr_variance"]
-    assert metrics["sweep"]["chosen_val_long_short"] == best["val_long_short"]
+    assert all(np.isfinite(t.val_long_short["sr"]) and t.val_long_short["days"] > 100 for t in s.trials)
+    srs = [t.val_long_short["sr"] for t in s.trials]
+    assert s.trial_sr_variance == pytest.approx(np.var(srs, ddof=1))
+    assert metrics["sweep"]["trial_sr_variance"] == s.trial_sr_variance
+    assert metrics["sweep"]["chosen_val_long_short"] == best.val_long_short
     # TensorBoard's own reader finds every trial's scalars and hyperparameters
     event_files = sorted(Path(out.path).glob("*/events.out.tfevents.*"))
     assert len(event_files) == 2
@@ -178,18 +179,18 @@ def test_trial_loop_trainer_gives_each_trial_a_torch_trainer_run(ray_session, sh
                                         "tune.scheduler=none", "tune.trial_loop=trainer"))
     out = run_sweep(cfg)
     s = out.summary
-    assert s["num_trials"] == 2 and all(t["epochs_run"] == 2 for t in s["trials"])
+    assert s.num_trials == 2 and all(t.epochs_run == 2 for t in s.trials)
     runs = sorted(p.name for p in (tmp_path / "results").glob(f"{out.name}-*"))
-    assert runs == sorted(f"{out.name}-{t['trial_id']}" for t in s["trials"])
-    best = min(s["trials"], key=lambda t: t["best_value"])
-    assert best["config"]["train.lr"] == 0.01 and s["best_trial_id"] == best["trial_id"]
-    assert Path(s["best_checkpoint"]).parent.name == f"{out.name}-{best['trial_id']}"
-    meta = json.loads((Path(s["best_checkpoint"]) / "meta.json").read_text())
-    assert meta["metrics"]["val_log_loss"] == pytest.approx(s["best_value"])
+    assert runs == sorted(f"{out.name}-{t.trial_id}" for t in s.trials)
+    best = min(s.trials, key=lambda t: t.best_value)
+    assert best.config["train.lr"] == 0.01 and s.best_trial_id == best.trial_id
+    assert Path(s.best_checkpoint).parent.name == f"{out.name}-{best.trial_id}"
+    meta = json.loads((Path(s.best_checkpoint) / "meta.json").read_text())
+    assert meta["metrics"]["val_log_loss"] == pytest.approx(s.best_value)
     metrics = json.loads((out.model_dir / "metrics.json").read_text())
-    assert metrics["val"]["log_loss"] == pytest.approx(s["best_value"])
+    assert metrics["val"]["log_loss"] == pytest.approx(s.best_value)
     # not asked: the test segment stays sealed, nothing scored it and no look is recorded
-    assert "test" not in metrics and s["test_metrics"] is None and ledger.looks(out.model_dir) == []
+    assert "test" not in metrics and s.test_metrics is None and ledger.looks(out.model_dir) == []
     assert all("test" not in b for b in metrics["baselines"].values())
 
 
@@ -253,7 +254,8 @@ def test_a_sweep_over_label_kinds_resumes_after_the_driver_is_killed(ray_session
 
 
 def test_one_selection_metric_for_every_label_the_trials_train_on():
-    from alchemetric_ray.tune.sweep import SweepError, metric_for_labels
+    from alchemetric_ray.tune.errors import SweepError
+    from alchemetric_ray.tune.sweep import metric_for_labels
 
     base = load_config(None, [])  # three_class, train.metric=auto
     assert metric_for_labels(base, ["three_class"]).train.metric == "auto"  # balanced accuracy, as for train

@@ -1,6 +1,7 @@
 """A static HTML report of one sweep: a trial table, PNG plots and the chosen trial's test score.
 
-``write_sweep_report(out_dir, summary)`` writes ``out_dir/index.html`` with its PNG plots beside it.
+``write_sweep_report(out_dir, summary)`` writes ``out_dir/index.html`` with its PNG plots beside it,
+from a ``SweepSummary`` (or its ``as_dict`` form, as ``sweep_summary.json`` holds it).
 It needs no server: open the file in a browser.  The folder is built in a temporary folder beside
 ``out_dir`` and then renamed over it, so a reader sees the old report or the new one, never half.
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from alchemetric_ray.outputs import staged_output
 from alchemetric_ray.storage import Location, locate
+from alchemetric_ray.tune.summary import SweepSummary, TrialRow
 
 INDEX = "index.html"
 LEARNING_PNG = "learning_curves.png"
@@ -54,10 +56,6 @@ def _num(value: Any) -> float | None:
 def _finite(value: Any) -> float | None:
     v = _num(value)
     return v if v is not None and math.isfinite(v) else None
-
-
-def _is_numeric(value: Any) -> bool:
-    return _num(value) is not None
 
 
 def _fmt_float(v: float, spec: str) -> str:
@@ -114,13 +112,13 @@ def _hp_value(config: Any, key: str) -> Any:
     return node
 
 
-def _hp_names(summary: dict, trials: list[dict]) -> list[str]:
-    space = summary.get("space")
+def _hp_names(summary: SweepSummary, trials: list[TrialRow]) -> list[str]:
+    space = summary.space
     if isinstance(space, dict) and space:
         return [str(k) for k in space]
     names: list[str] = []  # no space given: every key the trials' configs hold, first seen first
     for t in trials:
-        cfg = t.get("config")
+        cfg = t.config
         if isinstance(cfg, dict):
             for k in cfg:
                 if str(k) not in names:
@@ -128,9 +126,9 @@ def _hp_names(summary: dict, trials: list[dict]) -> list[str]:
     return names
 
 
-def _space_choices(summary: dict, name: str) -> list[Any]:
+def _space_choices(summary: SweepSummary, name: str) -> list[Any]:
     """The listed values of a ``grid``/``choice`` hyperparameter (for category order), else []."""
-    space = summary.get("space")
+    space = summary.space
     spec = space.get(name) if isinstance(space, dict) else None
     if isinstance(spec, dict):
         for kind in ("grid", "choice", "grid_search", "categorical", "values"):
@@ -146,14 +144,14 @@ def _describe_space(spec: Any) -> str:
     return json.dumps(spec, default=str)
 
 
-def _history(trial: dict) -> list[dict]:
-    rows = trial.get("history")
+def _history(trial: TrialRow) -> list[dict]:
+    rows = trial.history
     if not isinstance(rows, list):
         return []
     return [r for r in rows if isinstance(r, dict)]
 
 
-def _series(trial: dict, key: str) -> tuple[list[float], list[float]]:
+def _series(trial: TrialRow, key: str) -> tuple[list[float], list[float]]:
     """Epochs and values of ``key`` over a trial's history; missing values skipped, inf -> NaN."""
     xs: list[float] = []
     ys: list[float] = []
@@ -169,8 +167,8 @@ def _series(trial: dict, key: str) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
-def _rank_key(trial: dict, mode: str) -> tuple[int, float]:
-    v = _finite(trial.get("best_value"))
+def _rank_key(trial: TrialRow, mode: str) -> tuple[int, float]:
+    v = _finite(trial.best_value)
     if v is None:
         return (1, 0.0)
     return (0, -v if mode == "max" else v)
@@ -195,19 +193,19 @@ def _no_data(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#555555")
 
 
-def _curves_plot(path: Path, trials: list[dict], best_id: Any, key: str, title: str, ylabel: str) -> None:
+def _curves_plot(path: Path, trials: list[TrialRow], best_id: Any, key: str, title: str, ylabel: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
     fig = _new_figure(8, 4.5)
     ax = fig.add_subplot(1, 1, 1)
     many = len(trials) > _LEGEND_MAX
     drawn = 0
-    for i, t in enumerate(trials):
+    for t in trials:
         xs, ys = _series(t, key)
         if not xs:
             continue
-        is_best = best_id is not None and t.get("trial_id") == best_id
-        label = _plot_text(t.get("trial_id", f"#{i}"))
+        is_best = best_id is not None and t.trial_id == best_id
+        label = _plot_text(t.trial_id)
         if is_best:
             label += " (best)"
         if all(math.isnan(y) for y in ys):
@@ -222,7 +220,7 @@ def _curves_plot(path: Path, trials: list[dict], best_id: Any, key: str, title: 
         if many and not is_best:
             label = "_nolegend_"
         (line,) = ax.plot(xs, ys, label=label, **style)
-        if t.get("stopped_early"):  # where ASHA cut the trial
+        if t.stopped_early:  # where ASHA cut the trial
             last = next((j for j in range(len(ys) - 1, -1, -1) if not math.isnan(ys[j])), None)
             if last is not None:
                 ax.plot([xs[last]], [ys[last]], marker="x", markersize=8, color=line.get_color(),
@@ -241,7 +239,7 @@ def _curves_plot(path: Path, trials: list[dict], best_id: Any, key: str, title: 
     _save(fig, path)
 
 
-def _hparams_plot(path: Path, summary: dict, trials: list[dict], names: list[str], best_id: Any,
+def _hparams_plot(path: Path, summary: SweepSummary, trials: list[TrialRow], names: list[str], best_id: Any,
                   metric: str) -> None:
     """One panel per hyperparameter: each trial's best metric against its value.  Trials without a
     finite best value (failed, NaN) are grey crosses along the bottom edge, so their values show."""
@@ -251,68 +249,92 @@ def _hparams_plot(path: Path, summary: dict, trials: list[dict], names: list[str
     fig = _new_figure(4.0 * ncols, 3.2 * nrows)
     for k, name in enumerate(names):
         ax = fig.add_subplot(nrows, ncols, k + 1)
-        ax.set_title(_plot_text(name, 40), fontsize=10)
-        ax.set_ylabel(_plot_text(metric, 40), fontsize=8)
-        ax.tick_params(labelsize=8)
-        ax.grid(True, alpha=0.3)
-        entries = []  # (value, best metric or None, is_best)
-        for t in trials:
-            v = _hp_value(t.get("config"), name)
-            if v is _MISSING or v is None:
-                continue
-            entries.append((v, _finite(t.get("best_value")), best_id is not None and t.get("trial_id") == best_id))
-        if not entries:
-            _no_data(ax, "no trial set this value")
-            continue
-        choices = _space_choices(summary, name)
-        values = [v for v, _, _ in entries]
-        numeric = all(_is_numeric(v) for v in values + choices)
-        if numeric:
-            span = [x for x in (_finite(v) for v in values + choices) if x is not None]
-            xs = [float(_num(v)) for v in values]
-            if not span:
-                _no_data(ax, "no finite values")
-                continue
-            lo, hi = min(span), max(span)
-            if lo > 0 and hi / lo > 100:
-                ax.set_xscale("log")
-                ax.set_xlim(lo / 2.0, hi * 2.0)
-            else:  # explicit limits: the crosses drawn in axes units do not widen the autoscale
-                pad = (hi - lo) * 0.08 if hi > lo else max(abs(lo) * 0.1, 1.0)
-                ax.set_xlim(lo - pad, hi + pad)
-        else:
-            order: list[str] = []
-            for c in choices + values:
-                label = _fmt_value(c)
-                if label not in order:
-                    order.append(label)
-            pos = {label: i for i, label in enumerate(order)}
-            xs = [float(pos[_fmt_value(v)]) for v in values]
-            tilt = len(order) > 3
-            ax.set_xticks(range(len(order)))
-            ax.set_xticklabels([_plot_text(o, 16) for o in order], rotation=30 if tilt else 0,
-                               ha="right" if tilt else "center")
-            ax.set_xlim(-0.5, len(order) - 0.5)
-        good = [(x, y, b) for x, (_, y, b) in zip(xs, entries) if y is not None and math.isfinite(x)]
-        bad = [x for x, (_, y, _) in zip(xs, entries) if y is None and math.isfinite(x)]
-        others = [(x, y) for x, y, b in good if not b]
-        bests = [(x, y) for x, y, b in good if b]
-        if others:
-            ax.scatter([p[0] for p in others], [p[1] for p in others], s=28, color="#1f77b4", alpha=0.75,
-                       edgecolors="white", linewidths=0.5, zorder=3)
-        if bests:
-            ax.scatter([p[0] for p in bests], [p[1] for p in bests], s=110, marker="*", color=_BEST_COLOR,
-                       edgecolors="black", linewidths=0.5, zorder=4)
-        if bad:  # x in data units, y in axes units: along the bottom whatever the metric's range
-            ax.margins(y=0.2)  # keeps finished trials clear of the crosses
-            ax.scatter(bad, [0.04] * len(bad), s=30, marker="x", color="#7f7f7f", zorder=3,
-                       transform=ax.get_xaxis_transform())
-        if not good:
-            _no_data(ax, "no finite metric values")
+        _hparam_panel(ax, _space_choices(summary, name), trials, name, best_id, metric)
     fig.suptitle(_plot_text(f"best validation {metric} per hyperparameter "
                             "(star: best trial; grey x: failed or nan)", 140), fontsize=11)
     fig.tight_layout()
     _save(fig, path)
+
+
+def _hparam_panel(ax, choices: list[Any], trials: list[TrialRow], name: str, best_id: Any, metric: str) -> None:
+    """The panel of one hyperparameter ``name``, whose space lists ``choices`` (or none)."""
+    ax.set_title(_plot_text(name, 40), fontsize=10)
+    ax.set_ylabel(_plot_text(metric, 40), fontsize=8)
+    ax.tick_params(labelsize=8)
+    ax.grid(True, alpha=0.3)
+    entries = []  # (value, best metric or None, is_best)
+    for t in trials:
+        v = _hp_value(t.config, name)
+        if v is _MISSING or v is None:
+            continue
+        entries.append((v, _finite(t.best_value), best_id is not None and t.trial_id == best_id))
+    if not entries:
+        _no_data(ax, "no trial set this value")
+        return
+    values = [v for v, _, _ in entries]
+    if all(_num(v) is not None for v in values + choices):
+        xs = _numeric_axis(ax, values, choices)
+        if xs is None:
+            return
+    else:
+        xs = _category_axis(ax, values, choices)
+    _scatter_trials(ax, xs, entries)
+
+
+def _numeric_axis(ax, values: list[Any], choices: list[Any]) -> list[float] | None:
+    """The x positions of numeric values, the axis spanning them and the space's choices (a log axis
+    over more than two orders of magnitude); None, and a note on the panel, where none is finite."""
+    span = [x for x in (_finite(v) for v in values + choices) if x is not None]
+    xs = [float(_num(v)) for v in values]
+    if not span:
+        _no_data(ax, "no finite values")
+        return None
+    lo, hi = min(span), max(span)
+    if lo > 0 and hi / lo > 100:
+        ax.set_xscale("log")
+        ax.set_xlim(lo / 2.0, hi * 2.0)
+    else:  # explicit limits: the crosses drawn in axes units do not widen the autoscale
+        pad = (hi - lo) * 0.08 if hi > lo else max(abs(lo) * 0.1, 1.0)
+        ax.set_xlim(lo - pad, hi + pad)
+    return xs
+
+
+def _category_axis(ax, values: list[Any], choices: list[Any]) -> list[float]:
+    """The x positions of categorical values: one tick per category, the space's choices first."""
+    order: list[str] = []
+    for c in choices + values:
+        label = _fmt_value(c)
+        if label not in order:
+            order.append(label)
+    pos = {label: i for i, label in enumerate(order)}
+    xs = [float(pos[_fmt_value(v)]) for v in values]
+    tilt = len(order) > 3
+    ax.set_xticks(range(len(order)))
+    ax.set_xticklabels([_plot_text(o, 16) for o in order], rotation=30 if tilt else 0,
+                       ha="right" if tilt else "center")
+    ax.set_xlim(-0.5, len(order) - 0.5)
+    return xs
+
+
+def _scatter_trials(ax, xs: list[float], entries: list[tuple]) -> None:
+    """The trials on one panel: finished ones at their best metric (the best trial a red star), the
+    rest grey crosses along the bottom edge."""
+    good = [(x, y, b) for x, (_, y, b) in zip(xs, entries) if y is not None and math.isfinite(x)]
+    bad = [x for x, (_, y, _) in zip(xs, entries) if y is None and math.isfinite(x)]
+    others = [(x, y) for x, y, b in good if not b]
+    bests = [(x, y) for x, y, b in good if b]
+    if others:
+        ax.scatter([p[0] for p in others], [p[1] for p in others], s=28, color="#1f77b4", alpha=0.75,
+                   edgecolors="white", linewidths=0.5, zorder=3)
+    if bests:
+        ax.scatter([p[0] for p in bests], [p[1] for p in bests], s=110, marker="*", color=_BEST_COLOR,
+                   edgecolors="black", linewidths=0.5, zorder=4)
+    if bad:  # x in data units, y in axes units: along the bottom whatever the metric's range
+        ax.margins(y=0.2)  # keeps finished trials clear of the crosses
+        ax.scatter(bad, [0.04] * len(bad), s=30, marker="x", color="#7f7f7f", zorder=3,
+                   transform=ax.get_xaxis_transform())
+    if not good:
+        _no_data(ax, "no finite metric values")
 
 
 def _confusion_plot(path: Path, matrix: list, classes: list) -> None:
@@ -391,7 +413,7 @@ def _figure(png: Path, alt: str, caption: str) -> str:
             f"<figcaption>{_esc(caption)}</figcaption></figure>")
 
 
-def _trial_table(trials: list[dict], names: list[str], best_id: Any, metric: str) -> str:
+def _trial_table(trials: list[TrialRow], names: list[str], best_id: Any, metric: str) -> str:
     rank_ic = metric != "val_rank_ic"  # every target reports it: the trials' signal on one scale
     head = ["trial"] + names + ["status", f"best {metric}"] + (["val rank IC"] if rank_ic else []) + \
         ["epochs run", "stopped early"]
@@ -401,24 +423,24 @@ def _trial_table(trials: list[dict], names: list[str], best_id: Any, metric: str
     out.append("<tbody>")
     best_marked = False
     for t in trials:
-        tid = t.get("trial_id", "")
+        tid = t.trial_id
         classes = ["trial"]
         if not best_marked and best_id is not None and tid == best_id:
             classes.append("best")
             best_marked = True
-        status = t.get("status", "")
+        status = t.status
         if str(status).upper() == "ERROR":
             classes.append("error")
         cells = [f"<td><code>{_esc(tid)}</code></td>"]
-        cfg = t.get("config")
+        cfg = t.config
         for name in names:
             cells.append(f"<td>{_esc(_fmt_value(_hp_value(cfg, name)))}</td>")
         cells.append(f"<td>{_esc(status)}</td>")
-        cells.append(f'<td class="num">{_esc(_fmt_metric(t.get("best_value")))}</td>')
+        cells.append(f'<td class="num">{_esc(_fmt_metric(t.best_value))}</td>')
         if rank_ic:
-            cells.append(f'<td class="num">{_esc(_fmt_metric(t.get("val_rank_ic")))}</td>')
-        cells.append(f'<td class="num">{_esc(_fmt_metric(t.get("epochs_run")))}</td>')
-        cells.append(f"<td>{'yes' if t.get('stopped_early') else 'no'}</td>")
+            cells.append(f'<td class="num">{_esc(_fmt_metric(t.val_rank_ic))}</td>')
+        cells.append(f'<td class="num">{_esc(_fmt_metric(t.epochs_run))}</td>')
+        cells.append(f"<td>{'yes' if t.stopped_early else 'no'}</td>")
         out.append(f'<tr class="{" ".join(classes)}" data-trial-id="{_esc(tid)}">' + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
     return "\n".join(out)
@@ -430,36 +452,75 @@ def _metrics_table(metrics: dict) -> str:
     return f'<table id="test-metrics"><thead><tr><th>metric</th><th>test</th></tr></thead><tbody>{rows}</tbody></table>'
 
 
-def _build(folder: Path, summary: dict) -> None:
-    name = summary.get("name") or "sweep"
-    metric = str(summary.get("metric") or "metric")
-    mode = str(summary.get("mode") or "max")
-    raw_trials = summary.get("trials") or []
-    trials = [t for t in raw_trials if isinstance(t, dict)]
-    num_trials = summary.get("num_trials")
-    if not isinstance(num_trials, int) or isinstance(num_trials, bool):
-        num_trials = len(trials)
-    best_id = summary.get("best_trial_id")
+def _build(folder: Path, summary: SweepSummary) -> None:
+    """The plots, then ``index.html``, in ``folder``."""
+    name, metric, mode = _shown(summary)
+    trials, best = summary.trials, summary.best_trial()
     names = _hp_names(summary, trials)
-    test_metrics = summary.get("test_metrics")
-    model_dir = summary.get("model_dir")
-    classes = summary.get("classes") or []
-    matrix = summary.get("best_confusion")
-    best = next((t for t in trials if best_id is not None and t.get("trial_id") == best_id), None)
+    ranked = _ranked(trials, best, mode)
+    figures = _figures(folder, summary, names)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>Sweep report: {_esc(name)}</title>",
+        f"<style>{_CSS}</style></head><body><main>",
+        f'<h1>Sweep report: <span class="sweep-name">{_esc(name)}</span></h1>',
+        _summary_line(summary, metric, mode),
+        _facts(summary, best, metric),
+    ]
+    if isinstance(summary.space, dict) and summary.space:
+        parts.append("<h2>Search space</h2>" + "<ul>" + "".join(
+            f"<li><code>{_esc(k)}</code>: {_esc(_describe_space(v))}</li>" for k, v in summary.space.items()) + "</ul>")
+    parts.append("<h2>Trials</h2>")
+    parts.append('<p class="note">Ranked on validation only, best first; the highlighted row is the chosen trial.</p>')
+    parts.append(_trial_table(ranked, names, summary.best_trial_id, metric))
+    parts += figures
+    parts.append("<h2>Chosen trial on test</h2>")
+    if _scored(summary.test_metrics):
+        parts.append(_metrics_table(summary.test_metrics))
+    else:
+        parts.append('<p class="note">No test metrics: the test split stays sealed (tune --evaluate, or '
+                     'alchemetric-ray evaluate, scores the chosen trial on it and records the look).</p>')
+    parts.append("<h2>Exported model</h2>")
+    if summary.model_dir:
+        parts.append(f'<p id="model-dir"><code>{_esc(summary.model_dir)}</code></p>')
+    else:
+        parts.append('<p class="note">No model was exported.</p>')
+    parts.append("</main></body></html>")
+    (folder / INDEX).write_text("\n".join(parts) + "\n", encoding="utf-8")
 
-    # ranked best first (finished trials by their best value, then the rest in the given order)
+
+def _shown(summary: SweepSummary) -> tuple[str, str, str]:
+    """The sweep's name, selection metric and mode as the report shows them (a placeholder where one is missing)."""
+    return summary.name or "sweep", str(summary.metric or "metric"), str(summary.mode or "max")
+
+
+def _scored(test_metrics: Any) -> bool:
+    """Whether the chosen trial was scored on the test split."""
+    return bool(isinstance(test_metrics, dict) and test_metrics)
+
+
+def _ranked(trials: list[TrialRow], best: TrialRow | None, mode: str) -> list[TrialRow]:
+    """The trials best first: finished trials by their best value, then the rest in the given order;
+    the chosen trial leads even if its value ties or is not finite."""
     ranked = sorted(trials, key=lambda t: _rank_key(t, mode))
-    if best is not None:  # the chosen trial leads even if its value ties or is not finite
+    if best is not None:
         ranked = [best] + [t for t in ranked if t is not best]
+    return ranked
 
-    figures: list[str] = []
+
+def _figures(folder: Path, summary: SweepSummary, names: list[str]) -> list[str]:
+    """Draw the plots into ``folder``; their sections of the page, in order."""
+    _, metric, mode = _shown(summary)
+    trials, best_id = summary.trials, summary.best_trial_id
     _curves_plot(folder / LEARNING_PNG, trials, best_id, metric,
                  f"validation {metric} per epoch ({mode}; best trial bold, x: stopped early)", f"validation {metric}")
-    figures.append("<h2>Learning curves</h2>" + _figure(
+    figures = ["<h2>Learning curves</h2>" + _figure(
         folder / LEARNING_PNG,
         f"Validation {metric} per epoch, one line per trial; the best trial is the thick red line.",
         f"Validation {metric} per epoch, one line per trial. The best trial is bold red; "
-        "an x marks the last epoch of a trial the scheduler stopped early."))
+        "an x marks the last epoch of a trial the scheduler stopped early.")]
     _curves_plot(folder / TRAIN_LOSS_PNG, trials, best_id, "train_loss", "training loss per epoch (best trial bold)",
                  "train loss")
     figures.append("<h2>Training loss</h2>" + _figure(
@@ -473,68 +534,50 @@ def _build(folder: Path, summary: dict) -> None:
             f"Best validation {metric} against each hyperparameter of the space (one panel each; "
             "log x-axis where a numeric hyperparameter spans more than two orders of magnitude). "
             "Trials that failed or scored nan are grey crosses along the bottom edge."))
-    if _valid_matrix(matrix):
-        _confusion_plot(folder / CONFUSION_PNG, matrix, list(classes))
+    if _valid_matrix(summary.best_confusion):
+        _confusion_plot(folder / CONFUSION_PNG, summary.best_confusion, list(summary.classes or []))
         figures.append("<h2>Best trial: confusion matrix</h2>" + _figure(
             folder / CONFUSION_PNG, "Validation confusion matrix of the best trial at its best epoch, with counts "
             "(rows: true class, columns: predicted class).",
             "Validation confusion matrix of the best trial at its best epoch (rows: true, columns: predicted)."))
+    return figures
 
-    if isinstance(test_metrics, dict) and test_metrics:
+
+def _summary_line(summary: SweepSummary, metric: str, mode: str) -> str:
+    """How many configurations were tried, on what they were ranked, and whether the test split was used."""
+    trials = summary.trials
+    num_trials = summary.num_trials
+    if not isinstance(num_trials, int) or isinstance(num_trials, bool):
+        num_trials = len(trials)
+    if _scored(summary.test_metrics):
         test_line = "the test split was used once, for the chosen trial only (a look, recorded in the model folder)."
     else:
         test_line = "the test split was not used: it stays sealed (tune --evaluate scores the chosen trial on it)."
     listed = "" if num_trials == len(trials) else f" ({len(trials)} listed below)"
-    facts = [("scheduler", _esc(summary.get("scheduler") or "none")),
-             ("max epochs", _esc(_fmt_metric(summary.get("max_epochs")))),
+    return (f'<p class="lede" id="summary-line">{num_trials} configuration{"" if num_trials == 1 else "s"} tried'
+            f'{_esc(listed)}; ranked on validation '
+            f"<code>{_esc(metric)}</code> ({_esc(mode)}); {_esc(test_line)}</p>")
+
+
+def _facts(summary: SweepSummary, best: TrialRow | None, metric: str) -> str:
+    """The scheduler, the epochs a trial may run, and the best trial with its value."""
+    best_id = summary.best_trial_id
+    facts = [("scheduler", _esc(summary.scheduler or "none")),
+             ("max epochs", _esc(_fmt_metric(summary.max_epochs))),
              ("best trial", f"<code>{_esc(best_id)}</code>" if best_id is not None else "none (no trial finished)")]
     if best is not None:
-        facts.append((f"best validation {metric}", _esc(_fmt_metric(best.get("best_value")))))
-    space = summary.get("space")
-    space_items = ""
-    if isinstance(space, dict) and space:
-        space_items = "<ul>" + "".join(f"<li><code>{_esc(k)}</code>: {_esc(_describe_space(v))}</li>"
-                                        for k, v in space.items()) + "</ul>"
-
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>Sweep report: {_esc(name)}</title>",
-        f"<style>{_CSS}</style></head><body><main>",
-        f'<h1>Sweep report: <span class="sweep-name">{_esc(name)}</span></h1>',
-        f'<p class="lede" id="summary-line">{num_trials} configuration{"" if num_trials == 1 else "s"} tried'
-        f'{_esc(listed)}; ranked on validation '
-        f"<code>{_esc(metric)}</code> ({_esc(mode)}); {_esc(test_line)}</p>",
-        '<dl class="facts">' + "".join(f"<dt>{_esc(k)}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>",
-    ]
-    if space_items:
-        parts.append("<h2>Search space</h2>" + space_items)
-    parts.append("<h2>Trials</h2>")
-    parts.append('<p class="note">Ranked on validation only, best first; the highlighted row is the chosen trial.</p>')
-    parts.append(_trial_table(ranked, names, best_id, metric))
-    parts += figures
-    parts.append("<h2>Chosen trial on test</h2>")
-    if isinstance(test_metrics, dict) and test_metrics:
-        parts.append(_metrics_table(test_metrics))
-    else:
-        parts.append('<p class="note">No test metrics: the test split stays sealed (tune --evaluate, or '
-                     'alchemetric-ray evaluate, scores the chosen trial on it and records the look).</p>')
-    parts.append("<h2>Exported model</h2>")
-    if model_dir:
-        parts.append(f'<p id="model-dir"><code>{_esc(model_dir)}</code></p>')
-    else:
-        parts.append('<p class="note">No model was exported.</p>')
-    parts.append("</main></body></html>")
-    (folder / INDEX).write_text("\n".join(parts) + "\n", encoding="utf-8")
+        facts.append((f"best validation {metric}", _esc(_fmt_metric(best.best_value))))
+    return '<dl class="facts">' + "".join(f"<dt>{_esc(k)}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
 
 
-def write_sweep_report(out_dir: str | Path | Location, summary: dict) -> Path | Location:
+def write_sweep_report(out_dir: str | Path | Location, summary: SweepSummary | dict) -> Path | Location:
     """Write out_dir/index.html plus PNG plots beside it (atomically: build in a temp folder beside
     out_dir, then rename over it; on object storage, index.html goes in last); return the index.html
-    path (a ``Location`` on object storage)."""
-    if not isinstance(summary, dict):
-        raise TypeError(f"summary must be a dict, not {type(summary).__name__}")
+    path (a ``Location`` on object storage).  ``summary`` is the record or its ``as_dict`` form."""
+    if isinstance(summary, dict):
+        summary = SweepSummary.from_dict(summary)
+    if not isinstance(summary, SweepSummary):
+        raise TypeError(f"summary must be a SweepSummary or a dict, not {type(summary).__name__}")
     target = locate(out_dir)
     with staged_output(target, "sweep-report", last=(INDEX,)) as tmp:
         _build(tmp, summary)
