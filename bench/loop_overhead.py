@@ -165,17 +165,17 @@ def ours(cfg, shards: Path, manifest, cache: bool, name: str):
 PHASES = ("read", "train", "validate", "checkpoint")
 
 
-def breakdown(phases: list[dict], fit_start: float, fit_end: float) -> dict:
+def breakdown(phases: list, fit_start: float, fit_end: float) -> dict:
     """A run's wall time by phase (the worker's own records, train/phases.py) and what lies around them:
     fit() to the loop's start (Ray's controller and worker group) and the loop's end to fit()'s return."""
     from alchemetric_ray.train.phases import seconds_by_phase
 
     by_phase = seconds_by_phase(phases)
-    seconds = {"to_loop_start": phases[0]["at"] - fit_start, **{p: by_phase.get(p, 0.0) for p in PHASES}}
-    seconds["loop_end_to_return"] = fit_end - phases[-1]["at"]
-    memory = {phase: {"private_mib": max((r["private_mib"] or 0) for r in phases if r["phase"] == phase),
-                      "peak_mib": max((r["peak_mib"] or 0) for r in phases if r["phase"] == phase)}
-              for phase in PHASES if any(r["phase"] == phase for r in phases)}
+    seconds = {"to_loop_start": phases[0].at - fit_start, **{p: by_phase.get(p, 0.0) for p in PHASES}}
+    seconds["loop_end_to_return"] = fit_end - phases[-1].at
+    memory = {phase: {"private_mib": max((r.private_mib or 0) for r in phases if r.phase == phase),
+                      "peak_mib": max((r.peak_mib or 0) for r in phases if r.phase == phase)}
+              for phase in PHASES if any(r.phase == phase for r in phases)}
     return {"seconds": seconds, "memory": memory}
 
 

@@ -202,7 +202,7 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
             "ray_logical_cpus": ray.cluster_resources().get("CPU"),
             # the worker's own records at the end of each phase (train/phases.py): seconds, RssAnon, RssShmem,
             # and the peak resident set during the phase
-            "worker_phases": outcome.summary.phases,
+            "worker_phases": [p.as_dict() for p in outcome.summary.phases],
         }
     ray.shutdown()
     result_path.write_text(json.dumps(result, indent=2))

@@ -68,9 +68,9 @@ def _child(kind: str, shards: str, out: str, epochs: int) -> dict:
     marks["run"] = time.perf_counter() - t
     marks["ray"] = outcome.plan.reasons.ray
     phases = outcome.summary.phases
-    marks["read"] = sum(p["seconds"] for p in phases if p["phase"] in ("start", "read"))
-    marks["before_loop"] = marks["run"] - sum(p["seconds"] for p in phases if p["phase"] != "start")
-    marks["epochs"] = sum(p["seconds"] for p in phases if p["phase"] in ("train", "validate", "checkpoint"))
+    marks["read"] = sum(p.seconds for p in phases if p.phase in ("start", "read"))
+    marks["before_loop"] = marks["run"] - sum(p.seconds for p in phases if p.phase != "start")
+    marks["epochs"] = sum(p.seconds for p in phases if p.phase in ("train", "validate", "checkpoint"))
     t = time.perf_counter()
     export_model(outcome.best_checkpoint, outcome.config, outcome.shards)
     marks["export"] = time.perf_counter() - t

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -15,7 +16,7 @@ from fake_cluster import launcher_config
 
 from alchemetric_ray.config import ConfigError, load_config
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.hardware.device import DeviceError, gpu_worker_problem
+from alchemetric_ray.hardware.device import DeviceError, GpuWorkerReport, gpu_worker_problem
 from alchemetric_ray.placement import autoscale
 from alchemetric_ray.placement.capacity import Capacity, CapacityError, discover_capacity, from_launcher_config
 from alchemetric_ray.placement.plan import PlanError, plan_resources
@@ -177,13 +178,13 @@ def test_bundles_up_count_first_fit_on_node_totals():
 
 
 def test_gpu_preflight_problem_names_what_torch_sees():
-    report = {"cuda_visible_devices": "0", "torch": "2.13.0+cpu", "torch_cuda": None, "available": False,
-              "devices": 0, "gpu_ids": ["0"]}
+    report = GpuWorkerReport(cuda_visible_devices="0", torch="2.13.0+cpu", torch_cuda=None, available=False,
+                             devices=0, gpu_ids=["0"])
     assert gpu_worker_problem(report, "node 10.0.0.5") == (
         "node 10.0.0.5: Ray gave this worker GPU 0 (CUDA_VISIBLE_DEVICES=0) but torch 2.13.0+cpu there has no "
         "usable CUDA (torch.version.cuda=None, torch.cuda.is_available()=False); install a CUDA build of torch on "
         "the GPU nodes")
-    assert gpu_worker_problem({**report, "torch_cuda": "12.8", "available": True, "devices": 1}, "n") is None
+    assert gpu_worker_problem(replace(report, torch_cuda="12.8", available=True, devices=1), "n") is None
 
 
 def test_a_request_that_never_comes_times_out_in_one_line_and_is_cleared(ray_session, monkeypatch, capsys):

@@ -52,7 +52,7 @@ def test_a_reexport_carries_the_looks_and_appends_its_trials(tmp_path):
     ledger.record_look(old, "evaluate", "2016-01-04", "2016-12-30", "test segment")
     sweep = ledger.trial_entry("tune", SPLITS, sweep="sweep-a", srs=[0.05, 0.01, float("nan"), -0.02],
                                chosen={"sr": 0.05, "skew": 0.0, "kurt": 3.0, "days": 250})
-    (old / ledger.TRIALS).write_text(json.dumps({"entries": [sweep]}))
+    (old / ledger.TRIALS).write_text(json.dumps({"entries": [sweep.as_dict()]}))
     plain = ledger.trial_entry("train", SPLITS, sweep=None, srs=[0.04],
                                chosen={"sr": 0.04, "skew": 0.1, "kurt": 3.2, "days": 250})
     files = ledger.carried(old, plain)
@@ -65,12 +65,13 @@ def test_a_reexport_carries_the_looks_and_appends_its_trials(tmp_path):
     assert inputs["n_trials"] == 5 and inputs["selections"] == 2 and inputs["chosen"]["sr"] == 0.04
     assert inputs["variance"] == pytest.approx(statistics.variance([0.05, 0.01, -0.02, 0.04]))
     fresh = ledger.carried(tmp_path / "absent", plain)  # a first export: its own trial, no looks
-    assert list(fresh) == [ledger.TRIALS] and json.loads(fresh[ledger.TRIALS])["entries"] == [plain]
-    assert ledger.deflation_inputs([plain]) is None  # one trial: nothing to deflate for
+    assert list(fresh) == [ledger.TRIALS] and json.loads(fresh[ledger.TRIALS])["entries"] == [plain.as_dict()]
+    assert ledger.deflation_inputs([plain.as_dict()]) is None  # one trial: nothing to deflate for
     other = ledger.trial_entry("tune", {"test_start": "2014-01-02", "test_end": "2014-12-31"}, sweep="old",
                                srs=[0.1, 0.2], chosen=None)
-    assert ledger.trials_at([other, sweep, plain], **{"start": SPLITS["test_start"], "end": SPLITS["test_end"]}) \
-        == [sweep, plain]
+    assert ledger.trials_at([other.as_dict(), sweep.as_dict(), plain.as_dict()],
+                            **{"start": SPLITS["test_start"], "end": SPLITS["test_end"]}) \
+        == [sweep.as_dict(), plain.as_dict()]
 
 
 # ---- the commands (a real local Ray) ----------------------------------------------------------------

@@ -168,10 +168,10 @@ def test_ddp_two_workers_equal_one_process_on_the_same_global_batches(ray_sessio
     assert two.summary.data_path == ["host (cpu trains from host memory)"] * 2
     # rank 0's time and memory per phase, recorded in the worker (train/phases.py)
     phases = two.summary.phases
-    assert [(p["phase"], p["epoch"]) for p in phases] == [("start", None), ("read", None)] + [
+    assert [(p.phase, p.epoch) for p in phases] == [("start", None), ("read", None)] + [
         (kind, epoch) for epoch in range(1, 4) for kind in ("train", "validate", "checkpoint")]  # epochs from 1
-    assert all(p["seconds"] >= 0 for p in phases) and phases[-1]["at"] > phases[0]["at"]
-    assert all(p["peak_mib"] is None or p["peak_mib"] >= p["private_mib"] > 0 for p in phases)
+    assert all(p.seconds >= 0 for p in phases) and phases[-1].at > phases[0].at
+    assert all(p.peak_mib is None or p.peak_mib >= p.private_mib > 0 for p in phases)
     a, b = _final_state(two), _final_state(one)
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)

@@ -33,7 +33,7 @@ import torch
 
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import atomic_write_bytes, check_free_space, json_bytes, torch_bytes
+from alchemetric_ray.fsutil import WrittenFile, atomic_write_bytes, check_free_space, json_bytes, torch_bytes
 from alchemetric_ray.storage import Location, StorageError, locate
 
 if TYPE_CHECKING:
@@ -103,26 +103,35 @@ def checkpoint_problem(directory: str | Path | Location) -> str | None:
 
 def _problem(where: Location) -> str | None:
     try:
-        meta = json.loads((where / META).read_bytes())
+        data = json.loads((where / META).read_bytes())
     except FileNotFoundError:
         return f"no {META}: its save did not finish"
     except (json.JSONDecodeError, UnicodeDecodeError):
         return f"{META} is not valid JSON"
-    if not isinstance(meta, dict):
+    if not isinstance(data, dict):
         return f"{META} is not a JSON object"
     size = _file_size(where / STATE)
     if size is None:
         return f"no {STATE}"
-    record = meta.get(STATE_FILE)
-    if record is None:
+    if data.get(STATE_FILE) is None:
         return None  # a checkpoint from before the record: its state.pt is there, and that is all we know
-    if not (isinstance(record, dict) and isinstance(record.get("size"), int) and isinstance(record.get("sha256"), str)):
+    record = state_file_record(data[STATE_FILE])
+    if record is None:
         return f"{META}'s {STATE_FILE} record is not a size and a sha256"
-    if size != record["size"]:
-        return f"{STATE} is {size} bytes, {META} says {record['size']}"
+    if size != record.size:
+        return f"{STATE} is {size} bytes, {META} says {record.size}"
     digest = _sha256(where / STATE)
-    if digest != record["sha256"]:
-        return f"{STATE}'s sha256 is {digest[:12]}..., {META} says {record['sha256'][:12]}..."
+    if digest != record.sha256:
+        return f"{STATE}'s sha256 is {digest[:12]}..., {META} says {record.sha256[:12]}..."
+    return None
+
+
+def state_file_record(data: Any) -> WrittenFile | None:
+    """``meta.json``'s record of ``state.pt`` (``{"size": bytes, "sha256": hex digest}``, as
+    :meth:`~alchemetric_ray.fsutil.WrittenFile.as_dict` wrote it) read back; None where it is not
+    a size and a sha256."""
+    if isinstance(data, dict) and isinstance(data.get("size"), int) and isinstance(data.get("sha256"), str):
+        return WrittenFile(size=data["size"], sha256=data["sha256"])
     return None
 
 
@@ -268,10 +277,11 @@ class CheckpointMeta:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "manifest": self.manifest.to_dict()}
 
     @classmethod
-    def from_dict(cls, meta: dict[str, Any]) -> CheckpointMeta:
+    def from_dict(cls, data: dict[str, Any]) -> CheckpointMeta:
+        """``meta.json`` as read (its ``state_file`` record is :func:`state_file_record`'s to read)."""
         optional = {"known_bugs"}
-        missing = [f.name for f in fields(cls) if f.name not in meta and f.name not in optional]
+        missing = [f.name for f in fields(cls) if f.name not in data and f.name not in optional]
         if missing:
             raise CheckpointError(f"checkpoint metadata without {', '.join(missing)} (not written by a training run)")
-        return cls(**{**{f.name: meta[f.name] for f in fields(cls) if f.name in meta},
-                      "manifest": Manifest.from_dict(meta["manifest"])})
+        return cls(**{**{f.name: data[f.name] for f in fields(cls) if f.name in data},
+                      "manifest": Manifest.from_dict(data["manifest"])})

@@ -17,11 +17,13 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from alchemetric_ray.artifacts.checkpoint import CheckpointError, load_state, read_meta
+from alchemetric_ray.artifacts.checkpoint import CheckpointError, CheckpointMeta, load_state, read_meta
+from alchemetric_ray.artifacts.model_card import model_card
+from alchemetric_ray.artifacts.model_meta import ModelMeta
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
@@ -43,9 +45,11 @@ from alchemetric_ray.scoring.objective import selection_metric
 from alchemetric_ray.scoring.predictions import model_inputs, predict_proba, split_frame
 from alchemetric_ray.storage import Location, locate
 
+if TYPE_CHECKING:
+    from alchemetric_ray.artifacts import ledger
+
 WEIGHTS, CONFIG, MANIFEST, METRICS, META, CARD, CERTIFICATE = (
     "weights.pt", "config.json", "manifest.json", "metrics.json", "meta.json", "model_card.md", "certificate.json")
-FEW_TICKERS = 10
 # What check_models_dir asks of the disk where the model's size is not known yet (before training,
 # ahead of the manifest): a floor that catches a full disk early; the export checks the real size.
 MIN_EXPORT_BYTES = 1 << 20
@@ -63,7 +67,7 @@ class LoadedModel:
     model: torch.nn.Module
     config: RunConfig
     manifest: Manifest
-    meta: dict[str, Any]
+    meta: ModelMeta  # its meta.json
     path: Path | str  # a local folder, or the URI of a model on object storage
     location: Location | None = None  # where load_model found it, named as its caller named it
 
@@ -83,27 +87,49 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
     is what chose this model (a sweep's trials, from ``tune``); without it, this one run is the one
     trial.  The looks and trials of a model this one replaces are carried over (``ledger.carried``)."""
     from alchemetric_ray.artifacts import ledger
-    from alchemetric_ray.scoring.baselines import baseline_scores
 
+    state, meta = _read_checkpoint(checkpoint)
+    model = _build(cfg, meta.manifest)
+    model.load_state_dict(state["model"])
+    metrics, look = _scores(model, meta, cfg, shards, command)
+    metrics["history"] = meta.loop["history"]
+    metrics.update(extra or {})
+    target = model_folder(cfg)
+    ledger_files = ledger.carried(target, _trial(command, meta.manifest, metrics["val"], selection))
+    files = _model_files(cfg, meta.manifest, state, metrics, _model_meta(meta))
+    check_models_dir(cfg.storage.models_dir, sum(len(data) for data in files.values())
+                     + sum(len(data) for data in ledger_files.values()) + len(json_bytes(meta.manifest.to_dict())))
+    _write_model(target, files, ledger_files, look, meta.manifest)
+    return target
+
+
+def _read_checkpoint(checkpoint) -> tuple[dict[str, Any], CheckpointMeta]:
+    """A checkpoint's tensors (``state.pt``) and its ``meta.json``, from a folder or a ``ray.train.Checkpoint``."""
     if hasattr(checkpoint, "as_directory"):
         with checkpoint.as_directory() as d:
-            state, meta = load_state(d), read_meta(d)
+            state, data = load_state(d), read_meta(d)
     else:
-        state, meta = load_state(checkpoint), read_meta(checkpoint)
-    manifest = Manifest.from_dict(meta["manifest"])
-    model = _build(cfg, manifest)
-    model.load_state_dict(state["model"])
+        state, data = load_state(checkpoint), read_meta(checkpoint)
+    return state, CheckpointMeta.from_dict(data)
 
+
+def _scores(model: torch.nn.Module, meta: CheckpointMeta, cfg: RunConfig, shards: str | Path | Location,
+            command: str) -> tuple[dict[str, Any], ledger.Look | None]:
+    """``metrics.json``'s figures but the history: the checkpoint's epoch and validation metrics, the
+    test segment's where ``train.score_test`` asks for them (with the look that is), and the baselines'
+    on the same segments."""
+    from alchemetric_ray.artifacts import ledger
+    from alchemetric_ray.scoring.baselines import baseline_scores
+
+    manifest = meta.manifest
     device = resolve_device("cpu", source="the export (scores on the CPU)").device
     precision = resolve_precision("fp32", device)
-    features = manifest.features
-    mode = model_spec(cfg.model.name).inputs
-    val = {k.removeprefix("val_"): v for k, v in meta["metrics"].items()}
-    metrics = {"best_epoch": meta["epoch"] + 1, "selection_metric": selection_metric(cfg), "val": val}
+    val = {k.removeprefix("val_"): v for k, v in meta.metrics.items()}
+    metrics = {"best_epoch": meta.epoch + 1, "selection_metric": selection_metric(cfg), "val": val}
     look = None
     if cfg.train.score_test:  # a look at the test segment, asked for
-        test = split_frame(shards, "test", features, manifest)
-        x, rows = model_inputs(test, features, mode, cfg.features.window)
+        test = split_frame(shards, "test", manifest.features, manifest)
+        x, rows = model_inputs(test, manifest.features, model_spec(cfg.model.name).inputs, cfg.features.window)
         outputs = predict_proba(model, x, device, precision, regression=manifest.regression)
         metrics["test"] = target_metrics(outputs, rows["label"].to_numpy(), rows["fwd_ret"].to_numpy(),
                                          rows["date"].to_numpy(), manifest.classes, prefix="")
@@ -111,24 +137,43 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
                                  manifest.splits["test_end"], "the exported model's and the baselines' test metrics")
     metrics["baselines"] = baseline_scores(shards, manifest, seed=cfg.train.seed,
                                            splits=("val", "test") if look else ("val",))
-    metrics["history"] = meta["loop"]["history"]
-    metrics.update(extra or {})
-    target = model_folder(cfg)
+    return metrics, look
+
+
+def _trial(command: str, manifest: Manifest, val: dict[str, Any], selection: dict | None) -> ledger.Trial:
+    """The trials ledger's entry for this export: ``selection`` (a sweep's), or this one run as the one trial."""
+    from alchemetric_ray.artifacts import ledger
+
     chosen = {k: val.get(f"ls_{k}") for k in ("sr", "skew", "kurt", "days")}
     selection = selection or {"sweep": None, "srs": [chosen["sr"]], "chosen": chosen}
-    ledger_files = ledger.carried(target, ledger.trial_entry(command, manifest.splits, **selection))
-    info = {k: meta[k] for k in ("device", "precision", "plan", "world_size", "environment")}
-    info["epoch"] = meta["epoch"] + 1  # the exported epoch's number, from 1 (its checkpoint: epoch-NNNN, from 0)
-    info["known_bugs"] = meta.get("known_bugs") or {}
-    # every file in memory first (the manifest's own writer is manifest.write): the space they need
-    # is known before the stage is made, and each write is checked again (fsutil.atomic_write_bytes)
-    files = {WEIGHTS: torch_bytes({"model": state["model"]}), CONFIG: json_bytes(cfg.to_dict()),
-             METRICS: json_bytes(metrics),
-             META: json_bytes({**info, "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z")}),
-             CARD: model_card(cfg, manifest, metrics, info).encode("utf-8")}
-    check_models_dir(cfg.storage.models_dir, sum(len(data) for data in files.values())
-                     + sum(len(data) for data in ledger_files.values()) + len(json_bytes(manifest.to_dict())))
-    with staged_output(target, "model", last=(META,)) as tmp:  # meta.json last: a reader that sees it sees the rest
+    return ledger.trial_entry(command, manifest.splits, **selection)
+
+
+def _model_meta(meta: CheckpointMeta) -> ModelMeta:
+    """The model folder's ``meta.json`` from its checkpoint's, stamped with the time of the export."""
+    return ModelMeta(device=meta.device, precision=meta.precision, plan=meta.plan, world_size=meta.world_size,
+                     environment=meta.environment,
+                     epoch=meta.epoch + 1,  # the exported epoch's number, from 1 (its checkpoint: epoch-NNNN, from 0)
+                     known_bugs=meta.known_bugs or {}, exported=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+
+def _model_files(cfg: RunConfig, manifest: Manifest, state: dict[str, Any], metrics: dict[str, Any],
+                 meta: ModelMeta) -> dict[str, bytes | memoryview]:
+    """Every file of the model folder but the manifest and the ledgers, in memory (the manifest's own
+    writer is ``manifest.write``): the space they need is known before the stage is made, and each
+    write is checked again (``fsutil.atomic_write_bytes``)."""
+    return {WEIGHTS: torch_bytes({"model": state["model"]}), CONFIG: json_bytes(cfg.to_dict()),
+            METRICS: json_bytes(metrics), META: json_bytes(meta.as_dict()),
+            CARD: model_card(cfg, manifest, metrics, meta).encode("utf-8")}
+
+
+def _write_model(target: Location, files: dict[str, bytes | memoryview], ledger_files: dict[str, bytes],
+                 look: ledger.Look | None, manifest: Manifest) -> None:
+    """The model folder written whole into a stage and swapped in at ``target``; ``meta.json`` last:
+    a reader that sees it sees the rest."""
+    from alchemetric_ray.artifacts import ledger
+
+    with staged_output(target, "model", last=(META,)) as tmp:
         for name in (WEIGHTS, CONFIG, METRICS):
             atomic_write_bytes(tmp / name, files[name])
         for name, data in ledger_files.items():
@@ -139,7 +184,6 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
         manifest.write(tmp)
         for name in (META, CARD):
             atomic_write_bytes(tmp / name, files[name])
-    return target
 
 
 def model_folder(cfg: RunConfig) -> Location:
@@ -207,7 +251,7 @@ def _load_local(path: Path) -> LoadedModel:
     try:
         cfg = RunConfig.from_dict(json.loads((path / CONFIG).read_text()))
         manifest = Manifest.from_dict(json.loads((path / MANIFEST).read_text()), str(path / MANIFEST))
-        meta = json.loads((path / META).read_text())
+        meta = ModelMeta.from_dict(json.loads((path / META).read_text()))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelDirError(f"{path}: unreadable model metadata ({exc.__class__.__name__})") from None
     try:
@@ -233,8 +277,8 @@ def backend_key(device_type: str, mode: str) -> str:
 
 def trained_backend(model_dir: str | Path | Location) -> str:
     """The backend a saved model was trained on, from its meta.json."""
-    meta = json.loads((locate(model_dir) / META).read_text())
-    return backend_key(meta["device"]["device"].split(":")[0], meta["precision"]["mode"])
+    meta = ModelMeta.from_dict(json.loads((locate(model_dir) / META).read_text()))
+    return backend_key((meta.device or {})["device"].split(":")[0], (meta.precision or {})["mode"])
 
 
 def certified_backends(model_dir: str | Path | Location) -> list[str] | None:
@@ -243,87 +287,3 @@ def certified_backends(model_dir: str | Path | Location) -> list[str] | None:
     if not path.is_file():
         return None
     return list(json.loads(path.read_text()).get("certified", []))
-
-
-def _backend_lines(known: dict, history: list[dict]) -> list[str]:
-    """The card's lines on trusting the backend: the known-bug table's findings for the run
-    (``train/backend_check.py``) and the shadow check's figures (``train/shadow.py``), where there are any."""
-    lines = []
-    if known:
-        matched = [f"{m['id']} ({m['source']})" for m in known.get("matched", [])]
-        unknown = sorted({f"{u['id']} ({u['source']})" for u in known.get("unknown", [])})
-        micro = known.get("micro_batch_rows") or 0
-        if matched:
-            lines.append(f"- known backend bugs met: {', '.join(matched)}; worked around with micro-batches of "
-                         f"{micro:,} rows (the same gradient)")
-        elif micro:
-            lines.append(f"- micro-batches of {micro:,} rows (train.micro_batch_rows)")
-        if unknown:
-            lines.append(f"- known backend bugs the trace could not decide (unknown: probe): {', '.join(unknown)}")
-        if not matched and not unknown:
-            lines.append(f"- known backend bugs: none of the table's entries matches this run on {known['backend']}")
-    checked = [row for row in history if "shadow_checks" in row]
-    if checked:
-        largest = max(row["shadow_max_error"] for row in checked)
-        lines.append(f"- shadow check against a float32 CPU copy: {checked[-1]['shadow_checks']} checks up to "
-                     f"epoch {checked[-1]['epoch']} (the exported one), largest whole-gradient error {largest:.2e}")
-    return lines
-
-
-def model_card(cfg: RunConfig, manifest: Manifest, metrics: dict, info: dict) -> str:
-    n_tickers = len(manifest.tickers)
-    splits = manifest.splits
-    label = manifest.label
-    lines = [
-        f"# Model card: {cfg.storage.name}",
-        "",
-        f"- model: `{cfg.model.name}` (hidden {cfg.model.hidden}, layers {cfg.model.layers}, "
-        f"dropout {cfg.model.dropout})",
-        f"- data: {manifest.source}; {n_tickers} tickers; input hash `{manifest.input_hash[:16]}`",
-        f"- features ({len(manifest.features)}): {', '.join(manifest.features)}",
-        f"- label: {label['scheme']}, horizon {label['horizon']} bar(s), "
-        + (f"classes {', '.join(label['classes'])}; " if label["classes"] else
-           "regression on the forward return's place among the date's stocks; ")
-        + "a signal at the close of t trades from the open of t+1",
-        f"- splits: train {splits['train_start']}..{splits['train_end']}, "
-        f"val {splits['val_start']}..{splits['val_end']}, "
-        f"test {splits['test_start']}..{splits['test_end']} (embargo {splits['embargo']} bars)",
-        f"- trained on: {info['device']['device']} ({info['device']['reason']}); precision {info['precision']['mode']} "
-        f"({info['precision']['reason']})",
-        f"- best epoch: {metrics['best_epoch']} by {metrics['selection_metric']}",
-        *_backend_lines(info.get("known_bugs") or {}, metrics["history"]),
-        f"- torch {info['environment']['torch']}, ray {info['environment']['ray']}, "
-        f"git {info['environment']['git_commit']}",
-        "",
-    ]
-    if n_tickers < FEW_TICKERS:
-        lines += [f"> Only {n_tickers} tickers: cross-sectional statistics (IC, long-short) are not meaningful.", ""]
-    cross = manifest.cross_section
-    if cross:
-        lines += [f"> Cross-sectional: {', '.join(sorted({op['kind'] for op in cross['ops']}))} across the stocks of "
-                  f"each date; {cross['dates_dropped']} date(s) with fewer than {cross['min_names']} stocks dropped. "
-                  "Survivorship: the tickers are those in the data, i.e. listed at its end date; stocks that were "
-                  "delisted earlier are missing from every cross-section.", ""]
-    nan = float("nan")
-    if "test" not in metrics:  # sealed: no test figure was computed
-        lines += [f"Test segment {splits['test_start']}..{splits['test_end']}: sealed, not scored at export. "
-                  "`alchemetric-ray evaluate` scores it against the baselines; every look is recorded in "
-                  "this folder's `looks/` and counted in the evaluation report.", "",
-                  "| model | val " + ("rank IC" if manifest.regression else "balanced acc") + " |", "|---|---|"]
-        key = "rank_ic" if manifest.regression else "balanced_accuracy"
-        rows = [("deep model", metrics["val"]), *((n, b.get("val", {})) for n, b in metrics["baselines"].items())]
-        lines += [f"| {name} | {val.get(key, nan):.4f} |" for name, val in rows]
-        return "\n".join(lines) + "\n"
-    if manifest.regression:
-        header = ("| model | val rank IC | test rank IC | test IC | test MSE |",
-                  lambda v, t: (v.get("rank_ic", nan), t.get("rank_ic", nan), t.get("ic", nan), t.get("mse", nan)))
-    else:
-        header = ("| model | val balanced acc | test balanced acc | test log loss | test macro F1 |",
-                  lambda v, t: (v.get("balanced_accuracy", nan), t.get("balanced_accuracy", nan),
-                                t.get("log_loss", nan), t.get("macro_f1", nan)))
-    lines += [header[0], "|---|---|---|---|---|"]
-    rows = [("deep model", metrics["val"], metrics["test"])]
-    rows += [(name, b.get("val", {}), b.get("test", {})) for name, b in metrics["baselines"].items()]
-    for name, val, test in rows:
-        lines.append(f"| {name} | " + " | ".join(f"{value:.4f}" for value in header[1](val, test)) + " |")
-    return "\n".join(lines) + "\n"

@@ -24,8 +24,8 @@ import statistics
 import sys
 import time
 import uuid
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from alchemetric_ray.fsutil import json_bytes
 from alchemetric_ray.storage import Location, StorageError, locate
@@ -33,31 +33,66 @@ from alchemetric_ray.storage import Location, StorageError, locate
 LOOKS, TRIALS = "looks", "trials.json"
 
 
-def look_entry(command: str, start: str, end: str, what: str) -> dict[str, Any]:
-    return {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "start": str(start),
-            "end": str(end), "what": what}
+@dataclass(frozen=True)
+class Look:
+    """One look at the test segment: when, which command, the dates it scored, and what it scored.
+    :meth:`as_dict` is its file in ``looks/``."""
+
+    when: str  # %Y-%m-%dT%H:%M:%S%z
+    command: str
+    start: str
+    end: str
+    what: str
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    def file_name(self) -> str:
+        """Its file's name in ``looks/``: the time of the look, and a random part (two looks in one second)."""
+        stamp = self.when.replace(":", "").replace("-", "")[:15]
+        return f"{stamp}-{uuid.uuid4().hex[:8]}.json"
 
 
-def _look_name(entry: dict) -> str:
-    stamp = entry["when"].replace(":", "").replace("-", "")[:15]
-    return f"{stamp}-{uuid.uuid4().hex[:8]}.json"
+@dataclass(frozen=True)
+class Trial:
+    """One selection behind a model: ``trials`` compared (a sweep's, or one plain training run), the
+    finite ones' per-period validation long-short Sharpe ratios, the moments of the one kept
+    (``chosen``: sr, skew, kurt, days) and the test segment it was made for.  :meth:`as_dict` is its
+    entry in ``trials.json``."""
+
+    when: str
+    command: str
+    sweep: str | None
+    trials: int
+    val_ls_srs: list[float]
+    chosen: dict | None
+    test_start: str
+    test_end: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
-def write_look(folder: Path, entry: dict) -> None:
+def look_entry(command: str, start: str, end: str, what: str) -> Look:
+    return Look(when=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=command, start=str(start), end=str(end),
+                what=what)
+
+
+def write_look(folder: Path, look: Look) -> None:
     """A look into a model folder being written (the export's stage)."""
     from alchemetric_ray.fsutil import atomic_write_bytes
 
     (folder / LOOKS).mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(folder / LOOKS / _look_name(entry), json_bytes(entry))
+    atomic_write_bytes(folder / LOOKS / look.file_name(), json_bytes(look.as_dict()))
 
 
 def record_look(model_dir: str | Path | Location, command: str, start: str, end: str, what: str) -> bool:
     """Record a look in a saved model's folder; where it cannot be written (a read-only model), say
     so in one line and go on: the scores were computed either way.  True when it was recorded."""
-    entry = look_entry(command, start, end, what)
+    look = look_entry(command, start, end, what)
     where = locate(model_dir) / LOOKS
     try:
-        (where / _look_name(entry)).write_bytes(json_bytes(entry))
+        (where / look.file_name()).write_bytes(json_bytes(look.as_dict()))
         return True
     except (OSError, StorageError) as exc:
         print(f"warning: this look at the test segment was not recorded in {where}: {exc}", file=sys.stderr)
@@ -91,13 +126,14 @@ def looks(model_dir: str | Path | Location) -> list[dict]:
     return sorted(out, key=lambda e: e.get("when", ""))
 
 
-def _overlaps(entry: dict, start: str, end: str) -> bool:
-    return str(entry.get("start", "")) <= str(end) and str(entry.get("end", "")) >= str(start)
+def _overlaps(first: object, last: object, start: str, end: str) -> bool:
+    """Whether a record's dates ``first``..``last`` overlap ``start``..``end`` (compared as text)."""
+    return str(first) <= str(end) and str(last) >= str(start)
 
 
 def looks_at(model_dir: str | Path | Location, start: str, end: str) -> list[dict]:
     """The recorded looks whose scored dates overlap ``start``..``end`` (the model's test segment)."""
-    return [e for e in looks(model_dir) if _overlaps(e, start, end)]
+    return [e for e in looks(model_dir) if _overlaps(e.get("start", ""), e.get("end", ""), start, end)]
 
 
 def look_summary(entries: list[dict]) -> str:
@@ -111,13 +147,12 @@ def look_summary(entries: list[dict]) -> str:
     return f"{len(entries)} ({kinds}), the first {entries[0].get('when', '?')}"
 
 
-def trial_entry(command: str, splits: dict, *, sweep: str | None, srs: list, chosen: dict | None) -> dict:
+def trial_entry(command: str, splits: dict, *, sweep: str | None, srs: list, chosen: dict | None) -> Trial:
     """One selection: ``srs`` the per-period validation long-short Sharpe ratios of every trial it
     compared (one for a plain training run), ``chosen`` the moments of the one it kept."""
     finite = [float(v) for v in srs if v is not None and math.isfinite(float(v))]
-    return {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command, "sweep": sweep,
-            "trials": len(srs), "val_ls_srs": finite, "chosen": chosen,
-            "test_start": splits["test_start"], "test_end": splits["test_end"]}
+    return Trial(when=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=command, sweep=sweep, trials=len(srs),
+                 val_ls_srs=finite, chosen=chosen, test_start=splits["test_start"], test_end=splits["test_end"])
 
 
 def read_trials(model_dir: str | Path | Location) -> list[dict]:
@@ -129,7 +164,7 @@ def read_trials(model_dir: str | Path | Location) -> list[dict]:
 
 
 def trials_at(entries: list[dict], start: str, end: str) -> list[dict]:
-    return [e for e in entries if _overlaps({"start": e.get("test_start"), "end": e.get("test_end")}, start, end)]
+    return [e for e in entries if _overlaps(e.get("test_start"), e.get("test_end"), start, end)]
 
 
 def deflation_inputs(entries: list[dict]) -> dict | None:
@@ -147,9 +182,10 @@ def deflation_inputs(entries: list[dict]) -> dict | None:
             "selections": len(entries)}
 
 
-def carried(previous: str | Path | Location, new_entry: dict) -> dict[str, bytes]:
+def carried(previous: str | Path | Location, new_entry: Trial) -> dict[str, bytes]:
     """The ledger files of a model about to replace ``previous`` (its folder, which may not exist):
-    the previous looks as they are, and its trials with ``new_entry`` appended, by relative path."""
+    the previous looks as they are, and its trials (as they are) with ``new_entry`` appended, by
+    relative path."""
     files: dict[str, bytes] = {}
     where = locate(previous)
     try:
@@ -159,5 +195,5 @@ def carried(previous: str | Path | Location, new_entry: dict) -> dict[str, bytes
     if exists:
         files.update({f"{LOOKS}/{name}": raw for name, raw in _look_files(where).items()})
     entries = read_trials(where) if exists else []
-    files[TRIALS] = json_bytes({"entries": [*entries, new_entry]})
+    files[TRIALS] = json_bytes({"entries": [*entries, new_entry.as_dict()]})
     return files

@@ -50,6 +50,17 @@ class Kept:
     metrics: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)  # the report rows of every epoch up to this one
 
+    @classmethod
+    def read(cls, where: Location) -> Kept:
+        """The complete checkpoint at ``where``, from its ``meta.json``: the epoch (the folder's number
+        where the file has none), the history, and that epoch's row with the validation metrics over it.
+        Keys a checkpoint written before them lacks read as empty: it still ranks and resumes."""
+        data = json.loads((where / META).read_text())
+        epoch = int(data.get("epoch", _epoch_of(where.name)))
+        history = list((data.get("loop") or {}).get("history", []))
+        row: dict[str, Any] = next((h for h in history if h.get("epoch") == epoch + 1), {})  # epochs from 1
+        return cls(where, epoch, {**row, **(data.get("metrics") or {}), "epoch": epoch + 1}, history)
+
     def checkpoint(self):
         """As a ``ray.train.Checkpoint`` (what the loop restores from and the export reads)."""
         from ray.train import Checkpoint
@@ -86,11 +97,7 @@ class RunFolder:
         return self._kept(self.where / Path(str(found[0])).name) if found else None
 
     def _kept(self, where: Location) -> Kept:
-        meta = json.loads((where / META).read_text())
-        epoch = int(meta.get("epoch", _epoch_of(where.name)))
-        history = list((meta.get("loop") or {}).get("history", []))
-        row = next((h for h in history if h.get("epoch") == epoch + 1), {})  # rows number epochs from 1
-        return Kept(where, epoch, {**row, **(meta.get("metrics") or {}), "epoch": epoch + 1}, history)
+        return Kept.read(where)
 
     def best(self) -> Kept | None:
         """The best complete checkpoint by the metric (the latest where none has it)."""

@@ -116,8 +116,8 @@ def run_doctor(cfg: RunConfig, *, device: str | None = None, model_dir: str | No
     certificate = None
     if loaded is not None:
         usable = [t for t in found if t.checks is not None]
-        trained_device = loaded.meta.get("device", {}).get("device") or str(reference_device())
-        trained = (torch.device(trained_device).type, loaded.meta.get("precision", {}).get("mode", REFERENCE_MODE))
+        trained_device = loaded.meta.device_name or str(reference_device())
+        trained = (torch.device(trained_device).type, loaded.meta.precision_mode or REFERENCE_MODE)
         ref = next((t for t in usable if (t.device_type, t.mode) == trained), None) \
             or next(t for t in usable if is_reference_target(t))
 

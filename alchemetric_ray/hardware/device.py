@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -413,21 +413,39 @@ def train_accelerator(requested: str | None, cluster_gpus: float, world_size: in
 # ---- the GPU preflight: what a Ray GPU worker's torch sees -----------------------------------
 
 
-def gpu_worker_report() -> dict:
+@dataclass(frozen=True)
+class GpuWorkerReport:
+    """What torch sees in a process Ray gave GPUs to (:func:`gpu_worker_report`); the GPU preflight
+    (``placement/autoscale.py``) adds where it ran, the GPUs Ray gave it, and the known-bug table's
+    entries for its GPU and torch."""
+
+    cuda_visible_devices: str | None
+    torch: str  # torch's version
+    torch_cuda: str | None  # torch.version.cuda: None for a build without CUDA
+    available: bool  # torch.cuda.is_available()
+    devices: int  # torch.cuda.device_count()
+    gpu_ids: list[str] = field(default_factory=list)  # ray.get_gpu_ids()
+    node_ip: str = ""
+    node_id: str = ""
+    backend: str | None = None  # the known-bug table's name of the GPU and torch, where it has CUDA
+    known_bugs: list[str] = field(default_factory=list)  # the table's entries that apply there
+
+
+def gpu_worker_report() -> GpuWorkerReport:
     """What torch sees in a process Ray gave GPUs to (the preflight runs it on every GPU node
     before a run starts): CUDA_VISIBLE_DEVICES, torch's version and CUDA build, and its probe."""
-    return {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "torch": torch.__version__,
-            "torch_cuda": torch.version.cuda, "available": cuda_available(), "devices": cuda_count()}
+    return GpuWorkerReport(cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), torch=torch.__version__,
+                           torch_cuda=torch.version.cuda, available=cuda_available(), devices=cuda_count())
 
 
-def gpu_worker_problem(report: dict, where: str) -> str | None:
+def gpu_worker_problem(report: GpuWorkerReport, where: str) -> str | None:
     """One line saying why the GPUs Ray gave a worker (``report`` from :func:`gpu_worker_report`,
-    plus ``gpu_ids`` from Ray) are no use to torch there, or None when torch can use them."""
-    if report["available"] and report["devices"] > 0:
+    with its ``gpu_ids`` from Ray) are no use to torch there, or None when torch can use them."""
+    if report.available and report.devices > 0:
         return None
-    ids = ",".join(str(i) for i in report.get("gpu_ids") or []) or "none"
-    fix = ("install a CUDA build of torch on the GPU nodes" if report["torch_cuda"] is None
+    ids = ",".join(str(i) for i in report.gpu_ids or []) or "none"
+    fix = ("install a CUDA build of torch on the GPU nodes" if report.torch_cuda is None
            else "check the NVIDIA driver there (nvidia-smi) and that it matches this CUDA build")
-    return (f"{where}: Ray gave this worker GPU {ids} (CUDA_VISIBLE_DEVICES={report['cuda_visible_devices']}) "
-            f"but torch {report['torch']} there has no usable CUDA (torch.version.cuda={report['torch_cuda']}, "
-            f"torch.cuda.is_available()={report['available']}); {fix}")
+    return (f"{where}: Ray gave this worker GPU {ids} (CUDA_VISIBLE_DEVICES={report.cuda_visible_devices}) "
+            f"but torch {report.torch} there has no usable CUDA (torch.version.cuda={report.torch_cuda}, "
+            f"torch.cuda.is_available()={report.available}); {fix}")

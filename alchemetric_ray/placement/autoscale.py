@@ -39,12 +39,16 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.placement.capacity import shape
 from alchemetric_ray.placement.plan import ResourcePlan, data_bundle, nodes_needed, pack
+
+if TYPE_CHECKING:
+    from alchemetric_ray.hardware.device import GpuWorkerReport
 
 PROGRESS_INTERVAL_S = 30.0  # a progress line this often while waiting (tests shorten it)
 POLL_INTERVAL_S = 1.0
@@ -251,18 +255,18 @@ def _duration(seconds: float) -> str:
 # ---- the GPU preflight -----------------------------------------------------------------------
 
 
-def _gpu_probe() -> dict:
+def _gpu_probe() -> GpuWorkerReport:
     """Runs in a task Ray gave GPUs to: which node, which GPUs, and what torch sees there."""
     import ray
 
     from alchemetric_ray.hardware.device import gpu_worker_report
     from alchemetric_ray.hardware.known_bugs import cuda_worker_bugs
 
-    report = gpu_worker_report() | cuda_worker_bugs()
+    bugs = cuda_worker_bugs()
     context = ray.get_runtime_context()
-    report.update(node_ip=ray.util.get_node_ip_address(), node_id=context.get_node_id(),
-                  gpu_ids=[str(i) for i in ray.get_gpu_ids()])
-    return report
+    return replace(gpu_worker_report(), backend=bugs.get("backend"), known_bugs=bugs.get("known_bugs", []),
+                   node_ip=ray.util.get_node_ip_address(), node_id=context.get_node_id(),
+                   gpu_ids=[str(i) for i in ray.get_gpu_ids()])
 
 
 def _launch_gpu_probes(tasks: int, gpus_each: float) -> list:
@@ -274,7 +278,7 @@ def _launch_gpu_probes(tasks: int, gpus_each: float) -> list:
     return [probe.remote() for _ in range(tasks)]
 
 
-def _probe_result(ref) -> dict:
+def _probe_result(ref) -> GpuWorkerReport:
     import ray
 
     try:
@@ -284,13 +288,13 @@ def _probe_result(ref) -> dict:
         raise GpuPreflightError(f"GPU preflight: the probe task failed on its node ({first[:300]})") from None
 
 
-def _check_probe(report: dict) -> None:
+def _check_probe(report: GpuWorkerReport) -> None:
     from alchemetric_ray.hardware.device import gpu_worker_problem
 
-    where = f"node {report['node_ip']} ({report['node_id'][:12]})"
+    where = f"node {report.node_ip} ({report.node_id[:12]})"
     problem = gpu_worker_problem(report, where)
     if problem:
         raise GpuPreflightError(problem)
-    if report.get("known_bugs"):  # the workers check each against the run's own step before training
-        print(f"GPU preflight: {where}, {report['backend']}: known backend bug(s) that apply there: "
-              f"{', '.join(report['known_bugs'])} (checked against the run's step on each worker)", flush=True)
+    if report.known_bugs:  # the workers check each against the run's own step before training
+        print(f"GPU preflight: {where}, {report.backend}: known backend bug(s) that apply there: "
+              f"{', '.join(report.known_bugs)} (checked against the run's step on each worker)", flush=True)

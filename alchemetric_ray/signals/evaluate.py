@@ -88,8 +88,8 @@ def evaluate(model: str | Path | Location | LoadedModel, data: str | None, out_d
         elif cfg.signals.folds:
             result.walk_forward = walk_forward(cfg, data, loaded, cfg.signals.folds, tmp)
         result.model = ModelInfo(dir=str(model_dir), id=signals["model_id"].iloc[0] if len(signals) else None,
-                                 name=loaded.config.model.name, device=loaded.meta.get("device"),
-                                 precision=loaded.meta.get("precision"), label=loaded.manifest.label["scheme"],
+                                 name=loaded.config.model.name, device=loaded.meta.device,
+                                 precision=loaded.meta.precision, label=loaded.manifest.label["scheme"],
                                  cross_sectional=bool(loaded.manifest.cross_section))
         # this command is a look at the test segment: the earlier looks at it, and this one
         seen = result.walk_forward.pooled.segment if pooled else result.segment

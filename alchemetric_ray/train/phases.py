@@ -18,7 +18,9 @@ misses no spike the way an outside sampler does.  Elsewhere (macOS) the memory f
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -45,26 +47,47 @@ def _reset_peak() -> None:
         pass
 
 
+@dataclass(frozen=True)
+class PhaseRecord:
+    """One phase's end: which phase, of which epoch (from 1; None for ``start`` and ``read``), its
+    seconds, when it ended (Unix seconds), and the worker's memory then (MiB; None off Linux)."""
+
+    phase: str
+    epoch: int | None
+    seconds: float
+    at: float
+    private_mib: float | None
+    shared_mib: float | None
+    rss_mib: float | None
+    peak_mib: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def now(cls, phase: str, epoch: int | None, seconds: float, at: float) -> PhaseRecord:
+        """The record of a phase ending at ``at``, with the worker's memory read now."""
+        return cls(phase, epoch, seconds, at, **_memory())
+
+
 class PhaseLog:
     """The records of one worker's phases, in order (``records``)."""
 
     def __init__(self) -> None:
         self._last = time.time()
-        self.records: list[dict] = [{"phase": "start", "epoch": None, "seconds": 0.0, "at": self._last,
-                                     **_memory()}]
+        self.records: list[PhaseRecord] = [PhaseRecord.now("start", None, 0.0, self._last)]
         _reset_peak()
 
     def mark(self, phase: str, epoch: int | None = None) -> None:
         now = time.time()
-        self.records.append({"phase": phase, "epoch": epoch, "seconds": round(now - self._last, 4), "at": now,
-                             **_memory()})
+        self.records.append(PhaseRecord.now(phase, epoch, round(now - self._last, 4), now))
         self._last = now
         _reset_peak()
 
 
-def seconds_by_phase(records: list[dict]) -> dict[str, float]:
+def seconds_by_phase(records: list[PhaseRecord]) -> dict[str, float]:
     """Seconds per kind of phase in a run's records (``PhaseLog.records``), summed over the epochs."""
     out: dict[str, float] = {}
     for record in records[1:]:
-        out[record["phase"]] = round(out.get(record["phase"], 0.0) + record["seconds"], 4)
+        out[record.phase] = round(out.get(record.phase, 0.0) + record.seconds, 4)
     return out

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from alchemetric_ray.train.phases import PhaseRecord
 
 
 @dataclass
@@ -28,7 +31,7 @@ class LoopSummary:
     val_rows: list[int] = field(default_factory=list)  # validation rows scored in the last epoch
     val_fingerprint: list[float] = field(default_factory=list)
     data_path: list[str] = field(default_factory=list)  # where the batches came from
-    phases: list[dict[str, Any]] = field(default_factory=list)  # rank 0's time and memory per phase
+    phases: list[PhaseRecord] = field(default_factory=list)  # rank 0's time and memory per phase
     known_bugs: dict[str, Any] | None = None  # train/backend_check.BackendCheck.as_dict()
     shadow: dict[str, Any] | None = None  # the shadow check's statistics, where it ran
 
