@@ -211,8 +211,8 @@ def test_streamed_run_reads_every_row_each_epoch_and_repeats_exactly(ray_session
     common = ["train.cache_data=false", "train.epochs=2", "train.deterministic=true", "train.patience=0"]
     runs = [run_training(_cfg(shards, tmp_path, *common, f"storage.name=stream{i}"), export=False) for i in range(2)]
     s = runs[0].summary
-    assert s["rows"] == [Manifest.read(shards).rows["train"]] and s["epochs_run"] == 2
-    assert all(math.isfinite(h["train_loss"]) for h in s["history"])
+    assert s.rows == [Manifest.read(shards).rows["train"]] and s.epochs_run == 2
+    assert all(math.isfinite(h["train_loss"]) for h in s.history)
     a, b = _final_state(runs[0]), _final_state(runs[1])
     for key in a:
         assert torch.equal(a[key], b[key]), key
@@ -288,14 +288,14 @@ def test_ddp_ranks_stop_at_the_same_epoch_and_score_every_val_row_exactly_once(r
                "train.metric=val_accuracy", "train.mode=max", "storage.name=ddpval")
     out = run_training(cfg, export=False)
     s = out.summary
-    assert s["stopped_early"] and s["epochs_run"] < 6
-    assert s["epochs_per_rank"] == [s["epochs_run"]] * 2
+    assert s.stopped_early and s.epochs_run < 6
+    assert s.epochs_per_rank == [s.epochs_run] * 2
     features = Manifest.read(odd_val_shards).features
     val = pd.read_parquet(split_dir(odd_val_shards, "val"), columns=features).to_numpy(np.float64)
-    assert s["world_size"] == 2 and len(val) == 99
-    assert sum(s["val_rows"]) == len(val), s["val_rows"]
+    assert s.world_size == 2 and len(val) == 99
+    assert sum(s.val_rows) == len(val), s.val_rows
     # the same rows, not just as many: the parts' feature sums add up to the split's
-    assert sum(s["val_fingerprint"]) == pytest.approx(float(val.sum()), rel=1e-9, abs=1e-6)
+    assert sum(s.val_fingerprint) == pytest.approx(float(val.sum()), rel=1e-9, abs=1e-6)
     with out.latest_checkpoint.as_directory() as d:
         confusion = np.asarray(read_meta(d)["metrics"]["val_confusion"])
     assert confusion.sum() == len(val)  # the metrics that pick the best epoch saw every row once
