@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_every_field_has_help_text():
     missing = [row.dotted for row in reference() if len(row.help.strip()) < 10]
-    assert missing == [], "give these fields a help text: setting(default, 'help', ...) in alchemetric_ray/config/schema.py"
+    assert missing == [], \
+        "give these fields a help text: setting(default, 'help', ...) in alchemetric_ray/config/schema.py"
 
 
 def test_every_section_says_what_it_configures():
