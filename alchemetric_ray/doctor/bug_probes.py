@@ -49,7 +49,7 @@ def dirty_allocator(device: torch.device, dtype: torch.dtype, nbytes: int) -> No
     del block
 
 
-def probe_matmul(op: str, m: int, k: int, n: int, device: torch.device, *, batch: int = 1,
+def probe_matmul(op: str, m: int, k: int, n: int, device: torch.device, *, batch: int = 1,  # noqa: PLR0913 (a shape)
                  dtype: torch.dtype = torch.float32, seed: int = 0) -> dict:
     """One matmul at the given shape on ``device`` after :func:`dirty_allocator`, against the float64
     product on the CPU of the very same (rounded to ``dtype``) operands: max |error| / max |reference|."""

@@ -9,7 +9,7 @@ from alchemetric_ray.models.registry import register_model
 class TransformerClassifier(nn.Module):
     """A small pre-norm Transformer encoder over (batch, window, n_features); learned positions."""
 
-    def __init__(self, n_features: int, n_classes: int, hidden: int = 64, layers: int = 2,
+    def __init__(self, n_features: int, n_classes: int, hidden: int = 64, layers: int = 2,  # noqa: PLR0913 (its hyperparameters)
                  dropout: float = 0.1, heads: int = 4, window: int = 20):
         super().__init__()
         if hidden % heads:

@@ -104,7 +104,7 @@ def direction_score(outputs: np.ndarray, classes: list[str]) -> np.ndarray:
     return outputs[:, classes.index("up")] - outputs[:, classes.index("down")]
 
 
-def target_metrics(outputs: np.ndarray, labels: np.ndarray, fwd_ret: np.ndarray, date: np.ndarray,
+def target_metrics(outputs: np.ndarray, labels: np.ndarray, fwd_ret: np.ndarray, date: np.ndarray,  # noqa: PLR0913
                    classes: list[str], prefix: str = "val_", quantile: float = 0.2) -> dict:
     """Every metric of one split: the target's own (classification metrics from the class
     probabilities, or the MSE of a regression target), and the signal metrics of its score."""
@@ -171,7 +171,7 @@ def signal_metrics(score: np.ndarray, fwd_ret: np.ndarray, date: np.ndarray, pre
     return out
 
 
-def _block_signal(x: np.ndarray, y: np.ndarray, code: np.ndarray, n_dates: int, quantile: float,
+def _block_signal(x: np.ndarray, y: np.ndarray, code: np.ndarray, n_dates: int, quantile: float,  # noqa: PLR0913 (a kernel)
                   daily: dict[str, list[np.ndarray]], book: list[np.ndarray]) -> None:
     """One block of whole dates (``code``: 0..n_dates-1): its daily IC and rank IC, and its book's returns."""
     from alchemetric_ray.data.cross_section import group_rank, grouped_corr

@@ -113,7 +113,7 @@ def _annualised(net: np.ndarray, periods_per_year: float) -> tuple[float, float,
     return annual_return, annual_vol, sharpe
 
 
-def _portfolio(
+def _portfolio(  # noqa: PLR0913 (the panel's arrays, a kernel)
     p: np.ndarray,
     j: np.ndarray,
     w: np.ndarray,

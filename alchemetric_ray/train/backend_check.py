@@ -81,8 +81,8 @@ def _needs_trace(backend: kb.Backend) -> bool:
     return any(e.rule.on_trace and e.applies(backend) is not False for e in kb.entries())
 
 
-def check_backend(cfg: RunConfig, n_features: int, outputs: int, device: torch.device, precision: Precision,
-                  *, world: int = 1, fused_optimizer: bool = False,
+def check_backend(cfg: RunConfig, n_features: int, outputs: int, device: torch.device,  # noqa: PLR0913 (a run's shape)
+                  precision: Precision, *, world: int = 1, fused_optimizer: bool = False,
                   backend: kb.Backend | None = None) -> BackendCheck:
     """The table against this run on ``device`` (``backend``: the backend as given, for tests and the
     GPU preflight's report; by default the one this process runs on)."""
