@@ -76,7 +76,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def _coerce(tp: Any, value: Any, key: str) -> Any:
+def _coerce(tp: Any, value: Any, key: str) -> Any:  # noqa: C901 (to be split)
     if dataclasses.is_dataclass(tp):
         return _build(typing.cast(type, tp), value, f"{key}.")
     origin = typing.get_origin(tp)
