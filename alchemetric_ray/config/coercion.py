@@ -76,66 +76,109 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def _coerce(tp: Any, value: Any, key: str) -> Any:  # noqa: C901 (to be split)
+def _coerce(tp: Any, value: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return _build(typing.cast(type, tp), value, f"{key}.")
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, key)
     if tp is Any:
         return value
-    if origin is Literal:
-        if isinstance(value, bool) and {"true", "false"} <= set(args):  # YAML reads true/false as booleans
-            value = "true" if value else "false"
-        text = _coerce(str, value, key)
-        _choice(key, text, args)
-        return text
-    if tp is DeviceName:
-        text = _coerce(str, value, key)
-        try:
-            return DeviceName(text)
-        except ValueError:
-            raise ConfigError(f"config '{key}': {text!r} is invalid, expected {DeviceName.expected()}") from None
-    if origin is list:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config '{key}': expected a list, got {value!r}")
-        return [_coerce(args[0], v, key) for v in value]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"config '{key}': expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"config '{key}': expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-            raise ConfigError(f"config '{key}': expected an integer, got {value!r}")
-        return int(value)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            if isinstance(value, str):
-                try:
-                    return float(value)
-                except ValueError:
-                    pass
-            raise ConfigError(f"config '{key}': expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        import datetime
+    origin = typing.get_origin(tp)
+    handler = _BY_ORIGIN.get(origin) if origin is not None else None
+    if handler is None:
+        handler = next((h for target, h in _BY_TYPE if tp is target), None)
+    return handler(tp, value, key) if handler is not None else value
 
-        if isinstance(value, datetime.date):  # YAML reads 2011-01-20 as a date
-            return value.isoformat()
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"config '{key}': expected a string, got {value!r}")
-    return value
+
+def _coerce_union(tp: Any, value: Any, key: str) -> Any:
+    """``X | None`` (or a Union): None where None is allowed, else the first non-None member."""
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    inner = [a for a in args if a is not type(None)]
+    return _coerce(inner[0], value, key)
+
+
+def _coerce_literal(tp: Any, value: Any, key: str) -> str:
+    args = typing.get_args(tp)
+    if isinstance(value, bool) and {"true", "false"} <= set(args):  # YAML reads true/false as booleans
+        value = "true" if value else "false"
+    text = _coerce_str(str, value, key)
+    _choice(key, text, args)
+    return text
+
+
+def _coerce_device(tp: Any, value: Any, key: str) -> DeviceName:
+    text = _coerce_str(str, value, key)
+    try:
+        return DeviceName(text)
+    except ValueError:
+        raise ConfigError(f"config '{key}': {text!r} is invalid, expected {DeviceName.expected()}") from None
+
+
+def _coerce_list(tp: Any, value: Any, key: str) -> list[Any]:
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"config '{key}': expected a list, got {value!r}")
+    item = typing.get_args(tp)[0]
+    return [_coerce(item, v, key) for v in value]
+
+
+def _coerce_dict(tp: Any, value: Any, key: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"config '{key}': expected a mapping, got {value!r}")
+    return dict(value)
+
+
+def _coerce_bool(tp: Any, value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"config '{key}': expected true or false, got {value!r}")
+
+
+def _coerce_int(tp: Any, value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ConfigError(f"config '{key}': expected an integer, got {value!r}")
+    return int(value)
+
+
+def _coerce_float(tp: Any, value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"config '{key}': expected a number, got {value!r}")
+    return float(value)
+
+
+def _coerce_str(tp: Any, value: Any, key: str) -> str:
+    import datetime
+
+    if isinstance(value, datetime.date):  # YAML reads 2011-01-20 as a date
+        return value.isoformat()
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"config '{key}': expected a string, got {value!r}")
+
+
+# One handler per kind of target type: by its typing origin (``Literal[...]``, ``list[...]``, ``X | None``), else
+# by the type itself (compared by identity, as ``tp is bool``); any other type takes the value as it is.
+_Coercer = typing.Callable[[Any, Any, str], Any]
+_BY_ORIGIN: dict[Any, _Coercer] = {
+    typing.Union: _coerce_union,
+    types.UnionType: _coerce_union,
+    Literal: _coerce_literal,
+    list: _coerce_list,
+    dict: _coerce_dict,
+}
+_BY_TYPE: tuple[tuple[Any, _Coercer], ...] = (
+    (DeviceName, _coerce_device),
+    (bool, _coerce_bool),
+    (int, _coerce_int),
+    (float, _coerce_float),
+    (str, _coerce_str),
+)
 
 
 def _choice(key: str, value: Any, allowed: typing.Iterable[str]) -> None:
