@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -137,11 +138,19 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT:" + json.dumps(_child(args.child, args.shards, args.work, args.epochs)), flush=True)
         return 0
 
+    work = Path(tempfile.mkdtemp(prefix="alchemetric-startup-"))
+    try:
+        return _measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the shards and the runs' folders: this benchmark's own
+
+
+def _measure(args: argparse.Namespace, work: Path) -> int:
+    """The shards once, then each kind in ORDER in a fresh process; the figures printed and written."""
     from alchemetric_ray.bars.stocknet import tickers as stocknet_tickers
     from alchemetric_ray.config import load_config
     from alchemetric_ray.data.shards import build_shards
 
-    work = Path(tempfile.mkdtemp(prefix="alchemetric-startup-"))
     tickers = ",".join(stocknet_tickers()[:args.tickers])
     built = build_shards(load_config(None, [f"data.tickers={tickers}"]), work / "shards", progress=False)
     print(f"shards: {built.manifest.rows['train']} train rows, {len(built.manifest.tickers)} tickers; order "
