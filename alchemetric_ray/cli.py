@@ -121,13 +121,14 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
     outcome = run_training(cfg)
     best = outcome.summary.best
     stopped = ", stopped early" if outcome.summary.stopped_early else ""
-    metric = selection_metric(outcome.config)
+    config = typing.cast(RunConfig, outcome.config)  # cast: run_training always sets the run's config
+    metric = selection_metric(config)
     print(f"run {outcome.run_name}: {outcome.summary.epochs_run} epoch(s), best {metric} "
           f"{best if best is None else round(best, 4)}{stopped} in {outcome.seconds:.0f}s")
     if outcome.model_dir:
         print(f"saved model: {outcome.model_dir} (model card: {outcome.model_dir / 'model_card.md'})")
     if args.evaluate and outcome.model_dir:
-        _evaluate_export(outcome.model_dir, args.data, outcome.config, outcome.log)
+        _evaluate_export(outcome.model_dir, args.data, config, outcome.log)
     if outcome.tensorboard:
         print(f"TensorBoard: tensorboard --logdir {outcome.tensorboard}")
     if outcome.log.run_id:

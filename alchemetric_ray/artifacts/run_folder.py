@@ -21,7 +21,7 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from alchemetric_ray.artifacts.checkpoint import META, checkpoint_problem, latest_complete_checkpoint
 from alchemetric_ray.storage import Location
@@ -152,7 +152,8 @@ class RunFolder:
     def _ranked(self, kept: list[Kept]) -> list[Kept]:
         scored = [k for k in kept if self.metric and isinstance(k.metrics.get(self.metric), (int, float))]
         sign = -1 if self.mode == "max" else 1
-        return sorted(scored, key=lambda k: (sign * k.metrics[self.metric], k.epoch))  # a tie: the first to reach it
+        metric = cast(str, self.metric)  # cast: scored is empty unless a metric is set
+        return sorted(scored, key=lambda k: (sign * k.metrics[metric], k.epoch))  # a tie: the first to reach it
 
 
 def _epoch_of(name: str) -> int:

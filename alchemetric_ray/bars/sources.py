@@ -8,6 +8,7 @@ from typing import Callable, Iterator
 
 import pandas as pd
 
+from alchemetric_ray.bars.report import IngestReport
 from alchemetric_ray.config import DataConfig
 
 
@@ -16,7 +17,7 @@ class Source:
     kind: str
     description: str
     bars: Iterator[tuple[str, pd.DataFrame]]
-    report: object | None = None  # the ingest report for files
+    report: IngestReport | None = None  # the ingest report for files
 
 
 def open_source(data: DataConfig, *, min_history: int = 0) -> Source:
@@ -41,7 +42,6 @@ def _stocknet(data: DataConfig, min_history: int) -> Source:
 
 def _ingested(kind: str, path, description: str, data: DataConfig, min_history: int) -> Source:
     from alchemetric_ray.bars.ingest import iter_bars
-    from alchemetric_ray.bars.report import IngestReport
 
     report = IngestReport()
     bars = iter_bars(path, tickers=data.tickers, min_history=min_history, report=report,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import torch
 
@@ -54,14 +55,14 @@ def probe_matmul(op: str, m: int, k: int, n: int, device: torch.device, *, batch
     """One matmul at the given shape on ``device`` after :func:`dirty_allocator`, against the float64
     product on the CPU of the very same (rounded to ``dtype``) operands: max |error| / max |reference|."""
     batched = op in ("bmm", "baddbmm")
-    shapes = [(batch, m, k), (batch, k, n)] if batched else [(m, k), (k, n)]
+    shapes: list[tuple[int, ...]] = [(batch, m, k), (batch, k, n)] if batched else [(m, k), (k, n)]
     if op in ("addmm", "baddbmm"):
         shapes.append((batch, m, n) if batched else (n,))
     shape = [batch, m, k, n] if batched else [m, k, n]
     call = str(kb.Matmul(op, m, k, n, batch, str(dtype).replace("torch.", "")))
     size = torch.finfo(dtype).bits // 8
     needed = (sum(math.prod(s) for s in shapes) + batch * m * n) * size
-    result = {"op": op, "shape": shape, "call": call, "dtype": str(dtype).replace("torch.", ""),
+    result: dict[str, Any] = {"op": op, "shape": shape, "call": call, "dtype": str(dtype).replace("torch.", ""),
               "tolerance": PROBE_TOLERANCE[str(dtype).replace("torch.", "")]}
     if needed > MAX_PROBE_BYTES:
         return {**result, "max_rel_error": None, "passed": None,

@@ -5,11 +5,12 @@ which the speed check applies at each batch size too)."""
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 
 from alchemetric_ray.doctor.step import RunShape, _forward_loss, _on, make_batch, make_model
-from alchemetric_ray.hardware import NonFiniteLossError, OptimizerStep, Precision, resolve_precision
+from alchemetric_ray.hardware import NonFiniteLossError, OptimizerStep, Precision, StepOutcome, resolve_precision
 from alchemetric_ray.hardware.device import reference_device
 from alchemetric_ray.train.losses import make_loss
 
@@ -40,6 +41,8 @@ def _run_steps(shape: RunShape, device: torch.device, precision: Precision, step
             outcome = step_fn(loss, epoch=0, step=step)
         except NonFiniteLossError:  # no GradScaler to skip the step: it fails parity, it does not stop the doctor
             return out.detach().float().cpu(), float(loss.detach()), None
+    # cast: the loop ran (steps >= 1), so out, loss and outcome are set
+    out, loss, outcome = cast(torch.Tensor, out), cast(torch.Tensor, loss), cast(StepOutcome, outcome)
     return out.detach().float().cpu(), float(loss.detach()), None if outcome.skipped else grads
 
 

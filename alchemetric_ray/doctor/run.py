@@ -12,7 +12,7 @@ back as one :class:`~alchemetric_ray.doctor.report.DoctorReport`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -126,6 +126,7 @@ def run_doctor(cfg: RunConfig, *, device: str | None = None, model_dir: str | No
             return target_device, resolve_precision(target.mode, target_device, model=spec)
 
         certificate = certify(loaded, [as_pair(t) for t in usable], as_pair(ref))
+        model_dir = cast(str, model_dir)  # cast: a model is loaded only from a model_dir
         write_certificate(model_dir, certificate)
         from alchemetric_ray.artifacts.ledger import record_look
 

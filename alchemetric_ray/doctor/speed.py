@@ -5,6 +5,7 @@ batch, the larger a weight gradient's K)."""
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import torch
 
@@ -54,6 +55,7 @@ def speed(shape: RunShape, device: torch.device, precision: Precision, *, ladder
         median = times[len(times) // 2]
         rows.append({"batch": batch, "samples_per_s": batch / median, "median_s": median,
                      "peak_memory_bytes": peak_memory(device), "numbers": numbers})
-    best = max((r for r in rows if "samples_per_s" in r), key=lambda r: r["samples_per_s"], default=None)
+    best = max((r for r in rows if "samples_per_s" in r), key=lambda r: cast(float, r["samples_per_s"]),
+               default=None)  # cast: the rows that have samples_per_s hold it as a float
     return {"ladder": rows, "best_samples_per_s": best["samples_per_s"] if best else None,
             "best_batch": best["batch"] if best else None}

@@ -244,6 +244,7 @@ def resolve_device(requested: str | None = None, *, source: str = "the config") 
     they get a decided kind from :func:`train_accelerator` and map it with :func:`device_for_worker`.
     """
     name, source = _request(requested, source)
+    choice: DeviceChoice | None
     if name != DeviceName.AUTO:
         choice = _explicit(name, source)
     else:

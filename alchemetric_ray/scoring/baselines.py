@@ -22,6 +22,7 @@ from threadpoolctl import threadpool_limits
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.scoring.metrics import target_metrics
 from alchemetric_ray.scoring.predictions import split_frame
+from alchemetric_ray.storage import Location
 
 MAX_TRAIN_ROWS = 200_000
 # Below this many train rows HistGradientBoosting runs on one OpenMP thread: on small tables the
@@ -60,7 +61,8 @@ def predict_baseline(model: BaseEstimator, x: np.ndarray, n_classes: int) -> np.
     return full
 
 
-def baseline_scores(shards: str | Path, manifest: Manifest, seed: int = 0, splits=("val", "test")) -> dict[str, dict]:
+def baseline_scores(shards: str | Path | Location, manifest: Manifest, seed: int = 0,
+                    splits=("val", "test")) -> dict[str, dict]:
     features, classes = manifest.features, manifest.classes
     train = split_frame(shards, "train", features, manifest)
     if len(train) > MAX_TRAIN_ROWS:

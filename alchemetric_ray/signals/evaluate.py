@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pandas as pd
 
@@ -32,6 +32,7 @@ from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text
 from alchemetric_ray.outputs import claim, staged_output
 from alchemetric_ray.signals.contenders import (
+    DataWindow,
     EvaluationError,
     Segment,
     SegmentResult,
@@ -43,7 +44,7 @@ from alchemetric_ray.signals.predict import inputs_frame, loaded_model, model_lo
 from alchemetric_ray.signals.records import Evaluation, Looks, ModelInfo, NewData
 from alchemetric_ray.signals.report import plot_equity, render_report
 from alchemetric_ray.signals.selection import selection_inputs
-from alchemetric_ray.signals.walk_forward import pooled_walk_forward, walk_forward
+from alchemetric_ray.signals.walk_forward import PooledWalkForward, pooled_walk_forward, walk_forward
 from alchemetric_ray.storage import Location, locate
 
 if TYPE_CHECKING:
@@ -82,7 +83,8 @@ def evaluate(model: str | Path | Location | LoadedModel, data: str | None, out_d
                                   segment=(window.start, window.end) if window else None)
         result = Evaluation(**vars(scored))
         if data:  # new data: where it came from, the window scored, how its duplicated bars were treated
-            result.data = NewData(path=str(data), window=window, duplicates=inputs.attrs.get("duplicates"))
+            result.data = NewData(path=str(data), window=cast(DataWindow, window),  # cast: set where data is
+                                  duplicates=inputs.attrs.get("duplicates"))
         if pooled:
             result.walk_forward = pooled_walk_forward(cfg, data, loaded, tmp)
         elif cfg.signals.folds:
@@ -92,7 +94,8 @@ def evaluate(model: str | Path | Location | LoadedModel, data: str | None, out_d
                                  precision=loaded.meta.precision, label=loaded.manifest.label["scheme"],
                                  cross_sectional=bool(loaded.manifest.cross_section))
         # this command is a look at the test segment: the earlier looks at it, and this one
-        seen = result.walk_forward.pooled.segment if pooled else result.segment
+        # cast: where pooled, the walk-forward is the pooled one set above
+        seen = cast(PooledWalkForward, result.walk_forward).pooled.segment if pooled else result.segment
         look = Segment(start=min(seen.start, result.segment.start), end=max(seen.end, result.segment.end))
         earlier = ledger.looks_at(model_dir, splits["test_start"], splits["test_end"])
         result.looks = Looks(test_start=splits["test_start"], test_end=splits["test_end"], count=len(earlier) + 1,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -264,7 +265,8 @@ def position_returns(
     in_a_period = row_period >= 0
     period = row_period[in_a_period]
     n_names = np.bincount(period, minlength=int(rebalance_dates.size)).astype(np.float64)
-    weight = panel.position[in_a_period] / n_names[period]
+    position = cast(np.ndarray, panel.position)  # cast: need_position=True fills it
+    weight = position[in_a_period] / n_names[period]
     simple_return = np.expm1(panel.fwd_ret[in_a_period])
     return _portfolio(period, ticker_code[in_a_period], weight, simple_return, dates[rebalance_dates],
                       cost_bps=cost_bps, periods_per_year=periods_per_year)
@@ -277,7 +279,8 @@ def hit_rate(signals: pd.DataFrame) -> float:
     NaN when no row has a position.
     """
     pn = prepare_panel(signals, need_position=True)
-    active = pn.position != 0
+    position = cast(np.ndarray, pn.position)  # cast: need_position=True fills it
+    active = position != 0
     if not active.any():
         return float("nan")
-    return float(np.mean(np.sign(pn.position[active]) == np.sign(pn.fwd_ret[active])))
+    return float(np.mean(np.sign(position[active]) == np.sign(pn.fwd_ret[active])))

@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from alchemetric_ray.config import DataConfig, RunConfig
+from alchemetric_ray.config import DataConfig, DuplicatePolicy, RunConfig
 from alchemetric_ray.data.cross_section import Op, apply_cross_section
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.normalize import Normalizer
@@ -114,7 +114,7 @@ def _check_paths(data: str | None, out: Location) -> None:
             raise SignalError(f"signals output {out} is inside the input folder {data}; write it somewhere else")
 
 
-def stage_inputs(loaded, data: str | None, staging: Path, *, on_duplicate: str | None = None,
+def stage_inputs(loaded, data: str | None, staging: Path, *, on_duplicate: DuplicatePolicy | None = None,
                  normalize: bool = True) -> dict:
     """Features for every bar of the data, normalized with the model's training statistics.
 
@@ -149,7 +149,7 @@ def _normalizer(manifest: Manifest) -> Normalizer:
     return norm
 
 
-def inputs_frame(loaded, data: str | None, *, on_duplicate: str | None = None) -> pd.DataFrame:
+def inputs_frame(loaded, data: str | None, *, on_duplicate: DuplicatePolicy | None = None) -> pd.DataFrame:
     """Every bar of ``data`` (None: the model's own data) with features normalized by ``loaded``'s
     statistics, its label and forward return, in memory.  ``frame.attrs["duplicates"]`` holds
     ingest's duplicate counts for that data (stage_inputs), for the evaluation to report."""
@@ -166,7 +166,7 @@ def staged_frame(staging: Path, staged: dict) -> pd.DataFrame:
     return frame
 
 
-def _stage_inputs(loaded, data: str | None, staging: Path, on_duplicate: str | None = None,
+def _stage_inputs(loaded, data: str | None, staging: Path, on_duplicate: DuplicatePolicy | None = None,
                   normalize: bool = True) -> dict:
     from alchemetric_ray.bars.sources import open_source
 

@@ -24,8 +24,8 @@ class ModelInfo:
     dir: str
     id: str | None
     name: str
-    device: str | None
-    precision: str | None
+    device: dict[str, Any] | None  # meta.json's record: {"device": ..., "reason": ...}
+    precision: dict[str, Any] | None  # meta.json's record: hardware.Precision.as_dict()
     label: str
     cross_sectional: bool
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pandas as pd
 
 from alchemetric_ray.artifacts import ledger
 from alchemetric_ray.signals.contenders import FEW_TICKERS, ContenderRow, SegmentResult
+from alchemetric_ray.signals.records import ModelInfo
 from alchemetric_ray.signals.walk_forward import FoldsWalkForward, PooledWalkForward
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ def _selection_lines(result: Evaluation) -> list[str]:
 
 
 def render_report(result: Evaluation) -> str:
-    seg, v, model = result.segment, result.verdict, result.model
+    seg, v, model = result.segment, result.verdict, cast(ModelInfo, result.model)  # cast: evaluate sets it first
     lines = [f"# Evaluation: {model.name} ({model.id})", "",
              f"**{v.line}**", "",
              f"signal: {'yes' if v.signal else 'no'} (the model's rank-IC interval "

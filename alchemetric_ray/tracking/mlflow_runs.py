@@ -19,7 +19,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import UserError
@@ -483,7 +483,8 @@ def manifest_hash(shards: Location | None) -> str | None:
     from alchemetric_ray.data.manifest import MANIFEST
 
     try:
-        return hashlib.sha256((shards / MANIFEST).read_text().encode()).hexdigest()
+        # cast: None stays as it was, its TypeError caught below (no shards: no hash)
+        return hashlib.sha256((cast(Location, shards) / MANIFEST).read_text().encode()).hexdigest()
     except Exception:
         return None
 

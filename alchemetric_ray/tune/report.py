@@ -17,7 +17,7 @@ import json
 import math
 import numbers
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from alchemetric_ray.outputs import staged_output
 from alchemetric_ray.storage import Location, locate
@@ -285,7 +285,7 @@ def _numeric_axis(ax, values: list[Any], choices: list[Any]) -> list[float] | No
     """The x positions of numeric values, the axis spanning them and the space's choices (a log axis
     over more than two orders of magnitude); None, and a note on the panel, where none is finite."""
     span = [x for x in (_finite(v) for v in values + choices) if x is not None]
-    xs = [float(_num(v)) for v in values]
+    xs = [float(cast(float, _num(v))) for v in values]  # cast: the caller passes values that are all numeric
     if not span:
         _no_data(ax, "no finite values")
         return None
@@ -478,7 +478,7 @@ def _build(folder: Path, summary: SweepSummary) -> None:
     parts += figures
     parts.append("<h2>Chosen trial on test</h2>")
     if _scored(summary.test_metrics):
-        parts.append(_metrics_table(summary.test_metrics))
+        parts.append(_metrics_table(cast(dict, summary.test_metrics)))  # cast: _scored saw a non-empty dict
     else:
         parts.append('<p class="note">No test metrics: the test split stays sealed (tune --evaluate, or '
                      'alchemetric-ray evaluate, scores the chosen trial on it and records the look).</p>')
@@ -535,7 +535,8 @@ def _figures(folder: Path, summary: SweepSummary, names: list[str]) -> list[str]
             "log x-axis where a numeric hyperparameter spans more than two orders of magnitude). "
             "Trials that failed or scored nan are grey crosses along the bottom edge."))
     if _valid_matrix(summary.best_confusion):
-        _confusion_plot(folder / CONFUSION_PNG, summary.best_confusion, list(summary.classes or []))
+        _confusion_plot(folder / CONFUSION_PNG, cast(list, summary.best_confusion),  # cast: _valid_matrix saw rows
+                        list(summary.classes or []))
         figures.append("<h2>Best trial: confusion matrix</h2>" + _figure(
             folder / CONFUSION_PNG, "Validation confusion matrix of the best trial at its best epoch, with counts "
             "(rows: true class, columns: predicted class).",

@@ -16,7 +16,7 @@ from alchemetric_ray.tune.job import SweepJob
 from alchemetric_ray.tune.summary import SweepSummary, TrialRow, plain, trial_sr_variance
 
 
-def summarize(grid, job: SweepJob) -> tuple[SweepSummary, Location | None, RunConfig | None]:
+def summarize(grid, job: SweepJob) -> tuple[SweepSummary, Location | None, RunConfig]:
     """Rank trials on validation only; find the best trial's best checkpoint (the path Tune
     reported, on the file system of the sweep's storage ``job.where``).  Returns the summary, that
     checkpoint (None where Tune reported none) and the best trial's config."""
@@ -42,7 +42,7 @@ def summarize(grid, job: SweepJob) -> tuple[SweepSummary, Location | None, RunCo
     summary = SweepSummary(
         name=job.name, metric=metric, mode=mode, num_trials=len(trials), space=cfg.tune.space,
         scheduler=cfg.tune.scheduler, search=cfg.tune.search, trials=trials, best_trial_id=best_id,
-        best_value=best_value, best_config=best_config, best_checkpoint=best_ckpt and str(best_ckpt),
+        best_value=best_value, best_config=best_config, best_checkpoint=str(best_ckpt) if best_ckpt else None,
         classes=manifest.classes, best_confusion=confusion, test_metrics=None, model_dir=None,
         max_epochs=cfg.train.epochs, trial_sr_variance=trial_sr_variance(trials))
     return summary, best_ckpt, best_cfg

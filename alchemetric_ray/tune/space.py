@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from alchemetric_ray.config import ConfigError, RunConfig
 
@@ -82,7 +82,8 @@ def _domain(cfg: RunConfig, key: str, name: str, args: Any, tune) -> Any:
         raise ConfigError(f"config 'tune.space.{key}': {name} [{lo}, {hi}] needs {need}")
     cfg.with_values({key: lo})
     cfg.with_values({key: hi})
-    return kind.sample(tune, args)
+    sample = cast(Callable[[Any, list], Any], kind.sample)  # cast: every range kind (not listed) has a sample
+    return sample(tune, args)
 
 
 def _known_key(cfg: RunConfig, key: str) -> None:

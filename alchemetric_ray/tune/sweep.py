@@ -73,7 +73,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     run = prepare_run(trial_config(cfg), sweep=True, export=export, progress=progress)
     name, plan = run.name, run.plan
     cfg, trial_cfg = adopt_target(reconcile_features(cfg, run.manifest, run.shards), run.manifest), run.cfg
-    targets = {trial_cfg.features.label: (run.shards, run.manifest)}
+    targets: dict[str, tuple[Location, Manifest]] = {trial_cfg.features.label: (run.shards, run.manifest)}
     labels = values_of(cfg.tune.space.get("features.label"), trial_cfg.features.label)
     for label in labels:  # a label kind in the space: shards per label, each trial reads its own
         if label not in targets:

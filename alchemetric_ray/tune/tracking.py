@@ -4,7 +4,7 @@ history (``tracking/mlflow_runs.py``), written in the driver from the sweep's su
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.storage import Location
@@ -22,7 +22,8 @@ def track_sweep(job: SweepJob, summary: SweepSummary, model_dir: Location | None
     cfg, name, where = job.trial_cfg, job.name, job.where
     parent = Tracker(cfg)
     began = [t.started for t in summary.trials if t.started]
-    parent.start(where / RUN_FILE, name, tags={"command": "tune", "best_trial_id": summary.best_trial_id,
+    best_id = cast(str, summary.best_trial_id)  # cast: a summary is made only with a best trial (else SweepError)
+    parent.start(where / RUN_FILE, name, tags={"command": "tune", "best_trial_id": best_id,
                                                "metric": summary.metric, "mode": summary.mode},
                  start_time=min(began) if began else None)
     exported = None
