@@ -49,9 +49,11 @@ test-deps:
 # 2 cores, since the tests' time is Ray's processes computing, not waiting.
 PYTEST := $(BIN)/python -m pytest
 
-# Lint first (ruff, pinned in the dev extras; rules in pyproject.toml): a finding fails the run before the tests start.
+# Lint first (ruff and mypy, pinned in the dev extras; rules in pyproject.toml): a finding fails the run before the
+# tests start.
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: install test-deps lint
 	$(PYTEST) tests --durations=25
