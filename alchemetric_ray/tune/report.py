@@ -200,12 +200,12 @@ def _curves_plot(path: Path, trials: list[TrialRow], best_id: Any, key: str, tit
     ax = fig.add_subplot(1, 1, 1)
     many = len(trials) > _LEGEND_MAX
     drawn = 0
-    for t in trials:
+    for i, t in enumerate(trials):
         xs, ys = _series(t, key)
         if not xs:
             continue
         is_best = best_id is not None and t.trial_id == best_id
-        label = _plot_text(t.trial_id)
+        label = _plot_text(t.trial_id or f"#{i}")  # a hand-written summary may lack an id
         if is_best:
             label += " (best)"
         if all(math.isnan(y) for y in ys):
