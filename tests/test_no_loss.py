@@ -152,7 +152,7 @@ def _session_processes(sid: int) -> list[int]:
 
 def _signal_after(args: list[str], cwd: Path, pattern: str, sig: int, *, timeout: float = 600):
     """Start the command in a session of its own, send ``sig`` once a stdout line matches ``pattern``
-    (``tmp:``: once the command has made a file in its temporary folder, TMPDIR), and return (exit
+    (``tmp:``: once the command has made its staging folder in its temporary folder, TMPDIR), and return (exit
     code, stdout, stderr, Ray processes of the run seen while it ran, left 10 s after)."""
     tmp = cwd / "tmpdir"  # only where no Ray starts: Ray's socket paths under it would be too long
     tmp.mkdir(exist_ok=True)
@@ -161,10 +161,13 @@ def _signal_after(args: list[str], cwd: Path, pattern: str, sig: int, *, timeout
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     seen, during, deadline = [], 0, time.monotonic() + timeout
     try:
-        if pattern == "tmp:":  # a command that prints nothing until it is done
-            while not any(tmp.rglob("*.parquet")) and proc.poll() is None:
+        if pattern == "tmp:":  # a command that prints nothing until it is done: signalled once its staging
+            # folder exists (a one-actor predict stages, scores and finishes within a second: a file inside
+            # the folder can come and go between two looks)
+            while not any(tmp.glob("alchemetric-*")) and proc.poll() is None:
                 assert time.monotonic() < deadline
-                time.sleep(0.05)
+                time.sleep(0.01)
+            assert proc.poll() is None, "the command finished before its staging folder was seen"
             during = len(_session_processes(proc.pid)) - 1
             proc.send_signal(sig)
         for line in proc.stdout if pattern != "tmp:" else []:
