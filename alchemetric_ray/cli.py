@@ -107,7 +107,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 @command("train", "train a model with Ray Train and export the best checkpoint", _train_args)
 def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from alchemetric_ray.train.trainer import run_training
+    from alchemetric_ray.training.trainer import run_training
 
     extra = []
     if args.model_name:
@@ -172,7 +172,7 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
 
 @command("tune", "sweep hyperparameters with Ray Tune (ASHA), report, and export the best trial", _tune_args)
 def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from alchemetric_ray.tune.sweep import run_sweep
+    from alchemetric_ray.sweeps.sweep import run_sweep
 
     if args.resume:
         cfg = cfg.replace("storage.resume=true")
@@ -323,8 +323,8 @@ def _doctor_args(p: argparse.ArgumentParser) -> None:
 @command("doctor", "verify a model on each device/precision here and recommend one (exit 0 if it passes)",
          _doctor_args)
 def _doctor(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from alchemetric_ray.doctor.report import format_report
-    from alchemetric_ray.doctor.run import run_doctor
+    from alchemetric_ray.checks.report import format_report
+    from alchemetric_ray.checks.run import run_doctor
 
     report = run_doctor(cfg, device=args.device, model_dir=args.model_dir, quick=args.quick)
     print(json.dumps(report.as_dict(), indent=2, default=str) if args.json else format_report(report))

@@ -147,7 +147,7 @@ def ours(cfg, shards: Path, manifest, cache: bool, name: str):
     from alchemetric_ray.data.loaders import build_datasets
     from alchemetric_ray.models import model_spec
     from alchemetric_ray.placement.plan import plan_resources
-    from alchemetric_ray.train.trainer import build_trainer
+    from alchemetric_ray.training.trainer import build_trainer
 
     run_cfg = cfg.replace(f"train.cache_data={'true' if cache else 'false'}")
     plan = plan_resources(run_cfg, ray.cluster_resources())
@@ -166,9 +166,9 @@ PHASES = ("read", "train", "validate", "checkpoint")
 
 
 def breakdown(phases: list, fit_start: float, fit_end: float) -> dict:
-    """A run's wall time by phase (the worker's own records, train/phases.py) and what lies around them:
+    """A run's wall time by phase (the worker's own records, training/phases.py) and what lies around them:
     fit() to the loop's start (Ray's controller and worker group) and the loop's end to fit()'s return."""
-    from alchemetric_ray.train.phases import seconds_by_phase
+    from alchemetric_ray.training.phases import seconds_by_phase
 
     by_phase = seconds_by_phase(phases)
     seconds = {"to_loop_start": phases[0].at - fit_start, **{p: by_phase.get(p, 0.0) for p in PHASES}}

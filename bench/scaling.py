@@ -13,7 +13,7 @@ Peak memory, all high-water marks read from the kernel:
              (class RayTrainWorker), read every 0.02 s (50 Hz) while it lives; the last read is the figure.
              VmHWM counts the object-store (plasma) pages the worker has mapped to read its blocks,
              shared memory that Ray owns, so it is split too (sampled at 50 Hz, peaks; the worker also
-             records both at the end of each phase, train/phases.py):
+             records both at the end of each phase, training/phases.py):
   worker_private   RssAnon: the worker's own heap (tensors, batches, model, Python)
   worker_shared    RssShmem: object-store pages mapped into the worker
   tree       sampled (0.25 s) sum of VmRSS over the driver and all its descendants (Ray's processes
@@ -155,7 +155,7 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
     from alchemetric_ray.data.features import resolve_feature_names, warmup_bars
     from alchemetric_ray.data.shards import build_shards
     from alchemetric_ray.placement.session import ensure_ray
-    from alchemetric_ray.train.trainer import run_training
+    from alchemetric_ray.training.trainer import run_training
 
     base_rss = maxrss_kib()
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -200,7 +200,7 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
             "worker_pid": sampler.worker_pid, "worker_found_by": sampler.found_by,
             "worker_memory_series_s_anon_kib_shmem_kib": sampler.worker_series,
             "ray_logical_cpus": ray.cluster_resources().get("CPU"),
-            # the worker's own records at the end of each phase (train/phases.py): seconds, RssAnon, RssShmem,
+            # the worker's own records at the end of each phase (training/phases.py): seconds, RssAnon, RssShmem,
             # and the peak resident set during the phase
             "worker_phases": [p.as_dict() for p in outcome.summary.phases],
         }

@@ -5,7 +5,7 @@ step) against the same training without it, side by side in one run, on the CPU,
     .venv/bin/python bench/shadow.py --models transformer --epochs 10 --variants every-1   # the error figures
     .venv/bin/python bench/shadow.py --epochs 3 --repeats 2    # a quicker, noisier run (default: 6 x 3, ~1.5 min)
 
-Each run is ``--epochs`` epochs of the loop's own epoch (``train/loop.py``'s ``_train_epoch``: the
+Each run is ``--epochs`` epochs of the loop's own epoch (``training/loop.py``'s ``_train_epoch``: the
 loop's ``_Worker``, ``_trainables`` (fused AdamW, cosine schedule, ``OptimizerStep``), batches from
 ``WorkerBatches.cached`` in host memory) under bf16 autocast on the CPU (``resolve_precision("bf16",
 cpu)``, which the policy allows for both models), with a ``ShadowCheck`` against its float32 CPU copy
@@ -47,9 +47,9 @@ from alchemetric_ray.hardware import DeviceChoice, resolve_precision
 from alchemetric_ray.hardware.inventory import cpu_count
 from alchemetric_ray.hardware.staging import HOST, DataPath
 from alchemetric_ray.models import build_model, model_spec
-from alchemetric_ray.train import loop
-from alchemetric_ray.train.losses import make_loss
-from alchemetric_ray.train.shadow import BUDGET, TOLERANCE, ShadowCheck, ShadowSettings
+from alchemetric_ray.training import loop
+from alchemetric_ray.training.losses import make_loss
+from alchemetric_ray.training.shadow import BUDGET, TOLERANCE, ShadowCheck, ShadowSettings
 
 CPU = torch.device("cpu")
 FEATURES, CLASSES, WINDOW, HIDDEN = 16, 3, 20, 64
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
                                "parameters": params, "batch_shape": shape, "rows_by_variant": rows,
                                "runs": runs}
     tol = TOLERANCE["bf16"]
-    print(f"\nthe adaptive budget: checks cost at most {BUDGET:.0%} of the step time (train/shadow.py); "
+    print(f"\nthe adaptive budget: checks cost at most {BUDGET:.0%} of the step time (training/shadow.py); "
           f"bf16 tolerances: gradient {tol.gradient:.0%}, parameter {tol.parameter:.0%}, loss {tol.loss:.0%}; "
           f"{time.perf_counter() - started:.0f} s in all")
     write_result(args.out, "shadow-cpu", {

@@ -58,7 +58,7 @@ def _child(kind: str, shards: str, out: str, epochs: int) -> dict:
         return {**marks, **_plain(cfg, started)}
     from alchemetric_ray.artifacts.export import export_model
     from alchemetric_ray.placement.session import ensure_ray
-    from alchemetric_ray.train.trainer import run_training
+    from alchemetric_ray.training.trainer import run_training
 
     if kind == "worker":  # a worker group needs Ray; local mode starts none (the plan's `ray` line)
         t = time.perf_counter()

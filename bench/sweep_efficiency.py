@@ -48,7 +48,7 @@ LRS = [0.003, 0.01, 1e-6, 0.001, 0.03, 3e-4, 1e-5, 1e-4]
 
 def sweep(base: list[str], tmp: Path, name: str, scheduler: str, lrs: list[float], concurrency: int, epochs: int):
     from alchemetric_ray.config import load_config
-    from alchemetric_ray.tune.sweep import run_sweep
+    from alchemetric_ray.sweeps.sweep import run_sweep
 
     cfg = load_config(None, [*base, f"storage.path={tmp / 'results'}", f"storage.models_dir={tmp / 'models'}",
                              f"storage.name={name}", f"tune.scheduler={scheduler}", f"train.epochs={epochs}",

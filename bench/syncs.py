@@ -13,7 +13,7 @@ operations, which on a GPU would wait: a ``TorchDispatchMode`` sees the aten ope
 leaves out: an optimizer's step counters (plain AdamW reads its 0-dim CPU ``step`` tensors with
 ``.item()``, on a GPU too, where they stay in host memory: no wait on the device).
 
-Each run is one epoch of the loop's step (``train/loop.py``'s ``_train_epoch``: forward under
+Each run is one epoch of the loop's step (``training/loop.py``'s ``_train_epoch``: forward under
 autocast, the loss in float32, the product's ``OptimizerStep`` with the loop's AdamW, the epoch's
 loss summed on the device) and the epoch's closing check, which reads everything in one transfer.
 On CUDA (``--device cuda``, and ``bench/gpu.py``) the same runs are counted by torch's own
@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from alchemetric_ray.hardware import OptimizerStep, Precision, PrecisionError, adamw, resolve_device, resolve_precision
 from alchemetric_ray.hardware.staging import PINNED, BatchSource, DataPath
-from alchemetric_ray.train.losses import DateGroups, make_loss
+from alchemetric_ray.training.losses import DateGroups, make_loss
 
 KINDS = ("fp32", "bf16", "fp16", "ic")  # ic: the IC loss, under fp32
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "_unique", "_unique2", "unique_dim", "unique_consecutive",

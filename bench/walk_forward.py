@@ -27,7 +27,7 @@ from _common import machine, write_result
 
 from alchemetric_ray.config import load_config
 from alchemetric_ray.signals.evaluate import evaluate
-from alchemetric_ray.train.trainer import run_training
+from alchemetric_ray.training.trainer import run_training
 
 PHASES = ("train", "stage", "predict", "baselines")
 

@@ -70,7 +70,7 @@ def known_bugs_step(device: str) -> dict:
 def doctor_step(device: str, overrides: list[str], storage: str) -> dict:
     import torch
 
-    from alchemetric_ray.doctor.run import run_doctor
+    from alchemetric_ray.checks.run import run_doctor
 
     cfg = load_config(None, [*overrides, f"device.name={device}", f"storage.path={storage}"])
     report = run_doctor(cfg, device=device, quick=True)
@@ -90,7 +90,7 @@ def doctor_step(device: str, overrides: list[str], storage: str) -> dict:
 
 
 def train_step(device: str, overrides: list[str], storage: str) -> dict:
-    from alchemetric_ray.train.trainer import run_training
+    from alchemetric_ray.training.trainer import run_training
 
     cfg = load_config(None, [*DEFAULTS, *overrides, f"device.name={device}", f"storage.path={storage}",
                              "storage.name=mac-check"])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from alchemetric_ray.config import load_config
 from alchemetric_ray.signals.evaluate import evaluate
-from alchemetric_ray.train.trainer import run_training
+from alchemetric_ray.training.trainer import run_training
 
 RUNS = [("three_class", "auto", "mlp"), ("cs_rank", "mse", "mlp"), ("cs_rank", "ic", "mlp"),
         ("cs_zscore", "mse", "mlp"), ("cs_rank", "ic", "lstm"), ("cs_rank", "ic", "tcn")]

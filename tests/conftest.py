@@ -145,7 +145,7 @@ def stock_model(ray_session, stocknet_dir, tmp_path_factory) -> Path:
     an interrupted replace): such a test reads it, or works on a copy of it, and never changes it, but
     for the looks that `evaluate` records in its ``looks/`` (a test that counts looks works on a copy)."""
     from alchemetric_ray.config import load_config
-    from alchemetric_ray.train.trainer import run_training
+    from alchemetric_ray.training.trainer import run_training
 
     root = tmp_path_factory.mktemp("stock-model")
     cfg = load_config(None, [f"data.path={stocknet_dir}", "data.source=files",

@@ -91,7 +91,7 @@ def test_a_one_gpu_sweep_trial_holds_the_workers_gpu_and_asks_for_it(tmp_path, d
     """A one-worker CUDA sweep on a cold cluster: each trial runs the loop in its own process, so the
     trial itself holds the worker's GPU (Tune sets its CUDA_VISIBLE_DEVICES), and the autoscaler is
     asked for one worker bundle per concurrent trial, with no driver's share beside it."""
-    from alchemetric_ray.tune.resources import runs_in_trial, sweep_bundles, trial_resources
+    from alchemetric_ray.sweeps.resources import runs_in_trial, sweep_bundles, trial_resources
 
     args = ["device.name=cuda", "scaling.workers=1"]
     plan = _plan(args, _capacity(tmp_path, WITH_GPUS))

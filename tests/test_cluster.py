@@ -24,7 +24,7 @@ def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
         from ray.cluster_utils import Cluster
         from alchemetric_ray.config import load_config
         from alchemetric_ray.errors import UserError
-        from alchemetric_ray.train.trainer import run_training
+        from alchemetric_ray.training.trainer import run_training
 
         cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 2}})
         cluster.add_node(num_cpus=2)

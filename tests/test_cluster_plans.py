@@ -30,7 +30,7 @@ from alchemetric_ray.placement.autoscale import run_bundles
 from alchemetric_ray.placement.capacity import Capacity, discover_capacity, from_kuberay_spec
 from alchemetric_ray.placement.plan import PlanError, ResourcePlan, nodes_needed, plan_resources
 from alchemetric_ray.signals.predict import _actor_plan
-from alchemetric_ray.tune.resources import plan_trials, runs_in_trial, trial_config
+from alchemetric_ray.sweeps.resources import plan_trials, runs_in_trial, trial_config
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "cluster.yaml"

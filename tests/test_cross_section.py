@@ -203,7 +203,7 @@ def test_a_cs_rank_model_trains_with_mse_reports_ic_and_predicts_scores(ray_sess
     import pandas as pd
 
     from alchemetric_ray.signals.evaluate import evaluate
-    from alchemetric_ray.train.trainer import run_training
+    from alchemetric_ray.training.trainer import run_training
 
     cfg = _cs_cfg("data.synthetic_tickers=20", "data.synthetic_days=400", "data.synthetic_effect=0.0", "data.seed=3",
                   "features.label=cs_rank", f"storage.path={tmp_path / 'results'}",
@@ -242,7 +242,7 @@ def test_a_cs_rank_model_trains_with_mse_reports_ic_and_predicts_scores(ray_sess
 def test_ic_loss_is_minus_the_mean_daily_correlation_and_leaves_out_dates_without_one():
     import torch
 
-    from alchemetric_ray.train.losses import date_correlation, make_loss
+    from alchemetric_ray.training.losses import date_correlation, make_loss
 
     rng = np.random.default_rng(0)
     date = np.repeat(np.arange(6), [5, 7, 1, 4, 6, 3])  # date 2 has one row
@@ -286,7 +286,7 @@ def test_date_batches_hold_whole_dates_every_date_once_in_a_seeded_order():
 def test_ic_loss_on_two_ddp_workers_splits_dates_not_rows(ray_session, tmp_path):
     """train.loss=ic with DDP: each rank holds whole dates (together every train row exactly once),
     both take the same number of steps, and the run learns a finite loss with IC metrics."""
-    from alchemetric_ray.train.trainer import run_training
+    from alchemetric_ray.training.trainer import run_training
 
     cfg = _cs_cfg("features.label=cs_rank", "train.loss=ic", "scaling.workers=2", "train.batch_size=120",
                   f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",

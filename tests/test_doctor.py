@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from device_probes import no_cuda
 
+from alchemetric_ray.checks.run import run_doctor
+from alchemetric_ray.checks.verdict import decide
 from alchemetric_ray.cli import main
 from alchemetric_ray.config import load_config
-from alchemetric_ray.doctor.run import run_doctor
-from alchemetric_ray.doctor.verdict import decide
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_decision_slower_device_blocks(mlp_report):
 
 def test_decision_flipped_positions_block_and_nothing_passing_exits_nonzero(mlp_report):
     cpu, gpu = _found(mlp_report)
-    from alchemetric_ray.doctor.certificate import backend_verdict
+    from alchemetric_ray.checks.certificate import backend_verdict
 
     passed, reasons = backend_verdict(0.07, 0.051, 0.05)
     cert = {"reference": "cpu/fp32", "max_flip_share": 0.01,
@@ -135,7 +135,7 @@ def _flip_share_fp32_vs_bf16(model_dir):
     import torch
 
     from alchemetric_ray.artifacts.export import load_model
-    from alchemetric_ray.doctor.certificate import certificate_rows
+    from alchemetric_ray.checks.certificate import certificate_rows
 
     loaded = load_model(model_dir)
     x, _ = certificate_rows(loaded)  # the certificate's rows: the model's test segment
@@ -159,7 +159,7 @@ def test_certificate_flip_share_on_a_known_case(monkeypatch):
     import pandas as pd
     import torch
 
-    from alchemetric_ray.doctor import certificate
+    from alchemetric_ray.checks import certificate
     from alchemetric_ray.hardware import resolve_precision
     from alchemetric_ray.models import model_spec
 
@@ -234,7 +234,7 @@ def test_doctor_cli_json_and_exit_code(monkeypatch, capsys):
 
 
 def test_mps_autocast_in_training_needs_a_passing_doctor_record(tmp_path):
-    from alchemetric_ray.doctor.report import TargetResult
+    from alchemetric_ray.checks.report import TargetResult
     from alchemetric_ray.hardware.records import (
         DoctorRequired,
         record_path,
@@ -261,7 +261,7 @@ def test_mps_autocast_in_training_needs_a_passing_doctor_record(tmp_path):
 
 
 def test_certificate_rows_are_whole_dates_spread_over_the_segment():
-    from alchemetric_ray.doctor.certificate import sample_dates
+    from alchemetric_ray.checks.certificate import sample_dates
 
     dates = np.repeat(np.arange("2017-01-02", "2017-07-01", dtype="datetime64[D]"), 50)  # 180 days x 50 tickers
     small = sample_dates(dates[:900], 1000)
@@ -281,7 +281,7 @@ def test_certificate_rows_are_whole_dates_spread_over_the_segment():
 
 
 def test_the_doctor_takes_the_runs_shapes_from_its_config():
-    from alchemetric_ray.doctor.step import RunShape, date_sizes, make_batch
+    from alchemetric_ray.checks.step import RunShape, date_sizes, make_batch
 
     shape = RunShape.of(load_config(None, ["model.name=lstm", "features.window=7", "train.batch_size=300",
                                            "features.names=ret_1,ret_5,vol_20", "features.label=binary"]))
@@ -302,10 +302,10 @@ def test_parity_and_mixed_precision_run_the_ic_loss_on_whole_dates():
     differences inside the tolerance, and a loss that is minus a correlation (between -1 and 0 once learnt)."""
     import torch
 
-    from alchemetric_ray.doctor.amp import amp_sanity
-    from alchemetric_ray.doctor.coverage import record_ops
-    from alchemetric_ray.doctor.parity import parity
-    from alchemetric_ray.doctor.step import RunShape
+    from alchemetric_ray.checks.amp import amp_sanity
+    from alchemetric_ray.checks.coverage import record_ops
+    from alchemetric_ray.checks.parity import parity
+    from alchemetric_ray.checks.step import RunShape
     from alchemetric_ray.hardware import resolve_precision
     from alchemetric_ray.models import model_spec
 
@@ -326,7 +326,7 @@ def test_parity_and_mixed_precision_run_the_ic_loss_on_whole_dates():
 def test_matmul_probe_against_the_float64_product_after_dirtying_the_allocator():
     import torch
 
-    from alchemetric_ray.doctor.bug_probes import PROBE_TOLERANCE, probe_matmul
+    from alchemetric_ray.checks.bug_probes import PROBE_TOLERANCE, probe_matmul
 
     cpu = torch.device("cpu")
     for op, batch in (("mm", 1), ("addmm", 1), ("bmm", 3), ("baddbmm", 2)):
@@ -349,8 +349,8 @@ def test_known_bug_probes_run_at_the_shapes_the_trace_recorded():
     the CPU: at 40,000 rows the MLP's first two weight gradients multiply over K = 40,000."""
     import torch
 
-    from alchemetric_ray.doctor.bug_probes import known_bugs
-    from alchemetric_ray.doctor.step import RunShape
+    from alchemetric_ray.checks.bug_probes import known_bugs
+    from alchemetric_ray.checks.step import RunShape
     from alchemetric_ray.hardware import resolve_precision
 
     cpu = torch.device("cpu")
@@ -374,7 +374,7 @@ def test_known_bug_probes_run_at_the_shapes_the_trace_recorded():
 
 
 def test_decision_failed_probe_and_unworkable_bug_block(mlp_report):
-    from alchemetric_ray.doctor.report import format_report
+    from alchemetric_ray.checks.report import format_report
 
     cpu, gpu = _found(mlp_report)
     gpu.checks.known_bugs = {
@@ -420,9 +420,9 @@ def test_an_operator_without_a_kernel_is_listed_finished_in_float32_and_blocks(e
 
     import torch
 
-    from alchemetric_ray.doctor.coverage import module_folder, probe_in_process
-    from alchemetric_ray.doctor.run import examine
-    from alchemetric_ray.doctor.step import RunShape
+    from alchemetric_ray.checks.coverage import module_folder, probe_in_process
+    from alchemetric_ray.checks.run import examine
+    from alchemetric_ray.checks.step import RunShape
 
     cpu = torch.device("cpu")
     shape = RunShape.of(eigh_model)
@@ -446,7 +446,7 @@ def test_an_operator_without_a_kernel_is_listed_finished_in_float32_and_blocks(e
 def test_the_fallback_keeps_dtypes_devices_and_in_place_writes():
     import torch
 
-    from alchemetric_ray.doctor.coverage import finish_on_reference
+    from alchemetric_ray.checks.coverage import finish_on_reference
 
     a = torch.randn(6, 4)
     gram = (a.T @ a).to(torch.bfloat16)
@@ -463,7 +463,7 @@ def test_the_fallback_keeps_dtypes_devices_and_in_place_writes():
 
 
 def test_backend_verdict_flip_share_and_rank_ic_change():
-    from alchemetric_ray.doctor.certificate import MAX_FLIP_SHARE, MAX_RANK_IC_CHANGE, backend_verdict
+    from alchemetric_ray.checks.certificate import MAX_FLIP_SHARE, MAX_RANK_IC_CHANGE, backend_verdict
 
     nan = float("nan")
     assert backend_verdict(0.0, 0.04, 0.04) == (True, [])
@@ -481,8 +481,8 @@ def test_certificate_fails_a_backend_on_its_rank_ic_alone(monkeypatch, mlp_repor
     import pandas as pd
     import torch
 
-    from alchemetric_ray.doctor import certificate
-    from alchemetric_ray.doctor.report import format_report
+    from alchemetric_ray.checks import certificate
+    from alchemetric_ray.checks.report import format_report
     from alchemetric_ray.hardware import resolve_precision
     from alchemetric_ray.models import model_spec
 

@@ -21,7 +21,7 @@ from alchemetric_ray.artifacts.checkpoint import load_state
 from alchemetric_ray.artifacts.export import load_model
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.train.trainer import run_training
+from alchemetric_ray.training.trainer import run_training
 
 REPO = Path(__file__).resolve().parents[1]
 WINDOW = 8
@@ -105,7 +105,7 @@ def test_a_sweep_trial_killed_mid_epoch_is_retried_from_the_checkpoint_tune_kept
     """A one-worker trial runs the loop in its own process (no worker group to restart): killed in its
     second epoch, Tune starts it again (scaling.max_failures) from the checkpoint it kept, and the
     trial ends with every epoch reported once after the restart took over."""
-    from alchemetric_ray.tune.sweep import run_sweep
+    from alchemetric_ray.sweeps.sweep import run_sweep
 
     cfg = _cfg(shards, tmp_path, "storage.name=swkill", "storage.run=sweep-swkill", "scaling.max_failures=1",
                "tune.search=grid", "tune.space={train.lr: [0.001]}", "tune.scheduler=none", "train.batch_size=16",
@@ -263,7 +263,7 @@ def test_node_lost_mid_training_recovers_on_the_remaining_node(stocknet_dir, tmp
         import ray
         from ray.cluster_utils import Cluster
         from alchemetric_ray.config import load_config
-        from alchemetric_ray.train.trainer import run_training
+        from alchemetric_ray.training.trainer import run_training
 
         # A node that stops answering is declared dead after 3 missed health checks 0.5 s apart (Ray's
         # default: 5 x 3 s), so that the test does not wait 15 s for Ray to notice the loss.

@@ -22,9 +22,9 @@ from alchemetric_ray.hardware import known_bugs as kb
 from alchemetric_ray.hardware import resolve_precision
 from alchemetric_ray.hardware.precision import PrecisionError
 from alchemetric_ray.models import build_model
-from alchemetric_ray.train.backend_check import check_backend, forward, trace_run
-from alchemetric_ray.train.losses import DateGroups, make_loss
-from alchemetric_ray.train.trainer import run_training
+from alchemetric_ray.training.backend_check import check_backend, forward, trace_run
+from alchemetric_ray.training.losses import DateGroups, make_loss
+from alchemetric_ray.training.trainer import run_training
 
 M1_213 = kb.Backend("mps", (2, 13, 0), "Apple7", "Apple M1 Pro")
 M1_214 = kb.Backend("mps", (2, 14, 1), "Apple7", "Apple M1 Pro")

@@ -29,8 +29,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("placement", "scoring"),  # where a run goes (session, capacity, plan, scale-up); metrics and baselines
     ("artifacts",),  # what a run leaves: checkpoints, the run folder, the exported model, its ledgers
     ("tracking",),  # where a run is logged: MLflow and its registry, TensorBoard
-    ("train",),  # the run itself: the TorchTrainer, the per-worker loop, its runtime, losses and checks
-    ("tune", "signals", "doctor"),  # what is built on training: sweeps, predictions, backend checks
+    ("training",),  # the run itself: the TorchTrainer, the per-worker loop, its runtime, losses and checks
+    ("sweeps", "signals", "checks"),  # what is built on training: sweeps, predictions, backend checks
     ("cli",),  # the commands
 )
 
@@ -147,7 +147,7 @@ def test_no_import_cycle_between_modules():
 
 
 def test_no_import_cycle_between_packages():
-    """Coarser than modules: signals/ and doctor/ share a layer, but only one may lean on the other."""
+    """Coarser than modules: signals/ and checks/ share a layer, but only one may lean on the other."""
     coarse: dict[str, set[str]] = {}
     for importer, edges in import_graph().items():
         coarse.setdefault(unit(importer), set()).update(unit(t) for t in edges if unit(t) != unit(importer))
@@ -174,12 +174,12 @@ def _fake_package(tmp_path: Path, files: dict[str, str]) -> Path:
 def test_the_checker_sees_imports_inside_functions(tmp_path):
     package = _fake_package(tmp_path, {
         "signals/__init__.py": "",
-        "signals/predict.py": "def f():\n    from alchemetric_ray.doctor.certificate import key\n",
-        "doctor/__init__.py": "",
-        "doctor/certificate.py": "def g():\n    if True:\n        from alchemetric_ray.signals import predict\n",
-        "train/__init__.py": "",
-        "train/a.py": "import alchemetric_ray.train.b as b\n",
-        "train/b.py": "import importlib\nX = importlib.import_module('alchemetric_ray.train.a')\n",
+        "signals/predict.py": "def f():\n    from alchemetric_ray.checks.certificate import key\n",
+        "checks/__init__.py": "",
+        "checks/certificate.py": "def g():\n    if True:\n        from alchemetric_ray.signals import predict\n",
+        "training/__init__.py": "",
+        "training/a.py": "import alchemetric_ray.training.b as b\n",
+        "training/b.py": "import importlib\nX = importlib.import_module('alchemetric_ray.training.a')\n",
         "data/__init__.py": "",
         "data/c.py": "from .. import fsutil\nfrom . import d\n",
         "data/d.py": "",
@@ -188,11 +188,11 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
     graph = import_graph(package)
     assert graph[f"{ROOT}.data.c"] == {f"{ROOT}.fsutil": 1, f"{ROOT}.data.d": 2}
     assert cycles(graph) == [
+        [f"{ROOT}.checks.certificate", f"{ROOT}.signals.predict", f"{ROOT}.checks.certificate"],
         [f"{ROOT}.data.c", f"{ROOT}.fsutil", f"{ROOT}.data.c"],
-        [f"{ROOT}.doctor.certificate", f"{ROOT}.signals.predict", f"{ROOT}.doctor.certificate"],
-        [f"{ROOT}.train.a", f"{ROOT}.train.b", f"{ROOT}.train.a"],
+        [f"{ROOT}.training.a", f"{ROOT}.training.b", f"{ROOT}.training.a"],
     ]
-    assert layer_of(f"{ROOT}.fsutil") < layer_of(f"{ROOT}.data.c") < layer_of(f"{ROOT}.train.a")
+    assert layer_of(f"{ROOT}.fsutil") < layer_of(f"{ROOT}.data.c") < layer_of(f"{ROOT}.training.a")
 
 
 def test_the_per_worker_loop_reads_in_one_screen():
@@ -200,6 +200,6 @@ def test_the_per_worker_loop_reads_in_one_screen():
     objects that own it, not into the loop."""
     import ast
 
-    source = (Path(__file__).resolve().parents[1] / "alchemetric_ray" / "train" / "loop.py").read_text()
+    source = (Path(__file__).resolve().parents[1] / "alchemetric_ray" / "training" / "loop.py").read_text()
     loop = next(node for node in ast.parse(source).body if getattr(node, "name", None) == "run_loop")
     assert loop.end_lineno - loop.lineno + 1 <= 60

@@ -23,7 +23,7 @@ import torch
 
 from alchemetric_ray.config import ConfigError, load_config
 from alchemetric_ray.placement.plan import plan_resources
-from alchemetric_ray.train.trainer import run_training, runs_locally, uses_ray
+from alchemetric_ray.training.trainer import run_training, runs_locally, uses_ray
 
 REPO = Path(__file__).resolve().parents[1]
 # An LSTM on small batches: epochs of a second or two here, long enough to be interrupted in one

@@ -31,8 +31,8 @@ from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware.optimizer import NonFiniteLossError, OptimizerStep, TooManySkippedSteps
 from alchemetric_ray.hardware.precision import Precision, resolve_precision
 from alchemetric_ray.placement.plan import plan_resources
-from alchemetric_ray.train import loop
-from alchemetric_ray.train.trainer import Execution, build_trainer
+from alchemetric_ray.training import loop
+from alchemetric_ray.training.trainer import Execution, build_trainer
 
 CPU = torch.device("cpu")
 # The CUDA fp16 recipe (autocast fp16 + GradScaler) on the CPU: a real GradScaler("cpu").

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from alchemetric_ray.train.phases import PhaseLog, seconds_by_phase
+from alchemetric_ray.training.phases import PhaseLog, seconds_by_phase
 
 LINUX_PROC = Path("/proc/self/status").is_file()
 

@@ -115,7 +115,7 @@ def test_the_deflated_sharpe_counts_every_run_under_the_name_beside_its_like(ray
     second model's DSR counts both runs' trials, and stands beside the same gross per-date book on
     the scored dates."""
     from alchemetric_ray.config import load_config
-    from alchemetric_ray.train.trainer import run_training
+    from alchemetric_ray.training.trainer import run_training
 
     base = [f"data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT,XOM,JPM,WMT,GE",
             f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",

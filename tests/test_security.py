@@ -173,7 +173,7 @@ def test_every_load_in_the_product_is_weights_only():
                                                       "alchemetric_ray/artifacts/export.py"}, torch_loads
     assert unsafe == []
     # the training loop resumes only through the checked loader
-    loop_src = (REPO / "alchemetric_ray" / "train" / "loop.py").read_text()
+    loop_src = (REPO / "alchemetric_ray" / "training" / "loop.py").read_text()
     assert "load_state(ckpt_dir)" in loop_src and "torch.load" not in loop_src
 
 
@@ -211,7 +211,7 @@ def test_the_path_helpers_refuse_names_the_config_never_saw(tmp_path, name):
     """Defence in depth: a config built without validation (a library caller) is refused again
     where the name becomes a path."""
     from alchemetric_ray.placement.session import run_name
-    from alchemetric_ray.train.trainer import prepare_shards
+    from alchemetric_ray.training.trainer import prepare_shards
 
     with pytest.raises(UnsafeNameError) as err:
         safe_child(tmp_path, name, "storage.name")

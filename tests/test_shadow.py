@@ -1,4 +1,4 @@
-"""The in-run shadow check (``train/shadow.py``): real local-mode runs on the session's Ray, on the CPU.
+"""The in-run shadow check (``training/shadow.py``): real local-mode runs on the session's Ray, on the CPU.
 
 * a planted fault (``tests/fault_model.py``: the first Linear's output 10 % off on the device after
   step k, as pytorch#193487 behaves) is caught at the first check after k, in one line naming the
@@ -23,10 +23,10 @@ from alchemetric_ray.config import load_config
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware import resolve_precision
-from alchemetric_ray.train import shadow as shadow_module
-from alchemetric_ray.train.losses import make_loss
-from alchemetric_ray.train.shadow import TOLERANCE, ShadowCheck, ShadowSettings, shadow_wanted
-from alchemetric_ray.train.trainer import run_training
+from alchemetric_ray.training import shadow as shadow_module
+from alchemetric_ray.training.losses import make_loss
+from alchemetric_ray.training.shadow import TOLERANCE, ShadowCheck, ShadowSettings, shadow_wanted
+from alchemetric_ray.training.trainer import run_training
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 

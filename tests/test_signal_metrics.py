@@ -611,7 +611,7 @@ def test_one_long_short_book_weighs_each_leg_half_and_holds_nothing_where_it_can
 
 def test_the_chosen_trials_validation_sharpe_is_deflated_by_the_trials_variance():
     from alchemetric_ray.signals.selection import deflated_validation_sharpe
-    from alchemetric_ray.tune.summary import trial_sr_variance
+    from alchemetric_ray.sweeps.summary import trial_sr_variance
 
     trials = [{"val_long_short": {"sr": v, "skew": 0.0, "kurt": 3.0, "days": 250}} for v in (0.02, 0.05, 0.11, 0.08)]
     trials.append({"val_long_short": None})  # a trial that errored
@@ -633,7 +633,7 @@ def test_a_workers_validation_metrics_do_not_import_scikit_learn():
 
     code = (
         "import sys, numpy as np\n"
-        "import alchemetric_ray.train.loop\n"
+        "import alchemetric_ray.training.loop\n"
         "from alchemetric_ray.scoring.metrics import target_metrics\n"
         "rng = np.random.default_rng(0)\n"
         "date = np.repeat(np.arange(20), 10).astype('datetime64[D]')\n"

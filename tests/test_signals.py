@@ -13,7 +13,7 @@ from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.hardware import resolve_precision
 from alchemetric_ray.scoring.predictions import predict_proba
 from alchemetric_ray.signals.predict import SignalError, predict, scored_here, stage_inputs
-from alchemetric_ray.train.trainer import run_training
+from alchemetric_ray.training.trainer import run_training
 
 
 def _slice(stocknet_dir, tmp_path, tickers=("AAPL", "MSFT", "XOM")):

@@ -15,8 +15,8 @@ import pytest
 from alchemetric_ray.artifacts import ledger
 from alchemetric_ray.config import ConfigError, load_config
 from alchemetric_ray.placement.plan import plan_resources
-from alchemetric_ray.tune.resources import concurrency
-from alchemetric_ray.tune.space import build_space
+from alchemetric_ray.sweeps.resources import concurrency
+from alchemetric_ray.sweeps.space import build_space
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ def test_grid_search_needs_lists():
 def test_optuna_search_uses_tunes_own_integration():
     from ray.tune.search.optuna import OptunaSearch
 
-    from alchemetric_ray.tune.tuner import _searcher
+    from alchemetric_ray.sweeps.tuner import _searcher
 
     assert isinstance(_searcher(load_config(None, ["tune.search=optuna"])), OptunaSearch)
     assert _searcher(load_config(None, ["tune.search=random"])) is None
@@ -91,7 +91,7 @@ def test_a_one_worker_trial_holds_its_worker_and_a_worker_group_keeps_its_driver
     """What a trial holds and what a sweep asks the autoscaler for: a one-worker trial runs the loop
     in its own process and holds the worker's CPU; a trial of several workers (or with
     tune.trial_loop=trainer) is a driver with a sliver of a CPU beside its TorchTrainer's workers."""
-    from alchemetric_ray.tune.resources import TRIAL_DRIVER_CPU, runs_in_trial, sweep_bundles, trial_resources
+    from alchemetric_ray.sweeps.resources import TRIAL_DRIVER_CPU, runs_in_trial, sweep_bundles, trial_resources
 
     cfg = load_config(None, ["scaling.cpus_per_worker=1"])
     one = plan_resources(cfg, {"CPU": 4.0})
@@ -116,7 +116,7 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    from alchemetric_ray.tune.sweep import run_sweep
+    from alchemetric_ray.sweeps.sweep import run_sweep
 
     # the good learning rate first: with one trial at a time ASHA has seen it when the bad one reaches rung 1
     # asked to score the test segment (`tune --evaluate`): the one look, recorded in the model folder
@@ -173,7 +173,7 @@ def test_trial_loop_trainer_gives_each_trial_a_torch_trainer_run(ray_session, sh
     """tune.trial_loop=trainer (and any trial of several workers): each trial builds a TorchTrainer
     whose Train run, named after the trial, keeps the checkpoints beside the sweep; the export takes
     the best epoch's checkpoint from there."""
-    from alchemetric_ray.tune.sweep import run_sweep
+    from alchemetric_ray.sweeps.sweep import run_sweep
 
     cfg = load_config(None, _sweep_args(shards, tmp_path, "tune.space={train.lr: [0.01, 1.0e-9]}", "train.epochs=2",
                                         "tune.scheduler=none", "tune.trial_loop=trainer"))
@@ -254,8 +254,8 @@ def test_a_sweep_over_label_kinds_resumes_after_the_driver_is_killed(ray_session
 
 
 def test_one_selection_metric_for_every_label_the_trials_train_on():
-    from alchemetric_ray.tune.errors import SweepError
-    from alchemetric_ray.tune.sweep import metric_for_labels
+    from alchemetric_ray.sweeps.errors import SweepError
+    from alchemetric_ray.sweeps.sweep import metric_for_labels
 
     base = load_config(None, [])  # three_class, train.metric=auto
     assert metric_for_labels(base, ["three_class"]).train.metric == "auto"  # balanced accuracy, as for train

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from alchemetric_ray.tune import report as report_mod
-from alchemetric_ray.tune.report import write_sweep_report
+from alchemetric_ray.sweeps import report as report_mod
+from alchemetric_ray.sweeps.report import write_sweep_report
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]

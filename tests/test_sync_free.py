@@ -1,6 +1,6 @@
 """The sync-free training step: nothing in a step waits on the device; the verdicts are read at checks.
 
-* the loop's own epoch (``train/loop.py``'s ``_train_epoch``, with its AdamW, ``OptimizerStep`` and
+* the loop's own epoch (``training/loop.py``'s ``_train_epoch``, with its AdamW, ``OptimizerStep`` and
   losses, on a cached shard in host memory, in-process: no Ray) makes one host read per
   ``train.check_every`` steps plus one at the epoch's end, and nothing else, in fp32, bf16 and
   fp16 (GradScaler), and with the IC loss -- counted on the CPU by ``bench/syncs.py``'s rules (the
@@ -36,8 +36,8 @@ from alchemetric_ray.hardware.optimizer import NonFiniteLossError, OptimizerStep
 from alchemetric_ray.hardware.precision import Precision
 from alchemetric_ray.hardware.staging import HOST, DataPath
 from alchemetric_ray.models import build_model
-from alchemetric_ray.train import loop
-from alchemetric_ray.train.losses import DateGroups, date_correlation, make_loss
+from alchemetric_ray.training import loop
+from alchemetric_ray.training.losses import DateGroups, date_correlation, make_loss
 
 CPU = torch.device("cpu")
 PRECISIONS = {
@@ -293,7 +293,7 @@ def test_a_nan_in_the_second_epoch_stops_the_run_before_its_report_and_no_checkp
     from alchemetric_ray.data.loaders import read_split
     from alchemetric_ray.data.manifest import Manifest
     from alchemetric_ray.placement.plan import plan_resources
-    from alchemetric_ray.train.trainer import Execution, build_trainer
+    from alchemetric_ray.training.trainer import Execution, build_trainer
 
     manifest = Manifest.read(shards)
     frame = read_split(shards, "train", columns=["date", "ticker", *manifest.features, "label", "fwd_ret"])

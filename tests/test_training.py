@@ -18,7 +18,7 @@ from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.hardware import device as dev
 from alchemetric_ray.models import MODELS, model_spec
 from alchemetric_ray.placement.plan import PlanError, plan_resources
-from alchemetric_ray.train.trainer import Execution, build_trainer, run_training
+from alchemetric_ray.training.trainer import Execution, build_trainer, run_training
 
 WINDOW = 8
 
@@ -166,7 +166,7 @@ def test_ddp_two_workers_equal_one_process_on_the_same_global_batches(ray_sessio
     assert sum(prints) == pytest.approx(one.summary.fingerprint[0], rel=1e-9)
     # cached on the CPU: each rank indexes its batches in host memory (hardware/staging.py)
     assert two.summary.data_path == ["host (cpu trains from host memory)"] * 2
-    # rank 0's time and memory per phase, recorded in the worker (train/phases.py)
+    # rank 0's time and memory per phase, recorded in the worker (training/phases.py)
     phases = two.summary.phases
     assert [(p.phase, p.epoch) for p in phases] == [("start", None), ("read", None)] + [
         (kind, epoch) for epoch in range(1, 4) for kind in ("train", "validate", "checkpoint")]  # epochs from 1

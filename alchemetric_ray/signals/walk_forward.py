@@ -142,7 +142,7 @@ def _refits(cfg: RunConfig, data: str | None, loaded, folds: list, calendar: np.
     from alchemetric_ray.artifacts.export import load_model as load
     from alchemetric_ray.data.shards import build_shards, stage_features
     from alchemetric_ray.data.splits import boundaries
-    from alchemetric_ray.train.trainer import run_training
+    from alchemetric_ray.training.trainer import run_training
 
     base = loaded.config
     if data:

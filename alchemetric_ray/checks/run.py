@@ -7,7 +7,7 @@ and, with ``--model``, the backend certificate.  Every check runs the run's own 
 table is checked against a trace of that step, with a matmul probe at every shape it flags.
 ``verdict.decide`` turns the findings into a verdict: the recommended device and precision with
 reasons, and the blocking conditions that say "do not adopt this backend yet".  The findings come
-back as one :class:`~alchemetric_ray.doctor.report.DoctorReport`.
+back as one :class:`~alchemetric_ray.checks.report.DoctorReport`.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from typing import Any, cast
 
 import torch
 
+from alchemetric_ray.checks.amp import amp_sanity
+from alchemetric_ray.checks.bug_probes import known_bugs
+from alchemetric_ray.checks.coverage import op_coverage
+from alchemetric_ray.checks.parity import parity
+from alchemetric_ray.checks.report import Checks, DoctorReport, TargetResult
+from alchemetric_ray.checks.speed import speed, speed_ladder
+from alchemetric_ray.checks.step import RunShape, first_line
+from alchemetric_ray.checks.verdict import REFERENCE_MODE, decide, is_reference_target
 from alchemetric_ray.config import DeviceName, RunConfig
-from alchemetric_ray.doctor.amp import amp_sanity
-from alchemetric_ray.doctor.bug_probes import known_bugs
-from alchemetric_ray.doctor.coverage import op_coverage
-from alchemetric_ray.doctor.parity import parity
-from alchemetric_ray.doctor.report import Checks, DoctorReport, TargetResult
-from alchemetric_ray.doctor.speed import speed, speed_ladder
-from alchemetric_ray.doctor.step import RunShape, first_line
-from alchemetric_ray.doctor.verdict import REFERENCE_MODE, decide, is_reference_target
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware import PrecisionError, resolve_device, resolve_precision
 from alchemetric_ray.hardware.device import (
@@ -105,7 +105,7 @@ def run_doctor(cfg: RunConfig, *, device: str | None = None, model_dir: str | No
     """Examine every target, certify a saved model (``model_dir``) on each usable one, decide, and
     write the records that gate MPS mixed precision (``hardware.records``)."""
     from alchemetric_ray.artifacts.export import load_model
-    from alchemetric_ray.doctor.certificate import certify, write_certificate
+    from alchemetric_ray.checks.certificate import certify, write_certificate
 
     loaded = load_model(model_dir) if model_dir else None
     model_cfg = loaded.config if loaded else cfg

@@ -40,7 +40,7 @@ from torch import nn
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware.device import shadowed_by_default, synchronize
 from alchemetric_ray.hardware.precision import Precision
-from alchemetric_ray.train.backend_check import forward
+from alchemetric_ray.training.backend_check import forward
 
 BUDGET = 0.05  # adaptive checks cost at most this share of the step time
 FIRST_GAP = 10  # steps between the first check and the second (which measures the step time)

@@ -35,16 +35,16 @@ from alchemetric_ray.placement.autoscale import scale_up
 from alchemetric_ray.placement.session import storage_location
 from alchemetric_ray.scoring.objective import selection_metric
 from alchemetric_ray.storage import Location
+from alchemetric_ray.sweeps.errors import SweepError
+from alchemetric_ray.sweeps.job import SweepJob
+from alchemetric_ray.sweeps.resources import plan_trials, trial_config
+from alchemetric_ray.sweeps.results import summarize
+from alchemetric_ray.sweeps.space import build_space, trial_count, values_of
+from alchemetric_ray.sweeps.summary import SweepSummary
+from alchemetric_ray.sweeps.tracking import track_sweep
+from alchemetric_ray.sweeps.tuner import fit_sweep
 from alchemetric_ray.tracking.logger import RunLog
-from alchemetric_ray.train.trainer import adopt_target, prepare_run, prepare_shards
-from alchemetric_ray.tune.errors import SweepError
-from alchemetric_ray.tune.job import SweepJob
-from alchemetric_ray.tune.resources import plan_trials, trial_config
-from alchemetric_ray.tune.results import summarize
-from alchemetric_ray.tune.space import build_space, trial_count, values_of
-from alchemetric_ray.tune.summary import SweepSummary
-from alchemetric_ray.tune.tracking import track_sweep
-from alchemetric_ray.tune.tuner import fit_sweep
+from alchemetric_ray.training.trainer import adopt_target, prepare_run, prepare_shards
 
 
 @dataclass
@@ -94,7 +94,7 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
                           "state saved)")
     summary, best_ckpt, best_cfg = summarize(grid, job)
     model_dir = _export(job, summary, best_ckpt, best_cfg) if export and best_ckpt else None
-    from alchemetric_ray.tune.report import write_sweep_report
+    from alchemetric_ray.sweeps.report import write_sweep_report
 
     where = job.where
     (where / "sweep_summary.json").write_json(summary.as_dict())

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from alchemetric_ray.train.phases import PhaseRecord
+    from alchemetric_ray.training.phases import PhaseRecord
 
 
 @dataclass

@@ -31,7 +31,7 @@ from alchemetric_ray.hardware import known_bugs as kb
 from alchemetric_ray.hardware.precision import Precision
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.scoring.objective import loss_of
-from alchemetric_ray.train.losses import DateGroups, loss_kind
+from alchemetric_ray.training.losses import DateGroups, loss_kind
 
 
 @dataclass

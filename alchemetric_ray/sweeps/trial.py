@@ -16,9 +16,9 @@ from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.models import model_spec
 from alchemetric_ray.placement.plan import ResourcePlan
 from alchemetric_ray.storage import Location
-from alchemetric_ray.train.trainer import Execution, build_trainer, check_compatible, data_config, loop_config
-from alchemetric_ray.tune.resources import runs_in_trial
-from alchemetric_ray.tune.summary import plain
+from alchemetric_ray.sweeps.resources import runs_in_trial
+from alchemetric_ray.sweeps.summary import plain
+from alchemetric_ray.training.trainer import Execution, build_trainer, check_compatible, data_config, loop_config
 
 
 # The function's name is the trainable's, which Tune puts in the name of every trial's folder.
@@ -34,8 +34,8 @@ def _trial(config: dict[str, Any], *, base: dict, targets: dict[str, tuple[Locat
     check_compatible(cfg, manifest)
     datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window, check=False)
     if runs_in_trial(cfg, plan):
-        from alchemetric_ray.train.loop import run_loop
-        from alchemetric_ray.train.runtime import TrialProcess
+        from alchemetric_ray.training.loop import run_loop
+        from alchemetric_ray.training.runtime import TrialProcess
 
         run_loop(loop_config(cfg, manifest, plan, epoch_lines=False), TrialProcess(datasets, data_config(cfg)))
         return

@@ -10,14 +10,14 @@ from typing import Any
 
 import torch
 
+from alchemetric_ray.checks.step import RunShape, first_line
 from alchemetric_ray.config import RunConfig
-from alchemetric_ray.doctor.step import RunShape, first_line
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware import Precision
 from alchemetric_ray.hardware import known_bugs as kb
 from alchemetric_ray.hardware.device import reference_device, synchronize
 from alchemetric_ray.hardware.optimizer import FUSED_ADAMW_KINDS
-from alchemetric_ray.train.backend_check import step_rows, trace_run
+from alchemetric_ray.training.backend_check import step_rows, trace_run
 
 SENTINEL = 1e4  # what the dirtied block holds: a read past an operand's end shows up as a large error
 DIRTY_MIN_BYTES = 256 << 20

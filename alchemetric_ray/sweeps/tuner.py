@@ -13,10 +13,10 @@ from alchemetric_ray.config import RunConfig
 from alchemetric_ray.placement.plan import ResourcePlan
 from alchemetric_ray.placement.session import train_storage
 from alchemetric_ray.scoring.objective import selection_metric, selection_mode
-from alchemetric_ray.tune.errors import SweepError
-from alchemetric_ray.tune.job import SweepJob
-from alchemetric_ray.tune.resources import runs_in_trial, trial_resources
-from alchemetric_ray.tune.trial import _trial, trial_lines
+from alchemetric_ray.sweeps.errors import SweepError
+from alchemetric_ray.sweeps.job import SweepJob
+from alchemetric_ray.sweeps.resources import runs_in_trial, trial_resources
+from alchemetric_ray.sweeps.trial import _trial, trial_lines
 
 
 def fit_sweep(job: SweepJob, space: dict, limit: int, start_timeout_s: float):

@@ -9,11 +9,11 @@ from typing import cast
 
 import torch
 
-from alchemetric_ray.doctor.parity import _forward_backward, compare
-from alchemetric_ray.doctor.step import RunShape, _on, _step, first_line, make_batch, make_model
+from alchemetric_ray.checks.parity import _forward_backward, compare
+from alchemetric_ray.checks.step import RunShape, _on, _step, first_line, make_batch, make_model
 from alchemetric_ray.hardware import OptimizerStep, Precision, adamw, resolve_precision
 from alchemetric_ray.hardware.device import is_reference, peak_memory, reference_device, reset_peak_memory, synchronize
-from alchemetric_ray.train.losses import make_loss
+from alchemetric_ray.training.losses import make_loss
 
 
 def speed_ladder(batch: int, quick: bool = False) -> tuple[int, ...]:

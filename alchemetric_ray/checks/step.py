@@ -25,7 +25,7 @@ from alchemetric_ray.data.labels import LabelSpec
 from alchemetric_ray.hardware import Precision
 from alchemetric_ray.models import build_model, model_spec
 from alchemetric_ray.scoring.objective import loss_of
-from alchemetric_ray.train.losses import DateGroups
+from alchemetric_ray.training.losses import DateGroups
 
 NAMES_PER_DATE = 50  # the IC loss correlates within a date: the doctor's batches hold dates of this many names
 

@@ -43,7 +43,7 @@ from alchemetric_ray.placement.session import (
 from alchemetric_ray.scoring.objective import loss_of, selection_metric, selection_mode
 from alchemetric_ray.storage import Location, StorageError, local_copy, locate
 from alchemetric_ray.tracking.logger import RunLog
-from alchemetric_ray.train.summary import LoopSummary
+from alchemetric_ray.training.summary import LoopSummary
 
 
 class TrainError(UserError, RuntimeError):
@@ -133,7 +133,7 @@ def data_config(cfg: RunConfig):
     """How the datasets reach the loop: val every row, once; train split by date for the IC loss."""
     from ray.train import DataConfig
 
-    from alchemetric_ray.train.data_config import CompleteValidationConfig
+    from alchemetric_ray.training.data_config import CompleteValidationConfig
 
     options = DataConfig.default_ingest_options()
     if cfg.train.deterministic:
@@ -161,7 +161,7 @@ def build_trainer(cfg: RunConfig, datasets: dict | None, manifest: Manifest, pla
     from ray.train import RunConfig as TrainRunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from alchemetric_ray.train.loop import local_loop, train_loop_per_worker
+    from alchemetric_ray.training.loop import local_loop, train_loop_per_worker
 
     local_mode, runtime = execution.local_mode, execution.runtime
     config = loop_config(cfg, manifest, plan, epoch_lines=execution.epoch_lines)
@@ -359,7 +359,7 @@ def _fit_logged(cfg: RunConfig, run: Prepared, folder, tensorboard: Location, lo
 
     scalars: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if run.local:
-        from alchemetric_ray.train.runtime import LocalRun
+        from alchemetric_ray.training.runtime import LocalRun
 
         runtime = LocalRun(run.datasets, run.datasets and data_config(cfg), folder, ScalarWriter(tensorboard),
                            reader=run.reader)

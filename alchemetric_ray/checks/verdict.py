@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from alchemetric_ray.doctor.report import Checks, Recommendation, TargetResult, Verdict
+from alchemetric_ray.checks.report import Checks, Recommendation, TargetResult, Verdict
 from alchemetric_ray.hardware.device import is_reference
 
 REFERENCE_MODE = "fp32"  # with the reference device: what every other target is compared with

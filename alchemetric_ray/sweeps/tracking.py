@@ -8,9 +8,9 @@ from typing import Any, cast
 
 from alchemetric_ray.errors import UserError
 from alchemetric_ray.storage import Location
+from alchemetric_ray.sweeps.job import SweepJob
+from alchemetric_ray.sweeps.summary import SweepSummary
 from alchemetric_ray.tracking.logger import RunLog
-from alchemetric_ray.tune.job import SweepJob
-from alchemetric_ray.tune.summary import SweepSummary
 
 
 def track_sweep(job: SweepJob, summary: SweepSummary, model_dir: Location | None, report: Any):

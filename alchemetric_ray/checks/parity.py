@@ -9,10 +9,10 @@ from typing import cast
 
 import torch
 
-from alchemetric_ray.doctor.step import RunShape, _forward_loss, _on, make_batch, make_model
+from alchemetric_ray.checks.step import RunShape, _forward_loss, _on, make_batch, make_model
 from alchemetric_ray.hardware import NonFiniteLossError, OptimizerStep, Precision, StepOutcome, resolve_precision
 from alchemetric_ray.hardware.device import reference_device
-from alchemetric_ray.train.losses import make_loss
+from alchemetric_ray.training.losses import make_loss
 
 # Tolerances on max |difference| relative to the CPU float32 reference, by precision.
 TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}

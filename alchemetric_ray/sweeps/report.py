@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from alchemetric_ray.outputs import staged_output
 from alchemetric_ray.storage import Location, locate
-from alchemetric_ray.tune.summary import SweepSummary, TrialRow
+from alchemetric_ray.sweeps.summary import SweepSummary, TrialRow
 
 INDEX = "index.html"
 LEARNING_PNG = "learning_curves.png"

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from alchemetric_ray.doctor.step import RunShape
+from alchemetric_ray.checks.step import RunShape
 from alchemetric_ray.hardware.report import EnvironmentReport, summary_line
 
 
@@ -40,7 +40,7 @@ class TargetResult:
     """One (device, precision) examined: its checks' outcomes, or (``refused``) the precision policy's
     refusal, in which case ``checks`` is None.
 
-    ``blockers`` and ``passed`` are the decision's (:func:`~alchemetric_ray.doctor.verdict.decide` sets
+    ``blockers`` and ``passed`` are the decision's (:func:`~alchemetric_ray.checks.verdict.decide` sets
     them); until then ``passed`` is None and ``blockers`` holds only a refusal's line."""
 
     device: str  # as torch names it: "cpu", "cuda:0", "mps"

@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from alchemetric_ray.doctor.step import RunShape, _forward_loss, _on, make_batch, make_model
+from alchemetric_ray.checks.step import RunShape, _forward_loss, _on, make_batch, make_model
 from alchemetric_ray.hardware import OptimizerStep, Precision, adamw, resolve_precision
-from alchemetric_ray.train.losses import make_loss
+from alchemetric_ray.training.losses import make_loss
 
 
 def amp_sanity(shape: RunShape, device: torch.device, precision: Precision, *, steps: int = 60,

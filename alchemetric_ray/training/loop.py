@@ -69,12 +69,12 @@ from alchemetric_ray.scoring.metrics import target_metrics
 from alchemetric_ray.scoring.objective import is_better, loss_of, selection_metric, selection_mode
 from alchemetric_ray.scoring.predictions import outputs_of
 from alchemetric_ray.storage import locate
-from alchemetric_ray.train.backend_check import BackendCheck, check_backend, forward
-from alchemetric_ray.train.losses import DateGroups, Loss, make_loss
-from alchemetric_ray.train.phases import PhaseLog
-from alchemetric_ray.train.runtime import LocalRun, TrainGroup, TrialProcess
-from alchemetric_ray.train.shadow import ShadowCheck, ShadowSettings, shadow_wanted
-from alchemetric_ray.train.summary import LoopSummary
+from alchemetric_ray.training.backend_check import BackendCheck, check_backend, forward
+from alchemetric_ray.training.losses import DateGroups, Loss, make_loss
+from alchemetric_ray.training.phases import PhaseLog
+from alchemetric_ray.training.runtime import LocalRun, TrainGroup, TrialProcess
+from alchemetric_ray.training.shadow import ShadowCheck, ShadowSettings, shadow_wanted
+from alchemetric_ray.training.summary import LoopSummary
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> LoopSummary:

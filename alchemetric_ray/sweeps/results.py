@@ -11,9 +11,9 @@ from alchemetric_ray.artifacts.checkpoint import META, read_meta
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.scoring.objective import selection_metric, selection_mode
 from alchemetric_ray.storage import Location
-from alchemetric_ray.tune.errors import SweepError
-from alchemetric_ray.tune.job import SweepJob
-from alchemetric_ray.tune.summary import SweepSummary, TrialRow, plain, trial_sr_variance
+from alchemetric_ray.sweeps.errors import SweepError
+from alchemetric_ray.sweeps.job import SweepJob
+from alchemetric_ray.sweeps.summary import SweepSummary, TrialRow, plain, trial_sr_variance
 
 
 def summarize(grid, job: SweepJob) -> tuple[SweepSummary, Location | None, RunConfig]:

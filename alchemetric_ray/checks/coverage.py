@@ -19,13 +19,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from alchemetric_ray.checks.step import RunShape, _on, _step, first_line, make_batch, make_model
 from alchemetric_ray.config import ModelConfig
-from alchemetric_ray.doctor.step import RunShape, _on, _step, first_line, make_batch, make_model
 from alchemetric_ray.hardware import OptimizerStep, Precision, adamw, resolve_device, resolve_precision
 from alchemetric_ray.hardware.device import reference_device
 from alchemetric_ray.hardware.inventory import MPS_FALLBACK_VAR
 from alchemetric_ray.models import model_spec
-from alchemetric_ray.train.losses import make_loss
+from alchemetric_ray.training.losses import make_loss
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -157,7 +157,7 @@ def op_coverage(shape: RunShape, device: torch.device, precision: Precision, tim
     folder = module_folder(shape.model)
     if folder:
         env["PYTHONPATH"] = os.pathsep.join([folder] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    code = ("import json,sys; from alchemetric_ray.doctor.coverage import probe_in_process; a=json.loads(sys.argv[1]); "
+    code = ("import json,sys; from alchemetric_ray.checks.coverage import probe_in_process; a=json.loads(sys.argv[1]); "
             "print('DOCTOR:'+json.dumps(probe_in_process(a['s'], a['d'], a['p'], a['t'])))")
     arg = json.dumps({"s": shape.to_json(), "d": str(device), "p": precision.mode, "t": precision.tf32})
     started = time.monotonic()
