@@ -14,3 +14,129 @@ class Interrupted(UserError, KeyboardInterrupt):
         super().__init__(message)
         self.resumable = resumable
         self.remedy = remedy  # what to do where the run cannot be resumed
+
+
+class CheckpointError(UserError, RuntimeError):
+    pass
+
+
+class ModelDirError(UserError, ValueError):
+    pass
+
+
+class DataError(UserError, ValueError):
+    """Market data that cannot be used. The message is one line naming the file, column, date or value."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(str(message).replace("\r", " ").replace("\n", " "))
+
+
+class ConfigError(UserError, ValueError):
+    """A config value, key or file that cannot be used. The message is one line."""
+
+
+class CrossSectionError(UserError, ValueError):
+    pass
+
+
+class FeatureError(UserError, ValueError):
+    pass
+
+
+class ShardError(UserError, ValueError):
+    """A feature-shard folder (or its manifest) that cannot be used."""
+
+
+class SplitError(UserError, ValueError):
+    pass
+
+
+class UnsafeNameError(UserError, ValueError):
+    pass
+
+
+class DiskFullError(UserError, OSError):
+    """Not enough free space to write a file: one line naming it, the space needed and the space free."""
+
+
+class DeviceError(UserError, RuntimeError):
+    """A requested device that this machine does not have."""
+
+
+class KnownBugError(UserError, RuntimeError):
+    """The run would meet a known backend bug that no workaround covers (one line)."""
+
+
+class NonFiniteLossError(UserError, FloatingPointError):
+    """A NaN/inf loss (or gradient) where no GradScaler can skip the step.
+
+    The user's to fix (learning rate, data), so a UserError: one line naming epoch and step."""
+
+
+class TooManySkippedSteps(UserError, RuntimeError):
+    """The GradScaler skipped too many steps in a row: training is not recovering (one line)."""
+
+
+class PrecisionError(UserError, ValueError):
+    """A precision that this device/model cannot train in. The message is one line."""
+
+
+class DoctorRequired(UserError, RuntimeError):
+    pass
+
+
+class UnknownModelError(UserError, KeyError):
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.args[0]
+
+
+class ModelModuleError(UserError, ImportError):
+    """``model.module`` names a module that cannot be imported."""
+
+
+class OutputError(UserError):
+    pass
+
+
+class StartTimeout(UserError, TimeoutError):
+    """The workers' nodes never came within scaling.start_timeout_s."""
+
+
+class GpuPreflightError(UserError, RuntimeError):
+    """A GPU node whose torch cannot use the GPU Ray gave it."""
+
+
+class CapacityError(UserError, ValueError):
+    pass
+
+
+class PlanError(UserError, RuntimeError):
+    pass
+
+
+class RayAddressError(UserError):
+    pass
+
+
+class EvaluationError(UserError, ValueError):
+    pass
+
+
+class SignalError(UserError, ValueError):
+    pass
+
+
+class StorageError(UserError, RuntimeError):
+    pass
+
+
+class TrackingError(UserError):
+    pass
+
+
+class ShadowDivergence(UserError, RuntimeError):
+    """The backend's gradients left the float32 CPU copy's (one line)."""
+
+
+class TrainError(UserError, RuntimeError):
+    pass

@@ -30,13 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import DiskFullError, UnsafeNameError
 
 _SAFE = re.compile(r"[A-Za-z0-9_.^=-]+")
-
-
-class UnsafeNameError(UserError, ValueError):
-    pass
 
 
 def safe_child(parent: str | Path, name: str, what: str = "name") -> Path:
@@ -128,10 +124,6 @@ def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> None:
 FREE_SPACE_MARGIN = 64 * 1024
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _STAGE = re.compile(r"^\.(.+)\.tmp-(?P<host>[A-Za-z0-9]+)-(?P<pid>[0-9]+)-[0-9a-f]{8}$")  # stage_name's names
-
-
-class DiskFullError(UserError, OSError):
-    """Not enough free space to write a file: one line naming it, the space needed and the space free."""
 
 
 @dataclass(frozen=True)

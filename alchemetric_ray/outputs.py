@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import OutputError
 from alchemetric_ray.fsutil import is_uri, unwritable_ancestor
 from alchemetric_ray.storage import Location, locate
 
@@ -32,10 +32,6 @@ KINDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "sweep-report": ("sweep report folder", (), ()),
 }
 _SIGNAL_COLUMNS = {"ticker", "date", "score", "position", "model_id"}
-
-
-class OutputError(UserError):
-    pass
 
 
 def mark_bytes(kind: str) -> bytes:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import StorageError
 from alchemetric_ray.fsutil import atomic_write_bytes, is_uri, staged_dir
 
 # One S3 request: connect within 5 s, no 20 s without a byte moving, 4 attempts with the SDK's
@@ -47,10 +47,6 @@ S3_CONNECT_TIMEOUT_S = 5.0
 S3_REQUEST_TIMEOUT_S = 20.0
 S3_MAX_ATTEMPTS = 4
 PROBE_TIMEOUT_S = 5.0
-
-
-class StorageError(UserError, RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from alchemetric_ray.hardware import OptimizerStep, Precision, PrecisionError, adamw, resolve_device, resolve_precision
+from alchemetric_ray.errors import PrecisionError
+from alchemetric_ray.hardware import OptimizerStep, Precision, adamw, resolve_device, resolve_precision
 from alchemetric_ray.hardware.staging import PINNED, BatchSource, DataPath
 from alchemetric_ray.training.losses import DateGroups, make_loss
 

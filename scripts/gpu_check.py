@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from alchemetric_ray.config import ModelConfig, TrainConfig
-from alchemetric_ray.hardware import OptimizerStep, PrecisionError, adamw, resolve_device, resolve_precision
+from alchemetric_ray.errors import PrecisionError
+from alchemetric_ray.hardware import OptimizerStep, adamw, resolve_device, resolve_precision
 from alchemetric_ray.hardware.device import synchronize
 from alchemetric_ray.models import build_model, model_spec
 

@@ -14,12 +14,12 @@ import yaml
 from device_probes import cpu_only_machine
 from fake_cluster import launcher_config
 
-from alchemetric_ray.config import ConfigError, load_config
-from alchemetric_ray.errors import UserError
-from alchemetric_ray.hardware.device import DeviceError, GpuWorkerReport, gpu_worker_problem
+from alchemetric_ray.config import load_config
+from alchemetric_ray.errors import CapacityError, ConfigError, DeviceError, PlanError, UserError
+from alchemetric_ray.hardware.device import GpuWorkerReport, gpu_worker_problem
 from alchemetric_ray.placement import autoscale
-from alchemetric_ray.placement.capacity import Capacity, CapacityError, discover_capacity, from_launcher_config
-from alchemetric_ray.placement.plan import PlanError, plan_resources
+from alchemetric_ray.placement.capacity import Capacity, discover_capacity, from_launcher_config
+from alchemetric_ray.placement.plan import plan_resources
 
 CPU_ONLY = {"cpu_worker": {"resources": {"CPU": 4}, "max_workers": 2}}
 WITH_GPUS = {**CPU_ONLY, "gpu_worker": {"resources": {"CPU": 8, "GPU": 4}, "max_workers": 2}}

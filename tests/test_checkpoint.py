@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from alchemetric_ray.artifacts.checkpoint import (
-    CheckpointError,
     CheckpointMeta,
     LoopState,
     Trainables,
@@ -22,6 +21,7 @@ from alchemetric_ray.artifacts.checkpoint import (
     save_checkpoint,
 )
 from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.errors import CheckpointError
 from alchemetric_ray.hardware.optimizer import OptimizerStep, adamw
 from alchemetric_ray.hardware.precision import Precision, resolve_precision
 from alchemetric_ray.storage import Location

@@ -25,10 +25,10 @@ from test_kuberay import MANIFEST, _documents, _entrypoint, _rayjob
 
 from alchemetric_ray.cli import build_parser, config_from_args
 from alchemetric_ray.config import RunConfig, load_config
-from alchemetric_ray.hardware.device import DeviceError
+from alchemetric_ray.errors import DeviceError, PlanError
 from alchemetric_ray.placement.autoscale import run_bundles
 from alchemetric_ray.placement.capacity import Capacity, discover_capacity, from_kuberay_spec
-from alchemetric_ray.placement.plan import PlanError, ResourcePlan, nodes_needed, plan_resources
+from alchemetric_ray.placement.plan import ResourcePlan, nodes_needed, plan_resources
 from alchemetric_ray.signals.predict import _actor_plan
 from alchemetric_ray.sweeps.resources import plan_trials, runs_in_trial, trial_config
 

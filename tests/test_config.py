@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from alchemetric_ray.config import ConfigError, RunConfig, load_config
+from alchemetric_ray.config import RunConfig, load_config
+from alchemetric_ray.errors import ConfigError
 
 
 def test_defaults_validate_and_round_trip_through_json():

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from alchemetric_ray.config import REFERENCE_DOC, RULES, ConfigError, RunConfig, load_config, reference, sections
+from alchemetric_ray.config import REFERENCE_DOC, RULES, RunConfig, load_config, reference, sections
 from alchemetric_ray.config_reference import render
+from alchemetric_ray.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,14 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from alchemetric_ray.data.cross_section import (
-    CrossSectionError,
-    Op,
-    apply_cross_section,
-    demean_by_date,
-    rank_by_date,
-    zscore_by_date,
-)
+from alchemetric_ray.data.cross_section import Op, apply_cross_section, demean_by_date, rank_by_date, zscore_by_date
+from alchemetric_ray.errors import CrossSectionError
 
 
 def _frame(n_dates=30, n_names=12, seed=0):

@@ -5,13 +5,9 @@ import logging
 import pytest
 import torch
 
+from alchemetric_ray.errors import DeviceError
 from alchemetric_ray.hardware import device as dev
-from alchemetric_ray.hardware.device import (
-    DeviceError,
-    device_for_worker,
-    resolve_device,
-    train_accelerator,
-)
+from alchemetric_ray.hardware.device import device_for_worker, resolve_device, train_accelerator
 
 
 @pytest.fixture

@@ -7,12 +7,9 @@ import pytest
 import torch
 
 from alchemetric_ray.config import DeviceKind, DeviceName, load_config
+from alchemetric_ray.errors import DeviceError
 from alchemetric_ray.hardware import device as dev
-from alchemetric_ray.hardware.device import (
-    DeviceError,
-    device_for_worker,
-    train_accelerator,
-)
+from alchemetric_ray.hardware.device import device_for_worker, train_accelerator
 
 
 @pytest.fixture

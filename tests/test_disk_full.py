@@ -32,8 +32,8 @@ from alchemetric_ray.cli import main
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.data.shards import build_shards
-from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import DiskFullError, atomic_torch_save, atomic_write_json, atomic_write_text
+from alchemetric_ray.errors import DiskFullError, UserError
+from alchemetric_ray.fsutil import atomic_torch_save, atomic_write_json, atomic_write_text
 from alchemetric_ray.outputs import MARK
 
 TINY_DISK = "256k"

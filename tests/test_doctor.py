@@ -235,12 +235,8 @@ def test_doctor_cli_json_and_exit_code(monkeypatch, capsys):
 
 def test_mps_autocast_in_training_needs_a_passing_doctor_record(tmp_path):
     from alchemetric_ray.checks.report import TargetResult
-    from alchemetric_ray.hardware.records import (
-        DoctorRequired,
-        record_path,
-        require_doctor_checked_precision,
-        write_records,
-    )
+    from alchemetric_ray.errors import DoctorRequired
+    from alchemetric_ray.hardware.records import record_path, require_doctor_checked_precision, write_records
 
     cfg = load_config(None, [f"storage.path={tmp_path}", "precision.mode=bf16", "model.hidden=16"])
     require_doctor_checked_precision(cfg, "cpu")  # only MPS is gated

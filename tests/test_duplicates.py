@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 
 from alchemetric_ray.bars.ingest import iter_bars
-from alchemetric_ray.bars.messages import DataError
 from alchemetric_ray.bars.report import ON_DUPLICATE_DEFAULT, IngestReport
 from alchemetric_ray.cli import main
-from alchemetric_ray.config import ConfigError, DataConfig, load_config
+from alchemetric_ray.config import DataConfig, load_config
 from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.errors import ConfigError, DataError
 
 ROWS = 300  # rows per ticker: enough history for the default features, labels and the model's staging
 TICKERS = ("AAPL", "MSFT", "XOM")

@@ -8,9 +8,8 @@ import pytest
 
 from alchemetric_ray.bars.cleaning import validate_bars
 from alchemetric_ray.bars.ingest import iter_bars
-from alchemetric_ray.bars.messages import DataError
 from alchemetric_ray.bars.report import IngestReport
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import DataError, UserError
 
 CANONICAL = ["date", "open", "high", "low", "close", "volume"]
 LATE_STARTERS = {"ABBV": 1177, "AGFS": 661, "BABA": 745, "GMRE": 297}  # clean rows (AGFS: after drops)

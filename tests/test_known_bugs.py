@@ -18,9 +18,9 @@ from device_probes import cpu_only_machine, no_cuda
 from alchemetric_ray.cli import main
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.shards import build_shards
+from alchemetric_ray.errors import KnownBugError, PrecisionError
 from alchemetric_ray.hardware import known_bugs as kb
 from alchemetric_ray.hardware import resolve_precision
-from alchemetric_ray.hardware.precision import PrecisionError
 from alchemetric_ray.models import build_model
 from alchemetric_ray.training.backend_check import check_backend, forward, trace_run
 from alchemetric_ray.training.losses import DateGroups, make_loss
@@ -93,7 +93,7 @@ def test_an_m1_on_torch_2_13_works_around_the_large_k_matmul_with_exact_micro_ba
 
 def test_runs_the_table_refuses_say_so_in_one_line(monkeypatch):
     cpu_only_machine(monkeypatch)  # the backends here are data, whatever this host has
-    with pytest.raises(kb.KnownBugError) as caught:  # MPS's LSTM kernel: dropout between layers
+    with pytest.raises(KnownBugError) as caught:  # MPS's LSTM kernel: dropout between layers
         check_backend(_cfg("model.name=lstm"), 12, 3, CPU, FP32, backend=M1_213)
     assert str(caught.value) == (
         "known backend bug mps-lstm-multilayer-dropout-backward (pytorch/pytorch#190056) on mps (Apple M1 Pro, "
@@ -103,7 +103,7 @@ def test_runs_the_table_refuses_say_so_in_one_line(monkeypatch):
     single = check_backend(_cfg("model.name=lstm", "model.layers=1"), 12, 3, CPU, FP32, backend=M1_213)
     assert single.findings.matched == [] and {u.entry.id for u in single.findings.unknown} >= {"mps-matmul-large-k-2d"}
     assert "unknown: probe" in single.lines[0]
-    with pytest.raises(kb.KnownBugError, match="the workaround \\(micro-batches\\) needs one worker"):
+    with pytest.raises(KnownBugError, match="the workaround \\(micro-batches\\) needs one worker"):
         check_backend(_cfg("model.name=transformer", "train.batch_size=2000"), 12, 3, CPU, FP32, world=2,
                       backend=M1_213)
     unknown_chip = check_backend(_cfg("model.name=transformer", "train.batch_size=2000"), 12, 3, CPU, FP32,

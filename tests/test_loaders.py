@@ -133,7 +133,8 @@ def test_a_ticker_cut_between_two_files_is_refused_for_windows(ray_session, shar
 
     import pyarrow.parquet as pq
 
-    from alchemetric_ray.data.manifest import MANIFEST, ShardError
+    from alchemetric_ray.data.manifest import MANIFEST
+    from alchemetric_ray.errors import ShardError
 
     old = tmp_path / "old"
     shutil.copytree(shards, old)

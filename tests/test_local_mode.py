@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from alchemetric_ray.config import ConfigError, load_config
+from alchemetric_ray.config import load_config
+from alchemetric_ray.errors import ConfigError
 from alchemetric_ray.placement.plan import plan_resources
 from alchemetric_ray.training.trainer import run_training, runs_locally, uses_ray
 

@@ -8,8 +8,8 @@ from torch import nn
 
 from alchemetric_ray.cli import main
 from alchemetric_ray.config import ModelConfig, load_config
+from alchemetric_ray.errors import ModelModuleError
 from alchemetric_ray.models import MODELS, build_model, model_spec, register_model
-from alchemetric_ray.models.registry import ModelModuleError
 
 
 def test_a_model_declares_its_inputs_hyperparameters_and_cpu_autocast():

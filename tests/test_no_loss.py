@@ -21,7 +21,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from alchemetric_ray.outputs import MARK, OutputError, claim, claim_signals_file
+from alchemetric_ray.errors import OutputError
+from alchemetric_ray.outputs import MARK, claim, claim_signals_file
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "alchemetric_ray.cli"]

@@ -27,8 +27,8 @@ from alchemetric_ray.config import load_config
 from alchemetric_ray.data.loaders import read_split
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.data.shards import build_shards
-from alchemetric_ray.errors import UserError
-from alchemetric_ray.hardware.optimizer import NonFiniteLossError, OptimizerStep, TooManySkippedSteps
+from alchemetric_ray.errors import NonFiniteLossError, TooManySkippedSteps, UserError
+from alchemetric_ray.hardware.optimizer import OptimizerStep
 from alchemetric_ray.hardware.precision import Precision, resolve_precision
 from alchemetric_ray.placement.plan import plan_resources
 from alchemetric_ray.training import loop

@@ -4,11 +4,12 @@ import pytest
 import torch
 from torch import nn
 
+from alchemetric_ray.errors import NonFiniteLossError, PrecisionError, TooManySkippedSteps
 from alchemetric_ray.hardware import device as dev
 from alchemetric_ray.hardware import inventory
 from alchemetric_ray.hardware import precision as prec
-from alchemetric_ray.hardware.optimizer import NonFiniteLossError, OptimizerStep, TooManySkippedSteps
-from alchemetric_ray.hardware.precision import Precision, PrecisionError, resolve_precision
+from alchemetric_ray.hardware.optimizer import OptimizerStep
+from alchemetric_ray.hardware.precision import Precision, resolve_precision
 from alchemetric_ray.models import model_spec
 
 CUDA0 = torch.device("cuda", 0)

@@ -28,17 +28,13 @@ import pandas as pd
 import pytest
 import torch
 
-from alchemetric_ray.artifacts.checkpoint import (
-    CheckpointError,
-    load_state,
-    save_checkpoint,
-)
+from alchemetric_ray.artifacts.checkpoint import load_state, save_checkpoint
 from alchemetric_ray.artifacts.export import export_model, load_model
 from alchemetric_ray.cli import main
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.errors import UserError
-from alchemetric_ray.fsutil import UnsafeNameError, safe_child
+from alchemetric_ray.errors import CheckpointError, UnsafeNameError, UserError
+from alchemetric_ray.fsutil import safe_child
 from alchemetric_ray.models import build_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,8 +11,9 @@ import pytest
 
 from alchemetric_ray.bars.sources import open_source
 from alchemetric_ray.config import load_config
-from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
+from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.shards import build_shards, split_dir
+from alchemetric_ray.errors import ShardError
 
 SYN = ["data.source=synthetic", "data.synthetic_tickers=6", "data.synthetic_days=400"]
 

@@ -652,7 +652,8 @@ def test_a_workers_validation_metrics_do_not_import_scikit_learn():
 def test_a_retired_key_is_read_from_a_saved_config_and_refused_as_input(tmp_path):
     """signals.n_boot (the bootstrap's resamples) is gone: a model saved with it still loads; a user
     who sets it is told in one line why."""
-    from alchemetric_ray.config import ConfigError, RunConfig, load_config
+    from alchemetric_ray.config import RunConfig, load_config
+    from alchemetric_ray.errors import ConfigError
 
     saved = RunConfig().to_dict()
     saved["signals"]["n_boot"] = 1000

@@ -10,9 +10,10 @@ import torch
 from alchemetric_ray.artifacts.export import load_model
 from alchemetric_ray.config import load_config
 from alchemetric_ray.data.shards import build_shards
+from alchemetric_ray.errors import SignalError
 from alchemetric_ray.hardware import resolve_precision
 from alchemetric_ray.scoring.predictions import predict_proba
-from alchemetric_ray.signals.predict import SignalError, predict, scored_here, stage_inputs
+from alchemetric_ray.signals.predict import predict, scored_here, stage_inputs
 from alchemetric_ray.training.trainer import run_training
 
 

@@ -8,7 +8,6 @@ import pytest
 
 from alchemetric_ray.data.normalize import RESERVOIR, NormalizerFit
 from alchemetric_ray.data.splits import (
-    SplitError,
     SplitSpec,
     boundaries,
     label_end_dates,
@@ -16,6 +15,7 @@ from alchemetric_ray.data.splits import (
     refit_folds,
     walk_forward_folds,
 )
+from alchemetric_ray.errors import SplitError
 
 CAL = pd.bdate_range("2015-01-01", periods=1000).to_numpy()
 
@@ -162,7 +162,8 @@ def test_a_rolling_window_trains_on_the_last_train_window_dates_before_each_bloc
 
 
 def test_train_start_is_a_config_date_before_train_end():
-    from alchemetric_ray.config import ConfigError, load_config
+    from alchemetric_ray.config import load_config
+    from alchemetric_ray.errors import ConfigError
 
     assert load_config(None, ["features.train_start=2014-01-02"]).features.train_start == "2014-01-02"
     with pytest.raises(ConfigError, match="features.train_start"):

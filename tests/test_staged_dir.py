@@ -11,8 +11,9 @@ from pyarrow import fs
 from pyarrow._fs import _MockFileSystem
 
 from alchemetric_ray.config import load_config
+from alchemetric_ray.errors import StorageError
 from alchemetric_ray.fsutil import staged_dir
-from alchemetric_ray.placement.session import StorageError, run_name
+from alchemetric_ray.placement.session import run_name
 from alchemetric_ray.signals.predict import direction_score
 from alchemetric_ray.storage import locate
 

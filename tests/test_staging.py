@@ -150,7 +150,7 @@ def test_the_plan_says_which_data_path_the_workers_take(args, line):
 
 
 def test_a_fraction_outside_0_1_is_one_line():
-    from alchemetric_ray.config import ConfigError
+    from alchemetric_ray.errors import ConfigError
 
     expected = r"^config 'train.device_cache_fraction': 1.5 is invalid, expected in \[0, 1\]$"
     with pytest.raises(ConfigError, match=expected):

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from alchemetric_ray.artifacts import ledger
-from alchemetric_ray.config import ConfigError, load_config
+from alchemetric_ray.config import load_config
+from alchemetric_ray.errors import ConfigError
 from alchemetric_ray.placement.plan import plan_resources
 from alchemetric_ray.sweeps.resources import concurrency
 from alchemetric_ray.sweeps.space import build_space

@@ -31,8 +31,9 @@ from syncs import SyncCount  # bench/syncs.py: the counting rules the benchmark 
 
 from alchemetric_ray.config import ModelConfig, TrainConfig, load_config
 from alchemetric_ray.data.batches import Batching, WorkerBatches
+from alchemetric_ray.errors import NonFiniteLossError, TooManySkippedSteps
 from alchemetric_ray.hardware import DeviceChoice, adamw, resolve_precision
-from alchemetric_ray.hardware.optimizer import NonFiniteLossError, OptimizerStep, TooManySkippedSteps
+from alchemetric_ray.hardware.optimizer import OptimizerStep
 from alchemetric_ray.hardware.precision import Precision
 from alchemetric_ray.hardware.staging import HOST, DataPath
 from alchemetric_ray.models import build_model

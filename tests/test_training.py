@@ -15,9 +15,10 @@ from alchemetric_ray.config import load_config
 from alchemetric_ray.data.loaders import read_split, read_split_windows
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.data.shards import build_shards
+from alchemetric_ray.errors import PlanError
 from alchemetric_ray.hardware import device as dev
 from alchemetric_ray.models import MODELS, model_spec
-from alchemetric_ray.placement.plan import PlanError, plan_resources
+from alchemetric_ray.placement.plan import plan_resources
 from alchemetric_ray.training.trainer import Execution, build_trainer, run_training
 
 WINDOW = 8

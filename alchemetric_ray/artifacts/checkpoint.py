@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import CheckpointError, StorageError
 from alchemetric_ray.fsutil import WrittenFile, atomic_write_bytes, check_free_space, json_bytes, torch_bytes
-from alchemetric_ray.storage import Location, StorageError, locate
+from alchemetric_ray.storage import Location, locate
 
 if TYPE_CHECKING:
     from alchemetric_ray.hardware import OptimizerStep
@@ -44,10 +44,6 @@ META = "meta.json"
 STATE_FILE = "state_file"  # meta.json's record of state.pt: {"size": bytes, "sha256": hex digest}
 EPOCH_DIR = re.compile(r"epoch-(\d+)")  # a Train run's checkpoint folders (train/loop.py names them)
 META_ROOM = 4096  # bytes beyond meta.json's size without its record: the record, and some slack
-
-
-class CheckpointError(UserError, RuntimeError):
-    pass
 
 
 def save_checkpoint(directory: str | Path, state: dict[str, Any], meta: dict[str, Any]) -> None:

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from alchemetric_ray.artifacts.checkpoint import CheckpointError, CheckpointMeta, load_state, read_meta
+from alchemetric_ray.artifacts.checkpoint import CheckpointMeta, load_state, read_meta
 from alchemetric_ray.artifacts.model_card import model_card
 from alchemetric_ray.artifacts.model_meta import ModelMeta
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import CheckpointError, ModelDirError
 from alchemetric_ray.fsutil import (
     atomic_write_bytes,
     check_free_space,
@@ -56,10 +56,6 @@ MIN_EXPORT_BYTES = 1 << 20
 # The export's files besides the weights (config, manifest, metrics with the history, meta, card)
 # as estimated_export_bytes counts them before they exist.
 EXPORT_METADATA_BYTES = 256 * 1024
-
-
-class ModelDirError(UserError, ValueError):
-    pass
 
 
 @dataclass

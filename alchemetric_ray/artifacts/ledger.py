@@ -27,8 +27,9 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from alchemetric_ray.errors import StorageError
 from alchemetric_ray.fsutil import json_bytes
-from alchemetric_ray.storage import Location, StorageError, locate
+from alchemetric_ray.storage import Location, locate
 
 LOOKS, TRIALS = "looks", "trials.json"
 

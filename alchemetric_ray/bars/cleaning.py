@@ -47,18 +47,9 @@ import numpy as np
 import pandas as pd
 
 from alchemetric_ray.bars.columns import _required_columns, _to_dates, _to_float
-from alchemetric_ray.bars.messages import (
-    _LIST_MAX,
-    DataError,
-    _dates_text,
-    _day,
-    _more,
-    _row_ref,
-    _rows,
-    _runs_text,
-    _value,
-)
+from alchemetric_ray.bars.messages import _LIST_MAX, _dates_text, _day, _more, _row_ref, _rows, _runs_text, _value
 from alchemetric_ray.bars.report import ON_DUPLICATE_DEFAULT, RULES, IngestReport, _check_policy
+from alchemetric_ray.errors import DataError
 
 DROP_LIMIT_ROWS = 2  # bad-value rows ingest may always drop per ticker and rule ...
 DROP_LIMIT_FRACTION = 0.01  # ... or this share of the ticker's rows, whichever is larger

@@ -14,7 +14,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from alchemetric_ray.bars.messages import DataError, _row_ref
+from alchemetric_ray.bars.messages import _row_ref
+from alchemetric_ray.errors import DataError
 
 # Non-finite numbers written out: values (the cleaning rules drop them), not text that is no number.
 NONFINITE_TEXTS = frozenset({"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity",

@@ -12,8 +12,9 @@ import numpy as np
 import pandas as pd
 
 from alchemetric_ray.bars.columns import _ticker_column
-from alchemetric_ray.bars.messages import DataError, _row_ref, _rows_text
+from alchemetric_ray.bars.messages import _row_ref, _rows_text
 from alchemetric_ray.bars.report import IngestReport
+from alchemetric_ray.errors import DataError
 
 DATA_SUFFIXES = (".csv", ".parquet", ".pq")
 # Cell texts that mean "no value" in a CSV.  "nan"/"inf" are deliberately not here: written out,

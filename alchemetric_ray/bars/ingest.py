@@ -34,8 +34,8 @@ import pandas as pd
 
 from alchemetric_ray.bars.cleaning import validate_bars
 from alchemetric_ray.bars.files import DATA_SUFFIXES, _folder_files, _per_ticker_files, _single_file
-from alchemetric_ray.bars.messages import DataError
 from alchemetric_ray.bars.report import ON_DUPLICATE_DEFAULT, IngestReport, _check_policy
+from alchemetric_ray.errors import DataError
 
 
 def iter_bars(path: str | Path, *, tickers: list[str] | None = None, min_history: int = 0,

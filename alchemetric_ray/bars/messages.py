@@ -8,16 +8,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from alchemetric_ray.errors import UserError
-
 _LIST_MAX = 5  # dates / runs / names shown in one message
-
-
-class DataError(UserError, ValueError):
-    """Market data that cannot be used. The message is one line naming the file, column, date or value."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(str(message).replace("\r", " ").replace("\n", " "))
 
 
 def _value(v: float) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, field
 
-from alchemetric_ray.bars.messages import _LIST_MAX, DataError, _rows
+from alchemetric_ray.bars.messages import _LIST_MAX, _rows
 from alchemetric_ray.config import DataConfig, DuplicatePolicy
+from alchemetric_ray.errors import DataError
 
 RULES = ("empty_cell", "duplicate_row", "duplicate_date", "nonfinite_price", "nonpositive_price", "nonfinite_volume",
          "negative_volume", "high_below_low", "ohlc_inconsistent", "zero_volume", "stale_price")

@@ -27,7 +27,7 @@ def open_source(data: DataConfig, *, min_history: int = 0) -> Source:
 
 def _files(data: DataConfig, min_history: int) -> Source:
     if not data.path:
-        from alchemetric_ray.bars.messages import DataError
+        from alchemetric_ray.errors import DataError
 
         raise DataError("data.source=files needs data.path (or --data DIR)")
     return _ingested("files", data.path, f"OHLCV files from {data.path}", data, min_history)

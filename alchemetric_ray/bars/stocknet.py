@@ -32,7 +32,7 @@ _MISSING = "null"
 def prices_path() -> Path:
     """The packaged long table (for ``iter_bars``); a clear error if the install lacks it."""
     if not PRICES.is_file():
-        from alchemetric_ray.bars.messages import DataError
+        from alchemetric_ray.errors import DataError
 
         raise DataError(f"built-in stocknet data missing: {PRICES} (reinstall the package)")
     return PRICES

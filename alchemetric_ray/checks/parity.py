@@ -10,7 +10,8 @@ from typing import cast
 import torch
 
 from alchemetric_ray.checks.step import RunShape, _forward_loss, _on, make_batch, make_model
-from alchemetric_ray.hardware import NonFiniteLossError, OptimizerStep, Precision, StepOutcome, resolve_precision
+from alchemetric_ray.errors import NonFiniteLossError
+from alchemetric_ray.hardware import OptimizerStep, Precision, StepOutcome, resolve_precision
 from alchemetric_ray.hardware.device import reference_device
 from alchemetric_ray.training.losses import make_loss
 

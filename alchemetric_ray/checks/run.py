@@ -25,8 +25,8 @@ from alchemetric_ray.checks.speed import speed, speed_ladder
 from alchemetric_ray.checks.step import RunShape, first_line
 from alchemetric_ray.checks.verdict import REFERENCE_MODE, decide, is_reference_target
 from alchemetric_ray.config import DeviceName, RunConfig
-from alchemetric_ray.errors import UserError
-from alchemetric_ray.hardware import PrecisionError, resolve_device, resolve_precision
+from alchemetric_ray.errors import PrecisionError, UserError
+from alchemetric_ray.hardware import resolve_device, resolve_precision
 from alchemetric_ray.hardware.device import (
     is_reference,
     kinds_to_check,

@@ -43,7 +43,6 @@ from alchemetric_ray.config.settings import (
     A_PLAIN_NAME,
     RULES,
     Check,
-    ConfigError,
     Rule,
     above,
     at_least,
@@ -84,6 +83,7 @@ from alchemetric_ray.config.vocabulary import (
     metric_target_problem,
     resolve_metric,
 )
+from alchemetric_ray.errors import ConfigError
 
 __all__ = [
     # vocabulary

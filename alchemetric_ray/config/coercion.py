@@ -13,8 +13,8 @@ import types
 import typing
 from typing import Any, Literal
 
-from alchemetric_ray.config.settings import ConfigError
 from alchemetric_ray.config.vocabulary import DeviceName
+from alchemetric_ray.errors import ConfigError
 
 
 def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from alchemetric_ray.config.coercion import _unknown_key, apply_overrides
 from alchemetric_ray.config.schema import RunConfig
-from alchemetric_ray.config.settings import ConfigError
+from alchemetric_ray.errors import ConfigError
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> RunConfig:

@@ -14,16 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alchemetric_ray.config.coercion import _build, _unknown_key, apply_overrides
-from alchemetric_ray.config.settings import (
-    A_DATE,
-    A_PLAIN_NAME,
-    Check,
-    ConfigError,
-    above,
-    at_least,
-    setting,
-    validate,
-)
+from alchemetric_ray.config.settings import A_DATE, A_PLAIN_NAME, Check, above, at_least, setting, validate
 from alchemetric_ray.config.vocabulary import (
     CrossSectionNorm,
     DataSource,
@@ -45,6 +36,7 @@ from alchemetric_ray.config.vocabulary import (
     TrialLoop,
     TuneScheduler,
 )
+from alchemetric_ray.errors import ConfigError
 
 
 @dataclass

@@ -14,11 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from alchemetric_ray.errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-    """A config value, key or file that cannot be used. The message is one line."""
+from alchemetric_ray.errors import ConfigError
 
 
 @dataclass(frozen=True)

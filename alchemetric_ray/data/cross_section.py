@@ -31,13 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import CrossSectionError
 
 KINDS = ("rank", "zscore", "demean")
-
-
-class CrossSectionError(UserError, ValueError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from alchemetric_ray.errors import UserError
-
-
-class FeatureError(UserError, ValueError):
-    pass
+from alchemetric_ray.errors import FeatureError
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ import pyarrow as pa
 import torch
 from ray.data.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn
 
-from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
+from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.shards import split_files
+from alchemetric_ray.errors import ShardError
 from alchemetric_ray.storage import Location, locate
 
 

@@ -13,17 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from alchemetric_ray.data.labels import LabelSpec
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import ShardError
 from alchemetric_ray.fsutil import atomic_write_json
 from alchemetric_ray.storage import Location, locate
 
 MANIFEST = "manifest.json"
 READ_TIME_KEYS = frozenset({"window"})  # features.* keys a run may set apart from the shards' build
 FORMAT_VERSION = 1
-
-
-class ShardError(UserError, ValueError):
-    """A feature-shard folder (or its manifest) that cannot be used."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -43,9 +43,10 @@ from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data import features as feat
 from alchemetric_ray.data.cross_section import apply_cross_section, plan_ops
 from alchemetric_ray.data.labels import LabelSpec, make_labels
-from alchemetric_ray.data.manifest import MANIFEST, Manifest, ShardError
+from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
 from alchemetric_ray.data.splits import SPLITS, SplitPlan, SplitSpec, label_end_dates, plan_splits
+from alchemetric_ray.errors import ShardError
 from alchemetric_ray.fsutil import unwritable_ancestor
 from alchemetric_ray.outputs import claim, staged_output
 from alchemetric_ray.storage import Location, locate, preflight

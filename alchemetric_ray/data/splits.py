@@ -15,13 +15,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import SplitError
 
 SPLITS = ("train", "val", "test")
-
-
-class SplitError(UserError, ValueError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from alchemetric_ray.config import DeviceKind, DeviceName
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import DeviceError
 from alchemetric_ray.hardware.kinds import KINDS, Kind, kind_of, kind_of_device
 
 ENV_VAR = "ALCHEMETRIC_DEVICE"
@@ -40,10 +40,6 @@ DEVICE_KINDS: tuple[str, ...] = typing.get_args(DeviceKind)
 REFERENCE_KIND = "cpu"  # the device every other one is checked against (the doctor's reference)
 log = logging.getLogger("alchemetric_ray.hardware")
 _logged: set[str] = set()
-
-
-class DeviceError(UserError, RuntimeError):
-    """A requested device that this machine does not have."""
 
 
 @dataclass(frozen=True)

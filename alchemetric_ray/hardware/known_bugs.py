@@ -31,7 +31,6 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from alchemetric_ray.errors import UserError
 from alchemetric_ray.hardware import device as device_probes
 from alchemetric_ray.hardware import inventory
 
@@ -40,10 +39,6 @@ MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm")
 WORKAROUNDS = ("micro_batches",)
 # Layers whose kernels on some backends are not the generic decomposition the trace records.
 OPAQUE_LAYERS: tuple[type[nn.Module], ...] = (nn.RNNBase, nn.modules.conv._ConvNd)
-
-
-class KnownBugError(UserError, RuntimeError):
-    """The run would meet a known backend bug that no workaround covers (one line)."""
 
 
 @overload

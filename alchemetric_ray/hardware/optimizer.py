@@ -16,7 +16,7 @@ from typing import cast
 
 import torch
 
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import NonFiniteLossError, TooManySkippedSteps
 from alchemetric_ray.hardware.kinds import KINDS
 from alchemetric_ray.hardware.precision import Precision
 
@@ -62,16 +62,6 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
                 on_device = was or group.get("capturable")
                 optimizer.state[p]["step"] = (counter.to(p.device, torch.float32) if on_device
                                               else counter.to("cpu"))
-
-
-class NonFiniteLossError(UserError, FloatingPointError):
-    """A NaN/inf loss (or gradient) where no GradScaler can skip the step.
-
-    The user's to fix (learning rate, data), so a UserError: one line naming epoch and step."""
-
-
-class TooManySkippedSteps(UserError, RuntimeError):
-    """The GradScaler skipped too many steps in a row: training is not recovering (one line)."""
 
 
 @dataclass(frozen=True)

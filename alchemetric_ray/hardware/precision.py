@@ -24,7 +24,7 @@ from typing import Callable, Protocol
 import torch
 
 from alchemetric_ray.config import PrecisionMode
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import PrecisionError
 from alchemetric_ray.hardware import inventory
 from alchemetric_ray.hardware.kinds import kind_of_device
 
@@ -41,10 +41,6 @@ def refused_by_table(backend_kind: str, *, grad_scaler: bool = False, fused_opti
     traits = known_bugs.RunTraits(grad_scaler=grad_scaler, fused_optimizer=fused_optimizer)
     found = known_bugs.evaluate(None, backend, traits)
     return [f"{m.entry.id} ({m.entry.reference})" for m in found.matched]
-
-
-class PrecisionError(UserError, ValueError):
-    """A precision that this device/model cannot train in. The message is one line."""
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from alchemetric_ray.config import RunConfig
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import DoctorRequired
 from alchemetric_ray.hardware.kinds import KINDS
 from alchemetric_ray.storage import Location, locate
-
-
-class DoctorRequired(UserError, RuntimeError):
-    pass
 
 
 def model_key(cfg: RunConfig) -> str:

@@ -17,16 +17,11 @@ from typing import Any
 import torch
 
 import alchemetric_ray
+from alchemetric_ray.errors import PrecisionError
 from alchemetric_ray.hardware import device as dev
 from alchemetric_ray.hardware import inventory
 from alchemetric_ray.hardware import known_bugs as kb
-from alchemetric_ray.hardware.precision import (
-    ModelTraits,
-    Precision,
-    PrecisionError,
-    cuda_bf16_native,
-    resolve_precision,
-)
+from alchemetric_ray.hardware.precision import ModelTraits, Precision, cuda_bf16_native, resolve_precision
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Literal, TypeVar
 from torch import nn
 
 from alchemetric_ray.config import ModelConfig
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import ModelModuleError, UnknownModelError
 
 Inputs = Literal["tabular", "sequence"]
 # What a constructor may ask for besides n_features and n_classes: the model section's settings
@@ -30,15 +30,6 @@ Inputs = Literal["tabular", "sequence"]
 HYPERPARAMETERS = (*(f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("name", "module")), "window")
 
 M = TypeVar("M", bound=type[nn.Module])
-
-
-class UnknownModelError(UserError, KeyError):
-    def __str__(self) -> str:  # KeyError would quote the message
-        return self.args[0]
-
-
-class ModelModuleError(UserError, ImportError):
-    """``model.module`` names a module that cannot be imported."""
 
 
 @dataclass(frozen=True)

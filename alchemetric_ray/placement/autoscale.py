@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from alchemetric_ray.config import RunConfig
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import GpuPreflightError, StartTimeout, UserError
 from alchemetric_ray.placement.capacity import shape
 from alchemetric_ray.placement.plan import ResourcePlan, data_bundle, nodes_needed, pack
 
@@ -62,14 +62,6 @@ MIN_ATTEMPT_TIMEOUT_S = 10.0
 # Ray's default (-1) retries forever.
 CONTROLLER_FAILURE_LIMIT = 2
 log = logging.getLogger("alchemetric_ray.autoscale")
-
-
-class StartTimeout(UserError, TimeoutError):
-    """The workers' nodes never came within scaling.start_timeout_s."""
-
-
-class GpuPreflightError(UserError, RuntimeError):
-    """A GPU node whose torch cannot use the GPU Ray gave it."""
 
 
 @dataclass

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeGuard
 
 from alchemetric_ray.config import RunConfig
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import CapacityError
 
 CapacityKind = Literal["now", "node_types", "unknown"]
 
@@ -53,10 +53,6 @@ _SOURCES: dict[str, _Source] = {
     "unknown": _Source(autoscaling=True, node_types_known=False),
 }
 UP_NOW = "the nodes that are up (ray.cluster_resources())"
-
-
-class CapacityError(UserError, ValueError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import cast
 
 from alchemetric_ray.config import RunConfig
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import PlanError, UserError
 from alchemetric_ray.hardware.device import TrainAccelerator, train_accelerator
 from alchemetric_ray.hardware.staging import gpu_sharers, planned_data_path
 from alchemetric_ray.placement.capacity import UP_NOW, Capacity, NodeType, now
@@ -25,10 +25,6 @@ from alchemetric_ray.placement.capacity import shape as _shape
 
 DATA_CPU_RESERVE = 1.0  # logical CPUs kept free for Ray Data's read tasks
 MIN_DATA_CPUS = 0.5
-
-
-class PlanError(UserError, RuntimeError):
-    pass
 
 
 @dataclass

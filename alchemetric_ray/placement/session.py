@@ -20,10 +20,10 @@ from typing import Any
 
 from alchemetric_ray import console, interrupts
 from alchemetric_ray.config import RunConfig
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import RayAddressError, StorageError, UserError
 from alchemetric_ray.fsutil import is_uri, safe_child
 from alchemetric_ray.outputs import check_writable
-from alchemetric_ray.storage import S3_SETTINGS, Location, StorageError, locate, preflight
+from alchemetric_ray.storage import S3_SETTINGS, Location, locate, preflight
 
 # Each ray.train.report() waits up to this interval (Ray's default is 2 s): a deliberate,
 # small value keeps the per-epoch overhead low without busy-polling the workers.
@@ -125,10 +125,6 @@ def machine_resources() -> dict[str, float]:
 
 
 RAY_HEAD_PROBE_S = 5.0  # how long a head named by RAY_ADDRESS has to accept a connection
-
-
-class RayAddressError(UserError):
-    pass
 
 
 def check_ray_address(address: str) -> None:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.manifest import Manifest
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import EvaluationError
 from alchemetric_ray.scoring.metrics import classification_metrics
 from alchemetric_ray.signals import metrics as sm
 from alchemetric_ray.signals import portfolio as sp
@@ -25,10 +25,6 @@ from alchemetric_ray.signals.selection import SelectionFigures, selection_figure
 
 FEW_TICKERS = 10
 BUY_AND_HOLD = "buy and hold"
-
-
-class EvaluationError(UserError, ValueError):
-    pass
 
 
 def _segment(frame: pd.DataFrame, start: str, end: str) -> pd.DataFrame:

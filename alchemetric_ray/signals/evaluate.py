@@ -29,11 +29,11 @@ import pandas as pd
 from alchemetric_ray.artifacts import ledger
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.errors import EvaluationError
 from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text
 from alchemetric_ray.outputs import claim, staged_output
 from alchemetric_ray.signals.contenders import (
     DataWindow,
-    EvaluationError,
     Segment,
     SegmentResult,
     contender_frames,

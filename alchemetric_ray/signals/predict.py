@@ -32,7 +32,7 @@ from alchemetric_ray.data.cross_section import Op, apply_cross_section
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.normalize import Normalizer
 from alchemetric_ray.data.shards import feature_table
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import SignalError
 from alchemetric_ray.fsutil import is_uri
 from alchemetric_ray.outputs import claim_signals_file, signals_metadata
 from alchemetric_ray.scoring.metrics import direction_score
@@ -41,10 +41,6 @@ from alchemetric_ray.storage import Location, local_copy, locate
 
 if TYPE_CHECKING:
     from alchemetric_ray.artifacts.export import LoadedModel
-
-
-class SignalError(UserError, ValueError):
-    pass
 
 
 class ModelPredictor:

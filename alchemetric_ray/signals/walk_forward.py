@@ -21,15 +21,10 @@ import numpy as np
 import pandas as pd
 
 from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import EvaluationError
 from alchemetric_ray.fsutil import is_uri
 from alchemetric_ray.signals import metrics as sm
-from alchemetric_ray.signals.contenders import (
-    Contenders,
-    EvaluationError,
-    SegmentResult,
-    contender_frames,
-    score_contenders,
-)
+from alchemetric_ray.signals.contenders import Contenders, SegmentResult, contender_frames, score_contenders
 from alchemetric_ray.signals.predict import inputs_frame, normalized_copy, predict, stage_inputs, staged_frame
 
 if TYPE_CHECKING:

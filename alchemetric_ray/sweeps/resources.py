@@ -4,8 +4,9 @@ sweep asks the autoscaler for, and the concurrency that fits on the cluster or i
 from __future__ import annotations
 
 from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import PlanError
 from alchemetric_ray.placement.autoscale import run_bundles
-from alchemetric_ray.placement.plan import DATA_CPU_RESERVE, PlanError, ResourcePlan, nodes_needed
+from alchemetric_ray.placement.plan import DATA_CPU_RESERVE, ResourcePlan, nodes_needed
 from alchemetric_ray.sweeps.space import trial_count
 
 TRIAL_DRIVER_CPU = 0.1  # a trial function that only waits on its TorchTrainer

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from alchemetric_ray.config import ConfigError, RunConfig
+from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import ConfigError
 
 
 @dataclass(frozen=True)

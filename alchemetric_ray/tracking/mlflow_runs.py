@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from alchemetric_ray.config import RunConfig
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import TrackingError
 from alchemetric_ray.storage import Location
 from alchemetric_ray.tracking.logger import RUN_FILE, RunLog
 
@@ -32,10 +32,6 @@ HEALTH_TIMEOUT_S = 5.0
 HTTP_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 EXTRA = "pip install 'alchemetric-ray[mlflow]'"
-
-
-class TrackingError(UserError):
-    pass
 
 
 def enabled(cfg: RunConfig) -> bool:

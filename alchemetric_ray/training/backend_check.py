@@ -27,6 +27,7 @@ from typing import cast
 import torch
 
 from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import KnownBugError
 from alchemetric_ray.hardware import known_bugs as kb
 from alchemetric_ray.hardware.precision import Precision
 from alchemetric_ray.models import build_model, model_spec
@@ -88,7 +89,7 @@ def check_backend(cfg: RunConfig, n_features: int, outputs: int, device: torch.d
     GPU preflight's report; by default the one this process runs on)."""
     backend = backend or kb.Backend.of(device)
     if cfg.train.micro_batch_rows and world > 1:
-        raise kb.KnownBugError(f"config 'train.micro_batch_rows': {cfg.train.micro_batch_rows} needs one worker "
+        raise KnownBugError(f"config 'train.micro_batch_rows': {cfg.train.micro_batch_rows} needs one worker "
                                f"(DDP wants one forward per backward; this run has {world}); set it to 0")
     traits = kb.RunTraits(grad_scaler=precision.use_scaler, fused_optimizer=fused_optimizer)
     rows = step_rows(cfg)
@@ -98,17 +99,17 @@ def check_backend(cfg: RunConfig, n_features: int, outputs: int, device: torch.d
     fixable = [m for m in findings.matched if m.entry.workaround == "micro_batches"]
     others = [m for m in findings.matched if m.entry.workaround != "micro_batches"]
     if others:
-        raise kb.KnownBugError(others[0].line(backend))
+        raise KnownBugError(others[0].line(backend))
     if fixable:
         # trace None: no rule on the trace ran, so no matched call for rows_below to measure
         micro = kb.rows_below(fixable, cast(kb.Trace, trace), backend) if world == 1 else None
         if not micro:
             why = ("the workaround (micro-batches) needs one worker" if world > 1
                    else "micro-batches cannot bring K under the limit")
-            raise kb.KnownBugError(f"{fixable[0].line(backend)} ({why})")
+            raise KnownBugError(f"{fixable[0].line(backend)} ({why})")
         again = kb.evaluate(trace_run(cfg, n_features, outputs, micro), backend, traits)
         if again.matched:
-            raise kb.KnownBugError(f"{again.matched[0].line(backend)} (even at micro-batches of {micro} rows)")
+            raise KnownBugError(f"{again.matched[0].line(backend)} (even at micro-batches of {micro} rows)")
         worst = fixable[0]
         check.micro_rows = micro
         check.lines.append(f"known backend bug {worst.entry.id} ({worst.entry.reference}) on {backend}: "

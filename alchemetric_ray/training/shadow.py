@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from alchemetric_ray.errors import UserError
+from alchemetric_ray.errors import ShadowDivergence
 from alchemetric_ray.hardware.device import shadowed_by_default, synchronize
 from alchemetric_ray.hardware.precision import Precision
 from alchemetric_ray.training.backend_check import forward
@@ -72,10 +72,6 @@ FLOOR = 0.1
 def _scale(reference: np.ndarray, total: float, values: int) -> float:
     even = total * math.sqrt(reference.size / max(values, 1))
     return max(float(np.linalg.norm(reference)), FLOOR * even, 1e-12)
-
-
-class ShadowDivergence(UserError, RuntimeError):
-    """The backend's gradients left the float32 CPU copy's (one line)."""
 
 
 def shadow_wanted(setting: str, device: torch.device) -> bool:

@@ -18,11 +18,11 @@ from typing import Any, cast
 
 from alchemetric_ray import console
 from alchemetric_ray.artifacts.export import check_models_dir, claim_model_folder, estimated_export_bytes, export_model
-from alchemetric_ray.config import ConfigError, RunConfig
+from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data.loaders import ShardReader, build_datasets, check_shard_files
 from alchemetric_ray.data.manifest import MANIFEST, Manifest, reconcile_features
 from alchemetric_ray.data.shards import build_shards
-from alchemetric_ray.errors import Interrupted, UserError
+from alchemetric_ray.errors import ConfigError, Interrupted, StorageError, TrainError, UserError
 from alchemetric_ray.fsutil import is_uri, safe_child
 from alchemetric_ray.hardware.records import require_doctor_checked_precision
 from alchemetric_ray.interrupts import seen_during
@@ -41,13 +41,9 @@ from alchemetric_ray.placement.session import (
     worker_env,
 )
 from alchemetric_ray.scoring.objective import loss_of, selection_metric, selection_mode
-from alchemetric_ray.storage import Location, StorageError, local_copy, locate
+from alchemetric_ray.storage import Location, local_copy, locate
 from alchemetric_ray.tracking.logger import RunLog
 from alchemetric_ray.training.summary import LoopSummary
-
-
-class TrainError(UserError, RuntimeError):
-    pass
 
 
 @dataclass
