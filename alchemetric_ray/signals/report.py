@@ -18,6 +18,8 @@ from alchemetric_ray.signals.records import ModelInfo
 from alchemetric_ray.signals.walk_forward import FoldsWalkForward, PooledWalkForward
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from alchemetric_ray.signals.records import Evaluation, Looks
 
 
@@ -35,13 +37,15 @@ def equity_curves(tickers: int, rows: list[ContenderRow]) -> dict[str, pd.DataFr
     return curves
 
 
-def plot_equity(result: SegmentResult, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot_equity(result: SegmentResult, path: Path | None = None) -> Figure:
+    """The equity curves (:func:`equity_curves`) as a matplotlib Figure on its own Agg canvas, saved
+    to ``path`` as a PNG where given.  No backend is chosen and pyplot is not imported: a caller's
+    backend (a notebook's inline one, a desktop window) stays as it was."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(9, 4.5), dpi=100)
+    FigureCanvasAgg(fig)  # attaches itself as fig.canvas: the figure draws and saves without pyplot
     ax = fig.add_subplot(1, 1, 1)
     cross = result.tickers >= FEW_TICKERS
     for name, eq in equity_curves(result.tickers, result.rows).items():
@@ -51,7 +55,9 @@ def plot_equity(result: SegmentResult, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    if path is not None:
+        fig.savefig(path, format="png")
+    return fig
 
 
 def _f(value, fmt="{:.4f}") -> str:
