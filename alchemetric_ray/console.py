@@ -11,7 +11,9 @@ below is Ray's own, set where Ray reads it:
 - a Ray warning that says nothing a user can act on is dropped by its exact message, in Python
   (:data:`RAY_WARNINGS`) or in the log lines Ray forwards from its processes (:data:`RAY_LOG_LINES`);
 - a forwarded Ray warning that calls itself transient and safe to ignore keeps its one line, not
-  the traceback Ray logs with it (:data:`RAY_TRACEBACK_AFTER`).
+  the traceback Ray logs with it (:data:`RAY_TRACEBACK_AFTER`);
+- Ray Tune's start-of-sweep box, its results and TensorBoard hints and its snapshot-frequency
+  warning: Tune's own environment switches, set only while the Tuner runs (:func:`tune_switches`).
 
 Never ``ray.init(logging_config=...)``: it configures the root logger of every worker.  Never
 ``log_to_driver=False``: it would hide worker errors and the autoscaler's messages.
@@ -19,6 +21,7 @@ Never ``ray.init(logging_config=...)``: it configures the root logger of every w
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -26,6 +29,7 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Iterator
 
 VERBOSE_ENV = "ALCHEMETRIC_VERBOSE"
 
@@ -203,6 +207,46 @@ def say(message: str) -> None:
     mark = OURS if _in_ray_worker() else ""
     sys.stdout.write("".join(mark + line + "\n" for line in message.split("\n")))
     sys.stdout.flush()
+
+
+def tune_switches(*, local_storage: bool) -> dict[str, str]:
+    """Tune's own switches, for the duration of ``Tuner.fit`` (:func:`environment`); none with --verbose.
+
+    - ``RAY_AIR_NEW_OUTPUT=0``: Tune's newer output engine prints its boxed "Configuration for
+      experiment" table, "View detailed results here" and a TensorBoard hint into Ray's session
+      folder (under ``/tmp/ray``, gone after a reboot; our own TensorBoard line names the sweep's
+      folder) whatever ``RunConfig(verbose=0)`` says (Ray 2.60, ``tune.run`` calls its
+      ``experiment_started`` at every verbosity).  The classic engine honours ``verbose=0`` and prints
+      nothing; it is also the one Tune uses in a notebook.  Our trial lines and summary are callbacks
+      and prints of ours, under either engine.
+    - ``TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S=0`` (the switch the warning itself
+      names), on a local ``storage.path`` only: Tune snapshots the sweep's state each time a trial has
+      saved ``storage.num_to_keep`` checkpoints (one per epoch here), and warns when two such snapshots
+      fall within 5 s, as they do with short epochs.  Locally a snapshot copies a few small files
+      from Ray's staging folder; the only setting that removes the cause, a larger num_to_keep, costs
+      disk for nothing.  Tune's warning for a snapshot that is actually slow (over 30 s) stays, and
+      on a URI (``s3://...``), where each snapshot is an upload, this one stays too.
+    """
+    if verbose():
+        return {}
+    switches = {"RAY_AIR_NEW_OUTPUT": "0"}
+    if local_storage:
+        switches["TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S"] = "0"
+    return switches
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """Set these environment variables for the block, then put back what was there; a value the user
+    set is kept (theirs wins, as with ``RAY_COLOR_PREFIX``)."""
+    added = [name for name in values if name not in os.environ]
+    for name in added:
+        os.environ[name] = values[name]
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def train_logging_config():

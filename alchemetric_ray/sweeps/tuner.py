@@ -3,7 +3,8 @@ or restored from the sweep's saved state, and run.
 
 Tune's status table is off (it ranks trials by their last value, not ours); the driver prints one
 line per finished trial instead (``trial.trial_lines``), and the summary names the best trial by its
-best epoch.
+best epoch.  Tune's other lines (its start-of-sweep box and hints, the snapshot-frequency warning)
+are off through Tune's own switches while it runs (``console.tune_switches``); --verbose keeps them.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def fit_sweep(job: SweepJob, space: dict, limit: int, start_timeout_s: float):
                                       callbacks=[trial_lines(selection_metric(cfg), selection_mode(cfg))],
                                       **_trial_checkpoints(job.trial_cfg, job.plan)),
         )
-    return tuner.fit()
+    with console.environment(console.tune_switches(local_storage=filesystem is None)):
+        return tuner.fit()
 
 
 def _scheduler(cfg: RunConfig):
