@@ -70,20 +70,8 @@ def _only_our_lines(out: str, *, epochs: bool = True) -> None:
     assert not re.search(r"^\([^)]*pid=[^)]*\) (epoch|worker|trial) ", out, re.M), out[-3000:]
 
 
-@pytest.mark.slow
-def test_a_two_worker_run_and_a_sweep_print_our_lines_plain_into_a_pipe(ray_session, tmp_path):
-    """A worker group of two (DDP over gloo) and a 2-trial sweep, whose lines reach the driver from
-    Ray workers and trial processes: still no ESC byte and no Ray prefix on our lines."""
-    two = run_cli(["train", "train.epochs=1", "scaling.workers=2", "train.local_mode=false", "storage.name=two",
-                   "data.tickers=AAPL,MSFT"], ray_session, tmp_path)
-    assert two.returncode == 0, (two.stdout + two.stderr)[-4000:]
-    _only_our_lines(two.stdout + two.stderr)
-    assert re.search(r"^workers\s+2\b", two.stdout, re.M), two.stdout[-3000:]  # a group of two, as asked
-    sweep = run_cli(["tune", "train.epochs=1", "tune.search=grid", "tune.space={train.lr: [0.01, 0.001]}",
-                     "storage.name=swept", "data.tickers=AAPL,MSFT"], ray_session, tmp_path)
-    assert sweep.returncode == 0, (sweep.stdout + sweep.stderr)[-4000:]
-    _only_our_lines(sweep.stdout + sweep.stderr, epochs=False)  # a sweep prints a line per trial, not per epoch
-    assert re.search(r"^trial \w+ finished: ", sweep.stdout, re.M), sweep.stdout[-3000:]
+# A two-worker run and a sweep into a pipe, the same checks (_only_our_lines): they are the two commands
+# that tests/test_side_by_side.py runs at once.
 
 
 def test_our_lines_from_a_ray_worker_are_printed_without_its_prefix_and_ray_lines_keep_theirs(capsys, monkeypatch):

@@ -5,11 +5,15 @@ Ray's helpers inside a run's actors (Train's ``PlacementGroupCleaner`` asks the 
 the controller lives) look their Ray up by ``RAY_API_SERVER_ADDRESS``, else ``RAY_ADDRESS``, else
 by scanning the machine, which fails with "Found multiple active Ray instances" wherever several
 Rays run.  Here three do: the test session's own (``ray_session``) and one per command.
+
+The two commands are also the two-worker run and the sweep whose output, in a pipe, keeps our
+lines plain (test_console.py, issue 40: one pair of real runs carries both tests' checks).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,9 +21,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from fake_cluster import processes_naming
+from test_console import _only_our_lines
 
 from alchemetric_ray import console
 
@@ -44,9 +50,18 @@ def _env(temp_dir: str) -> dict[str, str]:
     return env
 
 
-def _run_together(commands: list[tuple[str, list[str]]], tmp_path: Path) -> list[tuple[int, str, Path]]:
+class Done(NamedTuple):
+    """One command's end: its exit code, what it wrote to stdout and to stderr (two pipes), its models folder."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    model_dir: Path
+
+
+def _run_together(commands: list[tuple[str, list[str]]], tmp_path: Path) -> list[Done]:
     """Start the commands at the same time, each with its own storage and models folders and its own
-    local Ray; wait for all.  Returns (exit code, stdout+stderr, models folder) per command.
+    local Ray, its stdout and stderr into pipes (not a TTY); wait for all.
     Whatever happens, nothing any left behind (process groups, Ray processes) survives."""
     runs = []
     try:
@@ -58,13 +73,13 @@ def _run_together(commands: list[tuple[str, list[str]]], tmp_path: Path) -> list
                    f"storage.path={home / 'results'}", f"storage.models_dir={home / 'models'}",
                    f"storage.name=side{i}"]
             proc = subprocess.Popen(cli, cwd=home, env=_env(temp_dir), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     start_new_session=True)
             runs.append((proc, home, temp_dir))
         results = []
         for proc, home, temp_dir in runs:
-            out, _ = proc.communicate(timeout=600)
-            results.append((proc.returncode, out, home / "models" / f"side{len(results)}"))
+            out, err = proc.communicate(timeout=600)
+            results.append(Done(proc.returncode, out, err, home / "models" / f"side{len(results)}"))
         # each command shut its own Ray down as it exited (Ray's atexit hook): give the last
         # processes a moment to go, then nothing of either Ray is left
         deadline = time.monotonic() + 30
@@ -89,27 +104,35 @@ def _run_together(commands: list[tuple[str, list[str]]], tmp_path: Path) -> list
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _check(results: list[tuple[int, str, Path]]) -> None:
-    for code, out, model_dir in results:
-        assert code == 0, out[-4000:]
-        assert (model_dir / "weights.pt").is_file() and (model_dir / "config.json").is_file(), out[-4000:]
+def _check(results: list[Done]) -> None:
+    for done in results:
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out[-4000:]
+        assert (done.model_dir / "weights.pt").is_file() and (done.model_dir / "config.json").is_file(), out[-4000:]
         for noise in NOISE:
             assert noise not in out, f"{noise!r} in the output:\n{out[-6000:]}"
 
 
 @pytest.mark.slow
-def test_a_train_and_a_tune_command_at_once_each_on_its_own_ray(ray_session, tmp_path):
+def test_a_two_worker_train_and_a_sweep_at_once_each_on_its_own_ray_print_our_lines_plain_into_a_pipe(
+        ray_session, tmp_path):
     """Both through a Train worker group, whose controller starts the PlacementGroupCleaner: a
-    worker-mode train, and a sweep whose trial builds a TorchTrainer (one starts the cleaner as two
-    would).  ray_session: a third Ray on the machine whatever else runs, so that a lookup by
-    scanning fails."""
+    worker-mode train (a group of two, DDP over gloo), and a 2-trial sweep whose trials each build
+    a TorchTrainer.  ray_session: a third Ray on the machine whatever else runs, so that a lookup by
+    scanning fails.  Their lines reach each driver from Ray workers and trial processes: still no
+    ESC byte and no Ray prefix on our lines."""
     start = time.monotonic()
-    _check(_run_together([
-        ("train", [*WORKER_MODE_ARGS, "train.epochs=2", "train.patience=0"]),
+    two, sweep = _run_together([
+        ("train", [*WORKER_MODE_ARGS, "scaling.workers=2", "train.epochs=2", "train.patience=0"]),
         ("tune", [*TUNE_WORKER_MODE_ARGS, "train.epochs=1", "tune.search=grid", "tune.scheduler=none",
-                  "tune.max_concurrent_trials=1", "tune.space={train.lr: [0.001]}"]),
-    ], tmp_path))
+                  "tune.max_concurrent_trials=1", "tune.space={train.lr: [0.01, 0.001]}"]),
+    ], tmp_path)
     print(f"a train and a tune command at once: {time.monotonic() - start:.0f} s")
+    _check([two, sweep])
+    _only_our_lines(two.stdout + two.stderr)
+    assert re.search(r"^workers\s+2\b", two.stdout, re.M), two.stdout[-3000:]  # a group of two, as asked
+    _only_our_lines(sweep.stdout + sweep.stderr, epochs=False)  # a sweep prints a line per trial, not per epoch
+    assert re.search(r"^trial \w+ finished: ", sweep.stdout, re.M), sweep.stdout[-3000:]
 
 
 # What Train's controller logged on this machine when two train commands ran at once beside the
