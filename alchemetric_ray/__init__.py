@@ -1,10 +1,121 @@
-"""alchemetric-ray: train financial deep-learning models on Ray (CUDA, MPS or CPU)."""
+"""alchemetric-ray: train financial deep-learning models on Ray (CUDA, MPS or CPU).
 
-import os as _os
-import sys as _sys
+The stable surface is what ``__all__`` lists: one function per command (each returns a typed result
+that shows itself in a notebook and is saved as ``result.json``) and the project's error classes
+(:class:`UserError` and its subclasses: every error that is the user's to fix, with a one-line
+message).  Everything else in the package is internal and may change.  Importing it loads neither
+torch nor Ray: they load on first use.
 
-# PYTORCH_ENABLE_MPS_FALLBACK is read once when torch loads; remember whether it was set in time.
-MPS_FALLBACK_AT_IMPORT = _os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK")
-TORCH_LOADED_BEFORE_US = "torch" in _sys.modules
+    import alchemetric_ray as ar
+    result = ar.train(ar.load_config(None, "train.epochs=2"), evaluate=True)
+"""
 
-__version__ = "0.1.0"
+from alchemetric_ray.api import (
+    doctor,
+    env,
+    evaluate,
+    features,
+    load_config,
+    load_model,
+    load_result,
+    predict,
+    runs,
+    submit,
+    train,
+    tune,
+)
+from alchemetric_ray.errors import (
+    BusyError,
+    CapacityError,
+    CheckpointError,
+    ConfigError,
+    CrossSectionError,
+    DataError,
+    DeviceError,
+    DiskFullError,
+    DoctorRequired,
+    EvaluationError,
+    FeatureError,
+    GpuPreflightError,
+    Interrupted,
+    JobError,
+    JobFailed,
+    JobTimeout,
+    KnownBugError,
+    ModelDirError,
+    ModelModuleError,
+    NonFiniteLossError,
+    OutputError,
+    PlanError,
+    PrecisionError,
+    RayAddressError,
+    ResultError,
+    ShadowDivergence,
+    ShardError,
+    SignalError,
+    SplitError,
+    StartTimeout,
+    StorageError,
+    TooManySkippedSteps,
+    TrackingError,
+    TrainError,
+    UnknownModelError,
+    UnsafeNameError,
+    UserError,
+)
+from alchemetric_ray.startup import VERSION as __version__  # first: it notes facts read before torch loads
+
+__all__ = [
+    # one function per command
+    "load_config",
+    "features",
+    "train",
+    "tune",
+    "load_model",
+    "predict",
+    "evaluate",
+    "doctor",
+    "env",
+    "submit",
+    "load_result",
+    "runs",
+    # the project's error classes: UserError and its subclasses
+    "UserError",
+    "Interrupted",
+    "CheckpointError",
+    "ModelDirError",
+    "DataError",
+    "ConfigError",
+    "CrossSectionError",
+    "FeatureError",
+    "ShardError",
+    "SplitError",
+    "UnsafeNameError",
+    "DiskFullError",
+    "DeviceError",
+    "KnownBugError",
+    "NonFiniteLossError",
+    "TooManySkippedSteps",
+    "PrecisionError",
+    "DoctorRequired",
+    "UnknownModelError",
+    "ModelModuleError",
+    "OutputError",
+    "StartTimeout",
+    "GpuPreflightError",
+    "CapacityError",
+    "PlanError",
+    "RayAddressError",
+    "EvaluationError",
+    "SignalError",
+    "StorageError",
+    "TrackingError",
+    "ShadowDivergence",
+    "TrainError",
+    "BusyError",
+    "ResultError",
+    "JobError",
+    "JobFailed",
+    "JobTimeout",
+    "__version__",
+]

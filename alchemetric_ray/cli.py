@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import faulthandler
 import json
 import logging
@@ -12,9 +11,7 @@ import re
 import shlex
 import signal
 import sys
-import tempfile
 import typing
-from pathlib import Path
 from typing import Callable, Sequence
 
 from alchemetric_ray import console, interrupts
@@ -27,7 +24,6 @@ from alchemetric_ray.config import (
     sections,
 )
 from alchemetric_ray.errors import Interrupted, UserError
-from alchemetric_ray.scoring.objective import selection_metric
 
 MODEL_NAMES = "{model names}"  # in a help text: the registered models, looked up only when help is printed
 
@@ -65,10 +61,10 @@ def _env_args(p: argparse.ArgumentParser) -> None:
 
 @command("env", "versions, devices, CPU flags, and the device/precision a run would choose", _env_args)
 def _env(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from alchemetric_ray.hardware.report import environment_report, format_report
-    from alchemetric_ray.models import model_spec
+    from alchemetric_ray import api
+    from alchemetric_ray.hardware.report import format_report
 
-    report = environment_report(cfg.device.name, cfg.precision.mode, model_spec(cfg.model), cfg.precision.tf32)
+    report = api.env(cfg)
     print(json.dumps(report.as_dict(), indent=2) if args.json else format_report(report))
     return 2 if report.refused else 0
 
@@ -82,14 +78,11 @@ def _features_args(p: argparse.ArgumentParser) -> None:
 
 @command("features", "market data -> labelled, normalized Parquet feature shards + manifest", _features_args)
 def _features(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from alchemetric_ray.data.shards import build_shards
+    from alchemetric_ray import api
 
-    summary = build_shards(cfg, args.out, progress=not args.quiet)
-    manifest = summary.manifest
-    print(f"wrote {args.out}: {len(manifest.tickers)} tickers, {len(manifest.features)} features, "
-          f"rows train/val/test = {manifest.rows['train']}/{manifest.rows['val']}/{manifest.rows['test']} "
-          f"in {summary.seconds:.1f}s")
-    for line in manifest.notes():
+    shards = api.features(cfg, out=args.out, progress=not args.quiet)
+    print(shards.line().replace(shards.where, args.out, 1))
+    for line in shards.notes:
         print(line)
     return 0
 
@@ -107,56 +100,25 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 @command("train", "train a model with Ray Train and export the best checkpoint", _train_args)
 def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from alchemetric_ray.training.trainer import run_training
+    from alchemetric_ray import api
 
     extra = []
     if args.model_name:
         extra.append(f"model.name={args.model_name}")
     if args.workers is not None:
         extra.append(f"scaling.workers={args.workers}")
-    if args.resume:
-        extra.append("storage.resume=true")
     if extra:
         cfg = cfg.replace(*extra)
-    outcome = run_training(cfg)
-    best = outcome.summary.best
-    stopped = ", stopped early" if outcome.summary.stopped_early else ""
-    config = typing.cast(RunConfig, outcome.config)  # cast: run_training always sets the run's config
-    metric = selection_metric(config)
-    print(f"run {outcome.run_name}: {outcome.summary.epochs_run} epoch(s), best {metric} "
-          f"{best if best is None else round(best, 4)}{stopped} in {outcome.seconds:.0f}s")
-    if outcome.model_dir:
-        print(f"saved model: {outcome.model_dir} (model card: {outcome.model_dir / 'model_card.md'})")
-    if args.evaluate and outcome.model_dir:
-        _evaluate_export(outcome.model_dir, args.data, config, outcome.log)
-    if outcome.tensorboard:
-        print(f"TensorBoard: tensorboard --logdir {outcome.tensorboard}")
-    if outcome.log.run_id:
-        version = f", model version {cfg.storage.name}/{outcome.log.version}" if outcome.log.version else ""
-        print(f"MLflow: run {outcome.log.run_id} in experiment {outcome.log.experiment}{version} "
+    result = api.train(cfg, data=args.data, resume=args.resume, evaluate=args.evaluate)
+    for line in result.lines():
+        print(line)
+    if result.tensorboard:
+        print(f"TensorBoard: tensorboard --logdir {result.tensorboard}")
+    if result.mlflow and result.mlflow.run_id:
+        version = f", model version {cfg.storage.name}/{result.mlflow.version}" if result.mlflow.version else ""
+        print(f"MLflow: run {result.mlflow.run_id} in experiment {result.mlflow.experiment}{version} "
               f"({cfg.tracking.mlflow_uri})")
     return 0
-
-
-def _evaluate_export(model_dir, data: str | None, cfg: RunConfig, log) -> None:
-    """``--evaluate`` after an export: the model on its test segment against the baselines, the report
-    in the model folder, the verdict printed and, with tracking on, logged into the model version's
-    run and tagged on the version."""
-    from alchemetric_ray.signals.evaluate import evaluate
-    from alchemetric_ray.signals.report import verdict_table
-
-    report_dir = model_dir / "evaluation"
-    print(f"evaluating {cfg.model.name} on the held-back test segment against the baselines ...", flush=True)
-    try:
-        result = evaluate(model_dir, data, report_dir, cfg)
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted while evaluating; the model is saved in {model_dir}", resumable=False,
-                          remedy=f"evaluate it with: alchemetric-ray evaluate --model {model_dir} "
-                                 f"--out {report_dir}") from None
-    print(verdict_table(result))
-    print(f"report: {report_dir / 'report.md'} (equity curves: {report_dir / 'equity.png'})")
-    log.log_evaluation(report_dir, result)
-    log.finalize()
 
 
 def _tune_args(p: argparse.ArgumentParser) -> None:
@@ -172,46 +134,34 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
 
 @command("tune", "sweep hyperparameters with Ray Tune (ASHA), report, and export the best trial", _tune_args)
 def _tune(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from alchemetric_ray.sweeps.sweep import run_sweep
+    from alchemetric_ray import api
 
-    if args.resume:
-        cfg = cfg.replace("storage.resume=true")
-    out = run_sweep(cfg)
-    summary = out.summary
-    early = sum(1 for trial in summary.trials if trial.stopped_early)
-    print(f"sweep {out.name}: {summary.num_trials} configurations tried, {early} stopped early; "
-          f"best trial {summary.best_trial_id} (by its best epoch's {summary.metric}, {summary.mode}) "
-          f"{summary.metric} {summary.best_value:.4f} with {summary.best_config}")
-    test = summary.test_metrics or {}
+    result = api.tune(cfg, data=args.data, resume=args.resume, evaluate=args.evaluate)
+    trials = result.trials
+    early = int(trials["stopped_early"].sum()) if len(trials) else 0
+    best = result.best
+    print(f"sweep {result.name}: {len(trials)} configurations tried, {early} stopped early; "
+          f"best trial {best['trial_id']} (by its best epoch's {result.metric}, {result.mode}) "
+          f"{result.metric} {best['value']:.4f} with {best['config']}")
+    test = result.test_metrics or {}
     # the chosen trial's target decides what its test split reports (classes, or a cross-sectional score)
     scored = [(name, test[name]) for name in ("balanced_accuracy", "rank_ic", "ic") if name in test]
     if scored:
         print("best trial on the test split (a look, recorded in the model folder): "
               + ", ".join(f"{name.replace('_', ' ')} {value:.4f}" for name, value in scored))
-    elif out.model_dir and not args.evaluate:
+    elif result.model_dir and not args.evaluate:
         print("test segment sealed: not scored (tune --evaluate, or alchemetric-ray evaluate, scores it; "
               "each look is recorded)")
-    if out.model_dir:
-        print(f"saved model: {out.model_dir}")
-    if out.report:
-        print(f"report: {out.report}")
-    if args.evaluate and out.model_dir:
-        saved = load_model_config(out.model_dir).replace(f"device.name={cfg.device.name}")
-        _evaluate_export(out.model_dir, args.data, saved, out.log)
-    print(f"TensorBoard: tensorboard --logdir {out.path}")
-    if out.log.version:
-        print(f"MLflow: model version {out.log.model_name}/{out.log.version} (run {out.log.run_id}, the "
-              f"exported trial's) in experiment {out.log.experiment} ({cfg.tracking.mlflow_uri})")
+    if result.model_dir:
+        print(f"saved model: {result.model_dir}")
+    if result.report:
+        print(f"report: {result.report}")
+    print(f"TensorBoard: tensorboard --logdir {result.path}")
+    if result.mlflow and result.mlflow.version:
+        print(f"MLflow: model version {result.mlflow.model_name}/{result.mlflow.version} (run "
+              f"{result.mlflow.run_id}, the exported trial's) in experiment {result.mlflow.experiment} "
+              f"({cfg.tracking.mlflow_uri})")
     return 0
-
-
-def load_model_config(model_dir) -> RunConfig:
-    """A saved model's config, read from its folder's config file alone: the weights are loaded once,
-    by the command that scores with them."""
-    from alchemetric_ray.artifacts.export import CONFIG
-    from alchemetric_ray.storage import locate
-
-    return RunConfig.from_dict(json.loads((locate(model_dir) / CONFIG).read_text()))
 
 
 def _predict_args(p: argparse.ArgumentParser) -> None:
@@ -222,28 +172,13 @@ def _predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="signals Parquet file to write")
 
 
-def _model_config(args: argparse.Namespace, loaded) -> RunConfig:
-    """The saved model's own config (``loaded``: the model this command loaded), with this command's
-    overrides (signals, device) on top.  The device is this command's (``--device``, else auto), never
-    the training run's request: a model trained with ``--device cpu`` on a laptop scores on the GPUs of
-    the cluster it is submitted to."""
-    from alchemetric_ray.data.manifest import reconcile_features, with_shard_features
-
-    saved = with_shard_features(loaded.config, loaded.manifest)
-    # a features.* override the model was not trained with is refused, naming both values
-    return reconcile_features(saved.replace(f"device.name={args.device or 'auto'}", *args.overrides),
-                              loaded.manifest, args.model_dir, model=True)
-
-
 @command("predict", "score new OHLCV data with a saved model (Ray Data batch inference) -> signals.parquet",
          _predict_args)
 def _predict(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from alchemetric_ray.artifacts.export import load_model
-    from alchemetric_ray.signals.predict import predict
+    from alchemetric_ray import api
 
-    _download_registered(args, cfg)
-    loaded = load_model(args.model_dir)  # the command's one load: predict scores with it
-    frame = predict(loaded, args.data, args.out, _model_config(args, loaded))
+    with _model(args, cfg) as model:  # the command's one load: predict scores with it
+        frame = api.predict(model, args.data, out=args.out, overrides=_scoring_overrides(args))
     longs, shorts = int((frame["position"] > 0).sum()), int((frame["position"] < 0).sum())
     print(f"wrote {args.out}: {len(frame)} signals for {frame['ticker'].nunique()} tickers, "
           f"{frame['date'].min().date()}..{frame['date'].max().date()}; {longs} long, {shorts} short; "
@@ -251,17 +186,39 @@ def _predict(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
-def _download_registered(args: argparse.Namespace, cfg: RunConfig) -> str | None:
-    """A ``--model models:/...`` downloaded from the registry, then loaded as any model folder; the URI, or None."""
-    uri = args.model_dir
-    if not uri.startswith("models:/"):
-        return None
-    from alchemetric_ray.tracking.mlflow_runs import download_model
+def _model(args: argparse.Namespace, cfg: RunConfig):
+    """``--model``: a folder, ``s3://...`` or ``models:/...`` (downloaded for this command only), loaded once."""
+    from alchemetric_ray import api
 
-    # a copy for this command only, removed when it ends (_run)
-    scratch = args.scratch.enter_context(tempfile.TemporaryDirectory(prefix="alchemetric-registry-"))
-    args.model_dir = str(download_model(uri, cfg, scratch))
-    return uri
+    return api.load_model(args.model_dir, cfg)
+
+
+def _scoring_overrides(args: argparse.Namespace) -> list[str]:
+    """What this command sets over the saved model's own config: the device (``--device``, else auto,
+    never the training run's request) and the command's overrides."""
+    return [f"device.name={args.device or 'auto'}", *args.overrides]
+
+
+def _evaluation_lines(record: dict) -> list[str]:
+    """``evaluate``'s summary from its record (evaluation.json): the window of new data, the baselines'
+    note, the verdict and the pooled walk-forward's."""
+    lines = []
+    if record.get("data"):
+        window = record["data"]["window"]
+        lines.append(f"scored window {window['start']}..{window['end']}: {window['days']} days, {window['names']} "
+                     f"names (from the model's test-segment start {window['model_test_start']} to the data's last "
+                     "labelled date)")
+    if record.get("baselines_note"):
+        lines.append(f"baselines: {record['baselines_note']}")
+    lines.append(record["verdict"]["line"])
+    wf = record.get("walk_forward") or {}
+    if "pooled" in wf:
+        pooled = wf["pooled"]
+        seg, days = pooled["segment"], pooled["rows"][0]["rank_ic"]["n_days"]
+        lines.append(f"walk-forward, pooled out of sample {seg['start']}..{seg['end']} ({days} days, "
+                     f"{wf['refits']} refits every {wf['refit_every']} days, {wf['seconds']:.0f} s): "
+                     f"{pooled['verdict']['line']}")
+    return lines
 
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
@@ -279,38 +236,17 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
 
 @command("evaluate", "the model vs baselines on its test segment: IC, long-short, Sharpe, verdict", _evaluate_args)
 def _evaluate(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from alchemetric_ray.artifacts.export import load_model
-    from alchemetric_ray.signals.evaluate import evaluate
-    from alchemetric_ray.signals.walk_forward import PooledWalkForward
+    from alchemetric_ray import api
 
-    registered = _download_registered(args, cfg)
-    loaded = load_model(args.model_dir)  # the command's one load: every step of the evaluation uses it
-    result = evaluate(loaded, args.data, args.out, _model_config(args, loaded), pooled=args.walk_forward)
-    if result.data:
-        window = result.data.window
-        print(f"scored window {window.start}..{window.end}: {window.days} days, {window.names} names "
-              f"(from the model's test-segment start {window.model_test_start} to the data's last labelled date)")
-    if result.baselines_note:
-        print(f"baselines: {result.baselines_note}")
-    print(result.verdict.line)
-    wf = result.walk_forward
-    if isinstance(wf, PooledWalkForward):
-        seg, days = wf.pooled.segment, wf.pooled.deep_model.rank_ic.n_days
-        print(f"walk-forward, pooled out of sample {seg.start}..{seg.end} ({days} days, "
-              f"{wf.refits} refits every {wf.refit_every} days, {wf.seconds:.0f} s): "
-              f"{wf.pooled.verdict.line}")
+    with _model(args, cfg) as model:  # the command's one load: every step of the evaluation uses it
+        result = api.evaluate(model, args.data, out=args.out, walk_forward=args.walk_forward,
+                              overrides=_scoring_overrides(args), cfg=cfg)
+    for line in _evaluation_lines(result.as_dict()):
+        print(line)
     print(f"report: {args.out}/report.md")
-    if registered:
-        from alchemetric_ray.storage import locate
-        from alchemetric_ray.tracking.mlflow_runs import registered_version
-
-        tracker = registered_version(registered, cfg)
-        tracker.log_evaluation(locate(args.out), result)
-        # this look at the test segment goes back beside the version's model: the next download counts it
-        tracker.log_artifacts(Path(args.model_dir) / "looks", "model/looks")
-        if tracker.finalize() is None:
-            print(f"MLflow: evaluation logged into run {tracker.run_id}; model version "
-                  f"{tracker.model_name}/{tracker.version} tagged with its verdict")
+    if result.mlflow:
+        print(f"MLflow: evaluation logged into run {result.mlflow.run_id}; model version "
+              f"{result.mlflow.model_name}/{result.mlflow.version} tagged with its verdict")
     return 0
 
 
@@ -323,10 +259,10 @@ def _doctor_args(p: argparse.ArgumentParser) -> None:
 @command("doctor", "verify a model on each device/precision here and recommend one (exit 0 if it passes)",
          _doctor_args)
 def _doctor(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from alchemetric_ray import api
     from alchemetric_ray.checks.report import format_report
-    from alchemetric_ray.checks.run import run_doctor
 
-    report = run_doctor(cfg, device=args.device, model_dir=args.model_dir, quick=args.quick)
+    report = api.doctor(cfg, device=args.device, model=args.model_dir, quick=args.quick)
     print(json.dumps(report.as_dict(), indent=2, default=str) if args.json else format_report(report))
     return report.verdict.exit_code
 
@@ -422,9 +358,8 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     _, _, fn = COMMANDS[args.command]
     try:
-        with contextlib.ExitStack() as args.scratch:  # what a command makes for itself only (a registry download)
-            cfg = config_from_args(args)
-            return fn(args, cfg)
+        cfg = config_from_args(args)
+        return fn(args, cfg)
     except Interrupted as exc:  # Ctrl-C (or SIGTERM, SIGHUP), after the run kept what it finished
         hint = f"; continue with: alchemetric-ray {shlex.join([*argv, *([] if '--resume' in argv else ['--resume'])])}"
         print(f"{_by_signal(str(exc))}{hint if exc.resumable else '; ' + exc.remedy}", file=sys.stderr, flush=True)

@@ -140,3 +140,23 @@ class ShadowDivergence(UserError, RuntimeError):
 
 class TrainError(UserError, RuntimeError):
     pass
+
+
+class BusyError(UserError, RuntimeError):
+    """A second API call while one runs in this process (another thread)."""
+
+
+class ResultError(UserError, ValueError):
+    """A saved result that cannot be read: one line naming the file and what is wrong."""
+
+
+class JobError(UserError, RuntimeError):
+    """A submitted job that cannot be followed, or a request Ray's job server refused (one line)."""
+
+
+class JobFailed(JobError):
+    """The job ended FAILED: the message names it and carries the job's last error line."""
+
+
+class JobTimeout(JobError, TimeoutError):
+    """``Job.wait(timeout=...)`` ran out before the job ended (the message names the job)."""

@@ -21,7 +21,7 @@ ROOT = PACKAGE.name
 # of a higher one.  Names are the package's top-level modules and sub-packages.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # plain helpers: no Ray, no torch models, no devices
-    ("errors", "config", "config_reference", "fsutil", "storage", "outputs", "console", "interrupts"),
+    ("startup", "errors", "config", "config_reference", "fsutil", "storage", "outputs", "console", "interrupts"),
     ("hardware",),  # the only package that knows device kinds
     ("bars",),  # market data in: files, the packaged prices, the sample and synthetic markets
     ("data",),  # bars -> features -> shards -> Ray Data
@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tracking",),  # where a run is logged: MLflow and its registry, TensorBoard
     ("training",),  # the run itself: the TorchTrainer, the per-worker loop, its runtime, losses and checks
     ("sweeps", "signals", "checks"),  # what is built on training: sweeps, predictions, backend checks
+    ("api",),  # the public calls: one per command, typed results, the process guard
     ("cli",),  # the commands
 )
 
@@ -120,7 +121,7 @@ def unit(module: str) -> str:
 def layer_of(module: str) -> int | None:
     name = unit(module)
     if name == ROOT:
-        return 0  # the package's own __init__: a version string and two flags
+        return len(LAYERS)  # the package's own __init__: the public surface, above everything it exports
     return next((k for k, names in enumerate(LAYERS) if name in names), None)
 
 

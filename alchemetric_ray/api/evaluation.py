@@ -30,7 +30,7 @@ from alchemetric_ray.errors import EvaluationError
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from alchemetric_ray.api.results import Tracking
+    from alchemetric_ray.api.parts import Tracking
     from alchemetric_ray.signals.records import Evaluation as EvaluationRecord
     from alchemetric_ray.storage import Location
 
@@ -223,7 +223,7 @@ class Evaluation:
         tracked = record.pop("mlflow", None)
         mlflow = None
         if tracked:
-            from alchemetric_ray.api.results import Tracking
+            from alchemetric_ray.api.parts import Tracking
 
             mlflow = Tracking(**tracked)
         return cls(record, folder, live=live, mlflow=mlflow)

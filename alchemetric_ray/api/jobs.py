@@ -45,7 +45,16 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from urllib.parse import urlsplit
 
 from alchemetric_ray import console
-from alchemetric_ray.errors import DataError, RayAddressError, ResultError, StorageError, UserError
+from alchemetric_ray.errors import (
+    DataError,
+    JobError,
+    JobFailed,
+    JobTimeout,
+    RayAddressError,
+    ResultError,
+    StorageError,
+    UserError,
+)
 
 if TYPE_CHECKING:
     from alchemetric_ray.config import RunConfig
@@ -63,16 +72,7 @@ CLIENT_LOGGERS = ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.
 META = "alchemetric"  # the job's metadata key: {"command", "run", "result"} as JSON
 
 
-class JobError(UserError, RuntimeError):
-    """A submitted job that cannot be followed, or a request Ray's job server refused (one line)."""
 
-
-class JobFailed(JobError):
-    """The job ended FAILED: the message names it and carries the job's last error line."""
-
-
-class JobTimeout(JobError, TimeoutError):
-    """``Job.wait(timeout=...)`` ran out before the job ended (the message names the job)."""
 
 
 # ---- the job ---------------------------------------------------------------------------------
@@ -328,7 +328,6 @@ def submit(command: str, cfg: RunConfig | None = None, *, address: str, data: An
     ``args``: the command's own flags (``["--evaluate"]``, ``["--model", "s3://..."]``); ``--out``
     defaults to the run's folder (``storage.path/<run>``, for predict its ``signals.parquet``).
     The package must be installed on the cluster, unless ``py_modules=True`` sends this one."""
-    from alchemetric_ray.cli import COMMANDS
     from alchemetric_ray.config import RunConfig
 
     if command not in COMMANDS:
@@ -362,6 +361,7 @@ class _Plan:
         self.cfg, self.run, self.args, self.result_at = cfg, run, args, result_at
 
 
+COMMANDS = ("env", "features", "train", "tune", "predict", "evaluate", "doctor")  # cli.py's (tests/test_api.py)
 RESULT_COMMANDS = ("features", "train", "tune", "predict", "evaluate")  # the commands that save a result
 OUT_COMMANDS = ("features", "predict", "evaluate")  # the commands with a required --out
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-import alchemetric_ray
+from alchemetric_ray import startup
 from alchemetric_ray.errors import PrecisionError
 from alchemetric_ray.hardware import device as dev
 from alchemetric_ray.hardware import inventory
@@ -199,14 +199,14 @@ def environment_report(device_name: str = "auto", precision_mode: str = "auto", 
     cuda, cpu = _cuda(), _cpu()
     macos = inventory.macos_version()
     fallback = MpsFallback(os.environ.get(inventory.MPS_FALLBACK_VAR),
-                           alchemetric_ray.MPS_FALLBACK_AT_IMPORT is not None
-                           and not alchemetric_ray.TORCH_LOADED_BEFORE_US)
+                           startup.MPS_FALLBACK_AT_IMPORT is not None
+                           and not startup.TORCH_LOADED_BEFORE_US)
     known = applicable_bugs()
     device, precision = _decisions(device_name, precision_mode, model, tf32)
     return EnvironmentReport(
         python=sys.version.split()[0], platform=platform.platform(),
         macos=".".join(map(str, macos)) if macos else None, torch=torch.__version__, ray=ray_version,
-        alchemetric_ray=alchemetric_ray.__version__, cuda=cuda,
+        alchemetric_ray=startup.VERSION, cuda=cuda,
         mps=MpsReport(dev.mps_built(), dev.mps_available()), xpu=XpuReport(dev.xpu_available()), cpu=cpu,
         mps_fallback=fallback, known_bugs=known, device=device, precision=precision)
 

@@ -38,6 +38,8 @@ _written_start_timeouts: set[str] = set()  # values of START_TIMEOUT_ENV this pr
 # which fails with "Found multiple active Ray instances" wherever several Rays run). A URL: an
 # address without "://" would be taken for a GCS address.
 API_SERVER_ENV = "RAY_API_SERVER_ADDRESS"
+# what a local Ray of ours sets in this process for as long as it lives (the API puts it back around each call)
+SESSION_ENV = (API_SERVER_ENV, START_TIMEOUT_ENV, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
 _written_api_servers: set[str] = set()  # values of API_SERVER_ENV this process set itself
 
 
@@ -62,8 +64,9 @@ def ensure_ray(cfg: RunConfig) -> None:
     """Join the cluster this process runs in (``ray job submit`` sets RAY_ADDRESS), else start a local Ray."""
     import ray
 
-    if ray.is_initialized():  # started by the caller: our workers' lines are still printed plain
-        console.filter_forwarded_lines()
+    if ray.is_initialized():  # started by the caller (a notebook's ray.init()): quiet as our own, lines plain
+        console.quiet_ray_logger()
+        console.quiet_driver()
         return
     if os.environ.get(API_SERVER_ENV) in _written_api_servers:  # an earlier local Ray of ours, gone now
         del os.environ[API_SERVER_ENV]

@@ -1,0 +1,180 @@
+"""The public calls: one function per command, each doing all that the command does around the
+library call (the registry download, the scoring device, ``--evaluate`` and its MLflow logging, the
+saved ``result.json``), so that a script and the command line leave the same files, runs and
+versions.  The command line (``cli.py``) parses, calls one of these and prints the result's lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from alchemetric_ray.api.guard import api_call
+from alchemetric_ray.api.inputs import Overrides, data_path, override_strings
+from alchemetric_ray.api.model import Model, as_model, evaluate_with, predict_with
+from alchemetric_ray.api.results import Shards, SweepResult, TrainResult
+from alchemetric_ray.api.saving import save_result
+from alchemetric_ray.config import RunConfig
+from alchemetric_ray.config import load_config as _load_config
+from alchemetric_ray.errors import Interrupted
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from alchemetric_ray.api.evaluation import Evaluation
+
+
+
+def load_config(path: str | Path | None = None, *overrides: str | Mapping[str, Any]) -> RunConfig:
+    """The run config: the defaults, then the YAML file ``path`` (if any), then the overrides, each a
+    ``"section.key=value"`` string (as on the command line) or a dict (``{"train.lr": 1e-3}`` or
+    ``{"train": {"lr": 1e-3}}``); validated, a wrong key or value raises :class:`ConfigError`."""
+    strings: list[str] = []
+    for item in overrides:
+        strings += override_strings(item) if isinstance(item, Mapping) else [item]
+    return _load_config(path, strings)
+
+
+def _config(cfg: RunConfig | None, data: Any, scratch: contextlib.ExitStack, *extra: str) -> RunConfig:
+    cfg = cfg or _load_config()
+    flags = [*data_overrides(data, scratch), *extra]
+    return cfg.replace(*flags) if flags else cfg
+
+
+def data_overrides(data: Any, scratch: contextlib.ExitStack) -> list[str]:
+    """``data``: None (the config's source), a path or URI (as ``--data``), or a pandas DataFrame of bars,
+    written to a Parquet file that ingest validates as any file (removed after the call)."""
+    path = data_path(data, scratch)
+    return [f"data.path={path}", "data.source=files"] if path else []
+
+
+@contextlib.contextmanager
+def _call(name: str) -> Iterator[contextlib.ExitStack]:
+    with api_call(name), contextlib.ExitStack() as scratch:
+        yield scratch
+
+
+def features(cfg: RunConfig | None = None, *, data: Any = None, out: str | Path,
+             progress: bool | None = None) -> Shards:
+    """Market data -> labelled, normalized Parquet feature shards and their manifest in ``out``."""
+    from alchemetric_ray import console
+    from alchemetric_ray.data.shards import build_shards
+
+    with _call("features") as scratch:
+        cfg = _config(cfg, data, scratch)
+        summary = build_shards(cfg, out, progress=console.is_tty() if progress is None else progress)
+        result = Shards.of(summary)
+        save_result(summary.out, result)
+        return result
+
+
+def train(cfg: RunConfig | None = None, *, data: Any = None, resume: bool = False,
+          evaluate: bool = False) -> TrainResult:
+    """Train with Ray Train, export the best checkpoint and (``evaluate``) score the saved model on its
+    test segment against the baselines; the run's ``result.json`` is written last."""
+    from alchemetric_ray.training.trainer import run_training
+
+    with _call("train") as scratch:
+        cfg = _config(cfg, data, scratch, *(["storage.resume=true"] if resume else []))
+        outcome = run_training(cfg)
+        result = TrainResult.of(outcome, cfg)
+        if evaluate and outcome.model_dir:
+            model = Model.load(str(outcome.model_dir))
+            result._model = model
+            result.evaluation = _evaluate_export(model, data_path(data, scratch), outcome.config or cfg, outcome.log)
+        save_result(outcome.run_path, result)
+        return result
+
+
+def tune(cfg: RunConfig | None = None, *, data: Any = None, resume: bool = False,
+         evaluate: bool = False) -> SweepResult:
+    """Sweep hyperparameters with Ray Tune, report, export the best trial and (``evaluate``) score it on
+    its test segment; the sweep's ``result.json`` is written last."""
+    from alchemetric_ray.sweeps.sweep import run_sweep
+
+    with _call("tune") as scratch:
+        cfg = _config(cfg, data, scratch, *(["storage.resume=true"] if resume else []))
+        outcome = run_sweep(cfg)
+        result = SweepResult.of(outcome, cfg)
+        if evaluate and outcome.model_dir:
+            model = Model.load(str(outcome.model_dir))
+            result._model = model
+            saved = model.config.replace(f"device.name={cfg.device.name}")
+            result.evaluation = _evaluate_export(model, data_path(data, scratch), saved, outcome.log)
+        save_result(outcome.path, result)
+        return result
+
+
+def _evaluate_export(model: Model, data: str | None, cfg: RunConfig, log) -> Evaluation:
+    """``evaluate=True`` after an export: the model on its test segment against the baselines, the report
+    in the model folder, the verdict printed and, with tracking on, logged into the model version's run."""
+    from alchemetric_ray.api.evaluation import Evaluation
+    from alchemetric_ray.signals.evaluate import evaluate as run_evaluation
+    from alchemetric_ray.signals.report import verdict_table
+
+    report_dir = Path(model.path) / "evaluation"
+    print(f"evaluating {cfg.model.name} on the held-back test segment against the baselines ...", flush=True)
+    try:
+        record = run_evaluation(model.loaded, data, report_dir, cfg)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while evaluating; the model is saved in {model.path}", resumable=False,
+                          remedy=f"evaluate it with: alchemetric-ray evaluate --model {model.path} "
+                                 f"--out {report_dir}") from None
+    print(verdict_table(record))
+    print(f"report: {report_dir / 'report.md'} (equity curves: {report_dir / 'equity.png'})")
+    log.log_evaluation(report_dir, record)
+    log.finalize()
+    return Evaluation.from_record(record.as_dict(), report_dir, live=record)
+
+
+def predict(model: Any, data: Any = None, *, out: str | Path | None = None, overrides: Overrides = (),
+            cfg: RunConfig | None = None) -> pd.DataFrame:
+    """Score bars with a saved model (``model``: a :class:`Model` or anything :func:`load_model` takes):
+    a DataFrame of signals, also written to ``out`` (a Parquet file) when given.  ``overrides``: the
+    scoring settings (``signals.*``, ``device.name``) over the model's own; ``cfg``: where the registry is
+    (``tracking.mlflow_uri``) for a ``models:/`` URI."""
+    with api_call("predict"):
+        return predict_with(as_model(model, cfg), data, out=out, overrides=overrides)
+
+
+def evaluate(model: Any, data: Any = None, *, out: str | Path | None = None, walk_forward: bool = False,
+             overrides: Overrides = (), cfg: RunConfig | None = None) -> Evaluation:
+    """The model against the baselines on its test segment (or on ``data``'s window): rank IC with its
+    interval, the long-short book, the verdict; ``walk_forward`` adds the pooled walk-forward.  The
+    report goes to ``out`` (default: the model folder's ``evaluation/``); a registered model's version
+    gets the verdict as tags (the registry: ``cfg.tracking.mlflow_uri``)."""
+    with api_call("evaluate"):
+        return evaluate_with(as_model(model, cfg), data, out=out, walk_forward=walk_forward, overrides=overrides,
+                             cfg=cfg)
+
+
+def load_model(where: str | Path | Model, cfg: RunConfig | None = None) -> Model:
+    """A saved model: a folder, ``s3://...``, ``models:/NAME/VERSION`` or ``models:/NAME@alias`` (from
+    the registry at ``cfg.tracking.mlflow_uri``)."""
+    if isinstance(where, Model):
+        return where
+    with api_call("load_model"):
+        return Model.load(where, cfg)
+
+
+def doctor(cfg: RunConfig | None = None, *, device: str | None = None, model: str | Path | None = None,
+           quick: bool = False):
+    """Verify the model on each device and precision here (operator coverage, CPU parity, mixed
+    precision, speed) and recommend one: a ``DoctorReport`` (``.verdict.exit_code`` 0 when it passes)."""
+    from alchemetric_ray.checks.run import run_doctor
+
+    with api_call("doctor"):
+        return run_doctor(cfg or _load_config(), device=device, model_dir=None if model is None else str(model),
+                          quick=quick)
+
+
+def env(cfg: RunConfig | None = None):
+    """Versions, devices, CPU flags, and the device and precision a run would choose here."""
+    from alchemetric_ray.hardware.report import environment_report
+    from alchemetric_ray.models import model_spec
+
+    with api_call("env"):
+        cfg = cfg or _load_config()
+        return environment_report(cfg.device.name, cfg.precision.mode, model_spec(cfg.model), cfg.precision.tf32)
