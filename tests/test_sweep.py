@@ -3,6 +3,8 @@ and a sweep whose driver was killed resumes without re-running finished trials."
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -195,63 +197,182 @@ def test_trial_loop_trainer_gives_each_trial_a_torch_trainer_run(ray_session, sh
     assert all("test" not in b for b in metrics["baselines"].values())
 
 
+# ---- one sweep stopped three ways, resumed after each ------------------------------------------------
+
+
+CLI = [sys.executable, "-m", "alchemetric_ray.cli"]
+
+
+def _shell_env(**extra: str) -> dict[str, str]:
+    """A user's shell: no cluster to join (each command starts its own local Ray)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"))}
+    return {**env, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **extra}
+
+
+def _start(cwd: Path, argv: list[str], *, quiet: bool = False, **env: str) -> subprocess.Popen:
+    """The command line in a session of its own (every Ray process it starts stays in it)."""
+    out = subprocess.DEVNULL if quiet else subprocess.PIPE
+    return subprocess.Popen([*CLI, *argv], cwd=cwd, env=_shell_env(**env), stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=out, text=True, start_new_session=True)
+
+
+def _left(sid: int) -> list[int]:
+    """The processes of session ``sid`` still alive, given up to 10 s to end."""
+    from test_no_loss import _session_processes
+
+    left = _session_processes(sid)
+    for _ in range(20):
+        if not left:
+            break
+        time.sleep(0.5)
+        left = _session_processes(sid)
+    return left
+
+
+def _stop_on_line(proc: subprocess.Popen, pattern: str, sig: int, *, group: bool):
+    """Read the command's stdout until a line matches ``pattern``, send ``sig`` (to its process group, as
+    a terminal's Ctrl-C does, or to the process, as a scheduler does) and return (exit code, stdout,
+    stderr, the run's processes besides the command when it was signalled, those left 10 s after)."""
+    from test_no_loss import _session_processes
+
+    seen, during, deadline = [], None, time.monotonic() + 600
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if re.search(pattern, line):
+                during = len(_session_processes(proc.pid)) - 1
+                (os.killpg if group else os.kill)(proc.pid, sig)
+                break
+            assert time.monotonic() < deadline, "".join(seen)[-3000:]
+        out, err = proc.communicate(timeout=300)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    out = "".join(seen) + out
+    assert during is not None, (out[-3000:], err[-3000:])  # the line came while the sweep ran
+    return proc.returncode, out, err, during, _left(proc.pid)
+
+
+def _resume_argv(err: str) -> list[str]:
+    """The one line a stop ends with, and the argv of the command it names (the same, with `--resume`)."""
+    lines = [ln for ln in err.splitlines() if ln.startswith("interrupted ")]
+    assert len(lines) == 1, err[-3000:]
+    argv = shlex.split(lines[0].split("; continue with: ", 1)[1])
+    assert argv[0] == "alchemetric-ray" and argv[-1] == "--resume", argv
+    return argv[1:]
+
+
+def _finished_trials(sweep_dir: Path) -> dict[str, list[str]]:
+    """The trials whose last (second) epoch's checkpoint is complete, with the checkpoints each keeps."""
+    done = [p.parent for p in sweep_dir.glob("*/checkpoint_000001") if (p / "meta.json").is_file()]
+    return {run.name: sorted(p.name for p in run.glob("checkpoint_*")) for run in done}
+
+
 @pytest.mark.slow
-def test_a_sweep_over_label_kinds_resumes_after_the_driver_is_killed(ray_session, tmp_path):
-    """Issue 18's space, in a sweep that outlives its driver.  The label kind varies across trials (a
-    class target and a cross-sectional one), so each label gets its own shards from the same bars,
-    each trial reads its own, and the trials are ranked by val_rank_ic, which every target reports
-    (train.metric=auto).  The driver is killed once the first trial has finished; `tune` run again
-    resumes: the finished trial is kept as it was, the other one runs, none trains its epochs twice."""
+def test_one_sweep_over_label_kinds_stopped_three_ways_keeps_its_state_and_each_resume_continues(tmp_path):
+    """One `tune` over issue 18's space, stopped as a user and a scheduler stop it and resumed each time:
+    a Ctrl-C to its process group (a terminal's) once a trial has finished, a SIGTERM to the resumed
+    process once another has (exit 143, one line, no Ray process left), then the resumed driver killed
+    with its Ray (SIGKILL: nothing saved but what Tune saved as it went); the same command run again
+    (storage.run named) resumes and runs to the end.  Each stop prints no summary and exports
+    nothing; each resume keeps the finished trials as they were and none trains its epochs twice.  The
+    label kind varies across trials (a class target and a cross-sectional one), so each label gets its
+    own shards from the same bars, each trial reads its own, and the trials are ranked by val_rank_ic,
+    which every target reports (train.metric=auto)."""
     from alchemetric_ray.data.manifest import Manifest
 
-    args = ["data.source=synthetic", "data.synthetic_tickers=12", "data.synthetic_days=260",
+    # an LSTM on small batches: trials of a few seconds, long enough for a signal to land in the next
+    argv = ["tune", "--device", "cpu", "data.source=synthetic", "data.synthetic_tickers=12", "data.synthetic_days=260",
             f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}", "storage.name=kinds",
-            "storage.run=sweep-killed", "model.hidden=16", "train.epochs=2", "tune.search=grid", "tune.scheduler=none",
-            "tune.max_concurrent_trials=1", "tune.space={features.label: [three_class, cs_rank]}",
-            "device.name=cpu"]  # a joined cluster (RAY_ADDRESS) whose node types are unknown: auto is refused
-    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address, "TUNE_GLOBAL_CHECKPOINT_S": "1",
-           "PYTHONPATH": str(REPO)}
-    cli = [sys.executable, "-m", "alchemetric_ray.cli", "tune", *args]
-    driver = subprocess.Popen(cli, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    sweep_dir = tmp_path / "results" / "sweep-killed"
+            "model.name=lstm", "model.hidden=16", "features.window=8", "train.batch_size=16", "train.epochs=2",
+            "tune.search=grid", "tune.scheduler=none", "tune.max_concurrent_trials=1",
+            "tune.space={features.label: [three_class, cs_rank], train.lr: [0.01, 0.003]}"]
+    total, kept = 4, {}  # kept: each finished trial's checkpoints, as they were when it had finished
+
+    def stopped(code: int, sig: int, out: str, err: str, during: int, left: list[int]) -> None:
+        assert code == 128 + sig, (code, out[-2000:], err[-3000:])
+        assert "Traceback" not in err + out and "SIGTERM received" not in err and "logging.cc" not in err, err[-3000:]
+        assert during >= 1 and left == [], (during, left)  # the sweep's Ray started, and every process of it ended
+        assert "configurations tried" not in out, out[-3000:]  # no summary of a partial sweep
+        assert not (tmp_path / "models").exists()  # and no export
+        assert not list(tmp_path.rglob(".*.tmp-*"))  # nothing half-written beside an output
+
+    # 1. Ctrl-C to the process group once the first trial has finished: the sweep's state saved
+    code, out, err, during, left = _stop_on_line(_start(tmp_path, argv), r"^trial \S+ finished: ", signal.SIGINT,
+                                                 group=True)
+    stopped(code, signal.SIGINT, out, err, during, left)
+    line = [ln for ln in err.splitlines() if ln.startswith("interrupted after ")]
+    assert len(line) == 1, err[-3000:]
+    found = re.search(rf"^interrupted after ([12]) of {total} trial\(s\) finished \(sweep (sweep-kinds-\S+), its "
+                      r"state saved\); continue with: alchemetric-ray tune ", line[0])
+    assert found, line
+    name, sweep_dir = found.group(2), tmp_path / "results" / found.group(2)
+    kept.update(_finished_trials(sweep_dir))
+    assert len(kept) >= int(found.group(1)), kept
+
+    # 2. its resume (`--resume`: the latest sweep of this name), stopped by SIGTERM once another trial has
+    # finished: exit 143 and one line on stderr, nothing else
+    code, out, err, during, left = _stop_on_line(_start(tmp_path, _resume_argv(err)), r"^trial \S+ finished: ",
+                                                 signal.SIGTERM, group=False)
+    stopped(code, signal.SIGTERM, out, err, during, left)
+    assert f"resuming sweep {name}: finished trials are kept" in out, out[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "interrupted by SIGTERM" in lines[0], err[-3000:]
+    assert "; continue with: alchemetric-ray " in lines[0], lines
+    found = re.search(rf"^interrupted by SIGTERM after (\d) of {total} trial\(s\) finished \(sweep {name}, its state "
+                      r"saved\)", lines[0])
+    assert found and len(kept) < int(found.group(1)) < total, (lines, kept)
+    assert all(_finished_trials(sweep_dir)[trial] == ckpts for trial, ckpts in kept.items())
+    kept = _finished_trials(sweep_dir)
+
+    # 3. that resume's driver killed, with its Ray, once one more trial's last checkpoint is on disk
+    # (Tune saves its state every second here; SIGKILL leaves it no chance to save at the stop)
+    driver = _start(tmp_path, _resume_argv(err), quiet=True, TUNE_GLOBAL_CHECKPOINT_S="1")
     deadline = time.monotonic() + 600
-    finished = []
     try:
-        while time.monotonic() < deadline and not finished:
-            # the second epoch's checkpoint, which Tune keeps in the trial's own folder
-            finished = [p for p in sweep_dir.glob("*/checkpoint_000001") if (p / "meta.json").is_file()]
+        while time.monotonic() < deadline and len(_finished_trials(sweep_dir)) <= len(kept):
             time.sleep(1)
-        assert finished, "no trial finished within 10 minutes"
+        assert len(_finished_trials(sweep_dir)) > len(kept), "no trial finished within 10 minutes"
         time.sleep(4)  # let Tune record the finished trial in its experiment state
+        assert driver.poll() is None, driver.returncode  # killed before the sweep's end
     finally:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
-    done_run = finished[0].parent
-    before = sorted(p.name for p in done_run.glob("checkpoint_*"))
+    for pid in _left(driver.pid):  # what the kill did not reach (a process of its own group)
+        os.kill(pid, signal.SIGKILL)
+    assert all(_finished_trials(sweep_dir)[trial] == ckpts for trial, ckpts in kept.items())
+    kept = _finished_trials(sweep_dir)
+    assert len(kept) < total and not (tmp_path / "models").exists()
 
-    out = subprocess.run([*cli, "--evaluate"], env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "resuming sweep sweep-killed" in out.stdout
+    # 4. the same command run again (storage.run named: no --resume) resumes, runs to the end and exports
+    done = subprocess.run([*CLI, *argv, f"storage.run={name}", "--evaluate"], cwd=tmp_path, env=_shell_env(),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming sweep {name}" in done.stdout, done.stdout[-3000:]
+    summary = [ln for ln in done.stdout.splitlines() if " configurations tried" in ln]
+    assert summary and summary[0].startswith(f"sweep {name}: {total} configurations tried"), done.stdout[-3000:]
     s = json.loads((sweep_dir / "sweep_summary.json").read_text())
-    assert s["num_trials"] == 2
+    assert s["num_trials"] == total
     assert all(t["epochs_run"] == 2 for t in s["trials"])  # no trial trained its epochs twice
-    assert sorted(p.name for p in done_run.glob("checkpoint_*")) == before  # the finished trial was not re-run
+    finished = _finished_trials(sweep_dir)
+    assert len(finished) == total and all(finished[trial] == ckpts for trial, ckpts in kept.items())  # none re-run
     # the label kinds: shards per label, trials ranked by rank IC, the best exported with its own label
     assert s["metric"] == "val_rank_ic" and s["mode"] == "max"
-    labels = {t["config"]["features.label"]: t for t in s["trials"]}
-    assert set(labels) == {"three_class", "cs_rank"} and all(t["status"] == "TERMINATED" for t in s["trials"])
+    configs = sorted((t["config"]["features.label"], t["config"]["train.lr"]) for t in s["trials"])
+    assert configs == [("cs_rank", 0.003), ("cs_rank", 0.01), ("three_class", 0.003), ("three_class", 0.01)]
+    assert all(t["status"] == "TERMINATED" for t in s["trials"])
     assert all(np.isfinite(t["best_value"]) and t["val_rank_ic"] == t["best_value"] for t in s["trials"])
     features = tmp_path / "results" / "features"
     assert Manifest.read(features / "kinds").label["scheme"] == "three_class"
     assert Manifest.read(features / "kinds-cs_rank").label["scheme"] == "cs_rank"
     best = max(s["trials"], key=lambda t: t["best_value"])
     assert Manifest.read(tmp_path / "models" / "kinds").label["scheme"] == best["config"]["features.label"]
+    assert (tmp_path / "models" / "kinds" / "weights.pt").is_file()
     # --evaluate: the exported trial against the baselines on its test segment, the report in its folder
     report = tmp_path / "models" / "kinds" / "evaluation"
-    assert f"report: {report / 'report.md'}" in out.stdout and "rank IC [95% CI]" in out.stdout
+    assert f"report: {report / 'report.md'}" in done.stdout and "rank IC [95% CI]" in done.stdout
     assert json.loads((report / "evaluation.json").read_text())["looks"]["count"] == 1  # the one look
-    assert "test segment sealed" not in out.stdout
+    assert "test segment sealed" not in done.stdout
 
 
 def test_one_selection_metric_for_every_label_the_trials_train_on():
