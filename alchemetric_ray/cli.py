@@ -362,7 +362,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         return fn(args, cfg)
     except Interrupted as exc:  # Ctrl-C (or SIGTERM, SIGHUP), after the run kept what it finished
         hint = f"; continue with: alchemetric-ray {shlex.join([*argv, *([] if '--resume' in argv else ['--resume'])])}"
-        print(f"{_by_signal(str(exc))}{hint if exc.resumable else '; ' + exc.remedy}", file=sys.stderr, flush=True)
+        print(f"{_by_signal(exc.message)}{hint if exc.resumable else '; ' + exc.remedy}", file=sys.stderr, flush=True)
         return interrupts.exit_code()
     except KeyboardInterrupt:
         return _interrupted(args.command)

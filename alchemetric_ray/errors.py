@@ -1,19 +1,29 @@
 """The base of every error that is the user's to fix: the CLI prints its one-line message and exits 2."""
 
+from __future__ import annotations
+
 
 class UserError(Exception):
     """Bad input, config or environment. ``str(err)`` is one line naming the file, key or value."""
 
 
-class Interrupted(UserError, KeyboardInterrupt):
-    """A run stopped by Ctrl-C (SIGINT), SIGTERM or SIGHUP after keeping what it finished: the CLI
-    prints the message with the command that continues it (``resumable``) and exits as a shell
-    reports that signal (130, 143, 129: ``interrupts.exit_code``)."""
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (SIGINT), SIGTERM or SIGHUP (a notebook's interrupt) after keeping what it
+    finished.  A ``KeyboardInterrupt``, not an ``Exception``: a caller's ``except Exception`` does not
+    swallow it.  ``message`` says what was kept; the command line prints it with the command that
+    continues it (``resumable``) and exits as a shell reports that signal (130, 143, 129:
+    ``interrupts.exit_code``); the API raises it with the call that continues it (:meth:`continued_by`)."""
 
     def __init__(self, message: str, *, resumable: bool = True, remedy: str = "run the same command again") -> None:
         super().__init__(message)
+        self.message = message
         self.resumable = resumable
         self.remedy = remedy  # what to do where the run cannot be resumed
+
+    def continued_by(self, call: str) -> Interrupted:
+        """This interruption, its line ending with how to go on from Python (``call``, where resumable)."""
+        self.args = (f"{self.message}; continue with: {call}" if self.resumable else f"{self.message}; {self.remedy}",)
+        return self
 
 
 class CheckpointError(UserError, RuntimeError):

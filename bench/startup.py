@@ -56,6 +56,8 @@ def _child(kind: str, shards: str, out: str, epochs: int) -> dict:
                              "train.batch_size=256", f"train.local_mode={'true' if kind == 'local' else 'false'}"])
     if kind == "plain":
         return {**marks, **_plain(cfg, started)}
+    if kind == "calls":
+        return {**marks, **_calls(cfg)}
     from alchemetric_ray.artifacts.export import export_model
     from alchemetric_ray.placement.session import ensure_ray
     from alchemetric_ray.training.trainer import run_training
@@ -75,6 +77,21 @@ def _child(kind: str, shards: str, out: str, epochs: int) -> dict:
     t = time.perf_counter()
     export_model(outcome.best_checkpoint, outcome.config, outcome.shards)
     marks["export"] = time.perf_counter() - t
+    return marks
+
+
+def _calls(cfg) -> dict:
+    """Two ``ar.train`` calls in a row in one process, as in a notebook's kernel (a worker group, so
+    that Ray is needed): the first starts a local Ray, the second reuses it."""
+    import alchemetric_ray as ar
+
+    marks = {}
+    for call in ("first", "second"):
+        t = time.perf_counter()
+        result = ar.train(cfg.replace(f"storage.name=calls-{call}"))
+        wall = time.perf_counter() - t
+        epochs = sum(result.phases.get(phase, 0.0) for phase in ("train", "validate", "checkpoint"))
+        marks[f"{call}_wall"], marks[f"{call}_epochs"] = wall, epochs
     return marks
 
 
@@ -145,6 +162,18 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)  # the shards and the runs' folders: this benchmark's own
 
 
+def _child_run(kind: str, work: Path, args: argparse.Namespace, env: dict, i: int) -> dict | None:
+    """One child process of ``kind``: its own marks, or None (its error printed)."""
+    done = subprocess.run([sys.executable, __file__, "--child", kind, "--shards", str(work / "shards"),
+                           "--work", str(work / f"{kind}-{i}"), "--epochs", str(args.epochs)],
+                          capture_output=True, text=True, env={**env, "PYTHONPATH": str(REPO)}, timeout=1200)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT:")]
+    if done.returncode != 0 or not lines:
+        print(done.stderr[-3000:], file=sys.stderr)
+        return None
+    return json.loads(lines[-1][len("RESULT:"):])
+
+
 def _measure(args: argparse.Namespace, work: Path) -> int:
     """The shards once, then each kind in ORDER in a fresh process; the figures printed and written."""
     from alchemetric_ray.bars.stocknet import tickers as stocknet_tickers
@@ -159,15 +188,10 @@ def _measure(args: argparse.Namespace, work: Path) -> int:
     runs = []
     for i, kind in enumerate(ORDER):
         t = time.perf_counter()
-        done = subprocess.run([sys.executable, __file__, "--child", kind, "--shards", str(work / "shards"),
-                               "--work", str(work / f"{kind}-{i}"), "--epochs", str(args.epochs)],
-                              capture_output=True, text=True, env={**env, "PYTHONPATH": str(REPO)}, timeout=1200)
-        wall = time.perf_counter() - t
-        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT:")]
-        if done.returncode != 0 or not lines:
-            print(done.stderr[-3000:], file=sys.stderr)
+        marks = _child_run(kind, work, args, env, i)
+        if marks is None:
             return 1
-        marks = json.loads(lines[-1][len("RESULT:"):])
+        wall = time.perf_counter() - t
         runs.append({"kind": kind, "wall": wall, **marks, "fixed": wall - marks["epochs"]})
         print(f"{kind:6s} wall {wall:6.1f}s  fixed {wall - marks['epochs']:6.1f}s  epochs {marks['epochs']:5.1f}s  "
               + "  ".join(f"{k} {marks[k]:.1f}s" for k in ("import", "ray.init", "read", "export") if k in marks),
@@ -183,9 +207,18 @@ def _measure(args: argparse.Namespace, work: Path) -> int:
     print(f"end to end: local {mean['local']['wall']:.1f}s, worker {mean['worker']['wall']:.1f}s, plain "
           f"{mean['plain']['wall']:.1f}s; local/plain {local_over_plain:.2f} (target <= 2)")
     print(f"local mode's plan: ray {runs[ORDER.index('local')]['ray']}")
+    calls = _child_run("calls", work, args, env, len(ORDER))
+    if calls is None:
+        return 1
+    second_over_first = (calls["second_wall"] - calls["second_epochs"]) / (calls["first_wall"] - calls["first_epochs"])
+    print(f"API, two ar.train calls in one process (a worker group): first {calls['first_wall']:.1f}s "
+          f"(fixed {calls['first_wall'] - calls['first_epochs']:.1f}s, a local Ray started), second "
+          f"{calls['second_wall']:.1f}s (fixed {calls['second_wall'] - calls['second_epochs']:.1f}s, the same Ray); "
+          f"second/first fixed {second_over_first:.2f}")
     write_result(args.out, "startup", {"machine": machine(), "tickers": args.tickers, "epochs": args.epochs,
                                         "order": ORDER, "runs": runs, "mean": mean, "local_over_worker_fixed": ratio,
-                                        "local_over_plain_wall": local_over_plain,
+                                        "local_over_plain_wall": local_over_plain, "calls": calls,
+                                        "second_over_first_fixed": second_over_first,
                                         "date": time.strftime("%Y-%m-%d")})
     return 0
 

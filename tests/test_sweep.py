@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 
 from alchemetric_ray.artifacts import ledger
 from alchemetric_ray.config import load_config
-from alchemetric_ray.errors import ConfigError
+from alchemetric_ray.errors import ConfigError, SweepError
 from alchemetric_ray.placement.plan import plan_resources
 from alchemetric_ray.sweeps.resources import concurrency
 from alchemetric_ray.sweeps.space import build_space
@@ -169,6 +170,17 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
         start = plugin_data_pb2.HParamsPluginData.FromString(hp["_hparams_/session_start_info"]).session_start_info
         seen_lrs.add(start.hparams["train.lr"].number_value)
     assert seen_lrs == {0.01, 1e-9}
+    # a sweep whose saved state names a module of ours that is gone (as one saved before issue 48
+    # renamed tune/ to sweeps/ does: alchemetric_ray.tune.trial) is refused in one line on --resume
+    old = tmp_path / "results" / "sweep-before-rename"
+    shutil.copytree(out.path, old)
+    pickled = (old / "tuner.pkl").read_bytes()
+    assert b"alchemetric_ray.sweeps" in pickled
+    (old / "tuner.pkl").write_bytes(pickled.replace(b"alchemetric_ray.sweeps", b"alchemetric_ray.sweepz"))
+    with pytest.raises(SweepError) as refused:
+        run_sweep(cfg.replace("storage.run=sweep-before-rename", "storage.resume=true"))
+    assert "saved by an older alchemetric-ray (its state names the module alchemetric_ray.sweepz" in str(refused.value)
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.slow

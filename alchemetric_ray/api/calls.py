@@ -78,7 +78,10 @@ def train(cfg: RunConfig | None = None, *, data: Any = None, resume: bool = Fals
 
     with _call("train") as scratch:
         cfg = _config(cfg, data, scratch, *(["storage.resume=true"] if resume else []))
-        outcome = run_training(cfg)
+        try:
+            outcome = run_training(cfg)
+        except Interrupted as exc:
+            raise exc.continued_by("ar.train(cfg, resume=True)") from None
         result = TrainResult.of(outcome, cfg)
         if evaluate and outcome.model_dir:
             model = Model.load(str(outcome.model_dir))
@@ -96,7 +99,10 @@ def tune(cfg: RunConfig | None = None, *, data: Any = None, resume: bool = False
 
     with _call("tune") as scratch:
         cfg = _config(cfg, data, scratch, *(["storage.resume=true"] if resume else []))
-        outcome = run_sweep(cfg)
+        try:
+            outcome = run_sweep(cfg)
+        except Interrupted as exc:
+            raise exc.continued_by("ar.tune(cfg, resume=True)") from None
         result = SweepResult.of(outcome, cfg)
         if evaluate and outcome.model_dir:
             model = Model.load(str(outcome.model_dir))

@@ -32,7 +32,32 @@ def _config(raw: dict | None) -> RunConfig | None:
 def _frame(rows: list[dict], columns: list[str] | None = None) -> pd.DataFrame:
     import pandas as pd
 
-    return pd.DataFrame(rows, columns=columns)
+    return _numeric(pd.DataFrame(rows, columns=columns))
+
+
+def _numeric(frame: pd.DataFrame) -> pd.DataFrame:
+    """Columns of numbers and missing values (None) as floats, as they read back from result.json."""
+    import pandas as pd
+
+    for column in frame.columns:
+        values = frame[column]
+        if values.dtype == object and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+                                          for v in values):
+            frame[column] = pd.to_numeric(values, errors="coerce").astype(float)
+    return frame
+
+
+def _table(frame: pd.DataFrame) -> dict[str, Any]:
+    """A DataFrame as result.json keeps it: its columns in order (the file's keys are sorted), then rows."""
+    return {"columns": [str(c) for c in frame.columns], "rows": frame.astype(object).where(frame.notna(), None)
+            .values.tolist()}
+
+
+def _untable(table: dict[str, Any]) -> pd.DataFrame:
+    import pandas as pd
+
+    frame = pd.DataFrame(table.get("rows") or [], columns=table.get("columns") or [])
+    return _numeric(frame.infer_objects())
 
 
 class _Saved(Showable):
@@ -129,6 +154,7 @@ class TrainResult(_WithModel):
     config: RunConfig | None
     mlflow: Tracking | None = None
     evaluation: Evaluation | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase of the loop (rank 0), summed
     kind = "train"
 
     @classmethod
@@ -148,11 +174,11 @@ class TrainResult(_WithModel):
                    seconds=round(outcome.seconds, 3),
                    plan=Plan(outcome.plan.as_dict(), outcome.plan.describe()), device=summary.device,
                    precision=summary.precision, tensorboard=_str(outcome.tensorboard), config=config,
-                   mlflow=Tracking.of(outcome.log, cfg.tracking.mlflow_uri))
+                   mlflow=Tracking.of(outcome.log, cfg.tracking.mlflow_uri), phases=_phases(summary.phases))
 
     def record(self) -> dict[str, Any]:
-        return {"name": self.name, "run_dir": self.run_dir, "model_dir": self.model_dir,
-                "history": self.history.to_dict("records"), "best": dataclasses.asdict(self.best),
+        return {"name": self.name, "run_dir": self.run_dir, "phases": self.phases, "model_dir": self.model_dir,
+                "history": _table(self.history), "best": dataclasses.asdict(self.best),
                 "epochs_run": self.epochs_run, "stopped_early": self.stopped_early, "seconds": self.seconds,
                 "plan": {"fields": self.plan.fields, "text": self.plan.text}, "device": self.device,
                 "precision": self.precision, "tensorboard": self.tensorboard,
@@ -163,13 +189,13 @@ class TrainResult(_WithModel):
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> TrainResult:
         return cls(name=record["name"], run_dir=record["run_dir"], model_dir=record.get("model_dir"),
-                   history=_frame(record.get("history") or []), best=BestEpoch(**record["best"]),
+                   history=_untable(record.get("history") or {}), best=BestEpoch(**record["best"]),
                    epochs_run=record["epochs_run"], stopped_early=record["stopped_early"],
                    seconds=record["seconds"], plan=Plan(**record["plan"]), device=record.get("device"),
                    precision=record.get("precision"), tensorboard=record.get("tensorboard"),
                    config=_config(record.get("config")),
                    mlflow=Tracking(**record["mlflow"]) if record.get("mlflow") else None,
-                   evaluation=_evaluation(record.get("evaluation")))
+                   evaluation=_evaluation(record.get("evaluation")), phases=record.get("phases") or {})
 
     def lines(self) -> list[str]:
         """What the command prints after the run: the run, the saved model, TensorBoard and MLflow."""
@@ -229,7 +255,7 @@ class SweepResult(_WithModel):
 
     def record(self) -> dict[str, Any]:
         return {"name": self.name, "path": self.path, "metric": self.metric, "mode": self.mode,
-                "trials": self.trials.to_dict("records"), "best": self.best, "model_dir": self.model_dir,
+                "trials": _table(self.trials), "best": self.best, "model_dir": self.model_dir,
                 "report": self.report, "test_metrics": self.test_metrics,
                 "config": self.config.to_dict() if self.config else None,
                 "mlflow": dataclasses.asdict(self.mlflow) if self.mlflow else None,
@@ -238,7 +264,7 @@ class SweepResult(_WithModel):
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> SweepResult:
         return cls(name=record["name"], path=record["path"], metric=record["metric"], mode=record["mode"],
-                   trials=_frame(record.get("trials") or []), best=record["best"], model_dir=record.get("model_dir"),
+                   trials=_untable(record.get("trials") or {}), best=record["best"], model_dir=record.get("model_dir"),
                    report=record.get("report"), test_metrics=record.get("test_metrics"),
                    config=_config(record.get("config")),
                    mlflow=Tracking(**record["mlflow"]) if record.get("mlflow") else None,
@@ -265,6 +291,13 @@ def _evaluation(folder: str | None) -> Evaluation | None:
         return Evaluation.from_folder(folder)
     except FileNotFoundError:  # the report was removed since: the run's result still reads
         return None
+
+
+def _phases(records) -> dict[str, float]:
+    seconds: dict[str, float] = {}
+    for record in records:
+        seconds[record.phase] = round(seconds.get(record.phase, 0.0) + record.seconds, 3)
+    return seconds
 
 
 def _compact(history: pd.DataFrame) -> pd.DataFrame:

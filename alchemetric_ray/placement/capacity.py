@@ -29,6 +29,7 @@ local Ray of our own has no autoscaler, and plans from what is up ("now"), as ev
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeGuard
@@ -212,6 +213,18 @@ def _amount(value: Any) -> bool:
 # ---- discovery (talks to Ray) --------------------------------------------------------------
 
 
+def joined_cluster() -> bool:
+    """Whether this process runs on a Ray cluster that someone else started: ``ray job submit``'s
+    ``RAY_ADDRESS``, or a ``ray.init(address=...)`` made before us (a notebook's), read from Ray's own
+    state: this driver's node was connected to, not started, by this process."""
+    if os.environ.get("RAY_ADDRESS"):
+        return True
+    worker = sys.modules.get("ray._private.worker")
+    node = getattr(getattr(worker, "global_worker", None), "node", None) if worker is not None else None
+    return bool(node is not None and worker is not None and worker.global_worker.connected
+                and not getattr(node, "head", True))
+
+
 def discover_capacity(cfg: RunConfig, *, joined: bool | None = None) -> Capacity:
     """Learn what the cluster can become, in the order of the module docstring.
 
@@ -220,7 +233,7 @@ def discover_capacity(cfg: RunConfig, *, joined: bool | None = None) -> Capacity
     import yaml
 
     if joined is None:
-        joined = bool(os.environ.get("RAY_ADDRESS"))
+        joined = joined_cluster()
     if not joined:  # a local Ray of our own: no autoscaler (whatever launcher YAML this machine holds)
         return now()
     looked = []

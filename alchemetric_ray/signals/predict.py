@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -296,11 +295,12 @@ def predict(model: str | Path | Location | LoadedModel, data: str | None, out: s
 
 def scored_here(cfg: RunConfig) -> str | None:
     """The device kind to score with in this process, where the plan is one actor on this machine
-    (no cluster joined through RAY_ADDRESS): Ray Data's actor pool would start a process to do the
-    same, so no Ray starts (an actor per GPU, ``signals.actors`` > 1 and a cluster's nodes use it)."""
-    if os.environ.get("RAY_ADDRESS"):
+    (no cluster joined: ``capacity.joined_cluster``): Ray Data's actor pool would start a process to do
+    the same, so no Ray starts (an actor per GPU, ``signals.actors`` > 1 and a cluster's nodes use it)."""
+    from alchemetric_ray.placement.capacity import joined_cluster, now
+
+    if joined_cluster():
         return None
-    from alchemetric_ray.placement.capacity import now
     from alchemetric_ray.placement.session import machine_resources
 
     actors, _, kind = _actor_plan(cfg, machine_resources()["GPU"], now())

@@ -37,8 +37,15 @@ def fit_sweep(job: SweepJob, space: dict, limit: int, start_timeout_s: float):
         if not tune.Tuner.can_restore(path, storage_filesystem=filesystem):
             raise SweepError(f"--resume: {job.where} holds no sweep state to restore")
         print(f"resuming sweep {name}: finished trials are kept, unfinished ones continue", flush=True)
-        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True,
-                                   storage_filesystem=filesystem)
+        try:
+            tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True,
+                                       storage_filesystem=filesystem)
+        except ModuleNotFoundError as exc:  # its saved state names a module of ours that is gone (renamed)
+            if not (exc.name or "").startswith("alchemetric_ray."):
+                raise
+            raise SweepError(f"--resume: {job.where} was saved by an older alchemetric-ray (its state names the "
+                             f"module {exc.name}, since renamed) and cannot be resumed; run the sweep again under "
+                             "another storage.run (or remove that folder)") from None
     else:
         tuner = tune.Tuner(
             trainable,
