@@ -56,6 +56,7 @@ from alchemetric_ray.errors import (
     SplitError,
     StartTimeout,
     StorageError,
+    SweepError,
     TooManySkippedSteps,
     TrackingError,
     TrainError,
@@ -117,5 +118,6 @@ __all__ = [
     "JobError",
     "JobFailed",
     "JobTimeout",
+    "SweepError",
     "__version__",
 ]

@@ -170,3 +170,7 @@ class JobFailed(JobError):
 
 class JobTimeout(JobError, TimeoutError):
     """``Job.wait(timeout=...)`` ran out before the job ended (the message names the job)."""
+
+
+class SweepError(UserError, RuntimeError):
+    """A sweep that cannot run or resume (one line)."""

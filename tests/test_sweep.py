@@ -388,7 +388,7 @@ def test_one_sweep_over_label_kinds_stopped_three_ways_keeps_its_state_and_each_
 
 
 def test_one_selection_metric_for_every_label_the_trials_train_on():
-    from alchemetric_ray.sweeps.errors import SweepError
+    from alchemetric_ray.errors import SweepError
     from alchemetric_ray.sweeps.sweep import metric_for_labels
 
     base = load_config(None, [])  # three_class, train.metric=auto

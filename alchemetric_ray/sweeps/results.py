@@ -9,9 +9,9 @@ from pathlib import Path
 
 from alchemetric_ray.artifacts.checkpoint import META, read_meta
 from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import SweepError
 from alchemetric_ray.scoring.objective import selection_metric, selection_mode
 from alchemetric_ray.storage import Location
-from alchemetric_ray.sweeps.errors import SweepError
 from alchemetric_ray.sweeps.job import SweepJob
 from alchemetric_ray.sweeps.summary import SweepSummary, TrialRow, plain, trial_sr_variance
 

@@ -28,14 +28,13 @@ from pathlib import Path
 
 from alchemetric_ray.config import REGRESSION_LABELS, RunConfig, metric_target_problem
 from alchemetric_ray.data.manifest import Manifest, reconcile_features
-from alchemetric_ray.errors import Interrupted
+from alchemetric_ray.errors import Interrupted, SweepError
 from alchemetric_ray.interrupts import seen_during
 from alchemetric_ray.models import load_model_module, model_spec
 from alchemetric_ray.placement.autoscale import scale_up
 from alchemetric_ray.placement.session import storage_location
 from alchemetric_ray.scoring.objective import selection_metric
 from alchemetric_ray.storage import Location
-from alchemetric_ray.sweeps.errors import SweepError
 from alchemetric_ray.sweeps.job import SweepJob
 from alchemetric_ray.sweeps.resources import plan_trials, trial_config
 from alchemetric_ray.sweeps.results import summarize

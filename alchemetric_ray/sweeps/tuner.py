@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig
+from alchemetric_ray.errors import SweepError
 from alchemetric_ray.placement.plan import ResourcePlan
 from alchemetric_ray.placement.session import train_storage
 from alchemetric_ray.scoring.objective import selection_metric, selection_mode
-from alchemetric_ray.sweeps.errors import SweepError
 from alchemetric_ray.sweeps.job import SweepJob
 from alchemetric_ray.sweeps.resources import runs_in_trial, trial_resources
 from alchemetric_ray.sweeps.trial import _trial, trial_lines
