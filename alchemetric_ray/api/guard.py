@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from alchemetric_ray import console
+from alchemetric_ray.api.notebook import live_progress
 from alchemetric_ray.errors import BusyError
 
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1") if hasattr(signal, name))
@@ -117,7 +119,9 @@ def api_call(name: str) -> Iterator[None]:
     state = ProcessState.capture()
     try:
         os.environ.update(_session_env)
-        yield
+        console.plain_output()  # into a pipe or a notebook's cell: Ray's forwarded lines without colour codes
+        with live_progress():
+            yield
     finally:
         _keep_session_env(state.environ)
         state.restore()
