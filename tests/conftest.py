@@ -68,6 +68,23 @@ def model_registry():
         sys.modules.pop(name, None)
 
 
+@pytest.fixture
+def loads(monkeypatch) -> list[str]:
+    """The folders ``artifacts.export.load_model`` (a ``torch.load`` and a model build, on object storage
+    a whole download) is called with in this process while the test runs, in order."""
+    from alchemetric_ray.artifacts import export
+
+    seen: list[str] = []
+    real = export.load_model
+
+    def counting(path):
+        seen.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(export, "load_model", counting)
+    return seen
+
+
 @pytest.fixture(scope="session")
 def ray_session(tmp_path_factory):
     """Start Ray once for the whole session (about 4 s here) and always shut it down."""

@@ -25,7 +25,6 @@ import pytest
 
 import alchemetric_ray as ar
 from alchemetric_ray.api.guard import ProcessState, api_call
-from alchemetric_ray.artifacts import export
 
 REPO = Path(__file__).resolve().parents[1]
 FUNCTIONS = ("load_config", "features", "train", "tune", "load_model", "predict", "evaluate", "doctor", "env",
@@ -73,18 +72,6 @@ def test_load_config_takes_strings_and_dicts_and_refuses_a_wrong_key_with_an_exc
     with pytest.raises(ar.ConfigError, match="did you mean"):
         ar.load_config(None, "train.epoch=3")
 
-
-@pytest.fixture
-def loads(monkeypatch) -> list[str]:
-    seen: list[str] = []
-    real = export.load_model
-
-    def counting(path):
-        seen.append(str(path))
-        return real(path)
-
-    monkeypatch.setattr(export, "load_model", counting)
-    return seen
 
 
 @pytest.fixture(scope="module")

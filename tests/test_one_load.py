@@ -7,22 +7,7 @@ import shutil
 
 import pytest
 
-from alchemetric_ray.artifacts import export
 from alchemetric_ray.cli import main
-
-
-@pytest.fixture
-def loads(monkeypatch) -> list[str]:
-    """The folders ``load_model`` is called with in this process while the test runs, in order."""
-    seen: list[str] = []
-    real = export.load_model
-
-    def counting(path):
-        seen.append(str(path))
-        return real(path)
-
-    monkeypatch.setattr(export, "load_model", counting)
-    return seen
 
 
 @pytest.mark.parametrize("command", ["predict", "evaluate"])
