@@ -156,7 +156,11 @@ def test_node_lost_mid_training_recovers_on_the_remaining_node(two_node_ray):
 # run there).  Two clusters, not one with both types: the fake nodes share this machine's disk, and
 # a node that joins while a job runs unpacks the job's working_dir over the same folder (Ray
 # overwrites it on a node's first use), deleting the cwd of the job's driver on the head; with one
-# CPU type at its maximum, no node joins during the tune job.
+# CPU type at its maximum, no node joins during the tune job.  (Tried for issue 40: one cluster with
+# both types, GPU jobs first.  The GPU jobs' CPU-only demand brought the CPU node up during a GPU job,
+# because the autoscaler keeps GPU nodes for GPU work, so the CPU test could no longer see the node
+# added for its run.  In the other order, CPU demand beyond the CPU node brings the GPU node into the
+# tune job.)
 NODE_TYPES = {"cpu_worker": {"resources": {"CPU": 4}, "max_workers": 1}}
 GPU_NODE_TYPES = {"gpu_worker": {"resources": {"CPU": 2, "GPU": 1}, "max_workers": 1}}
 RUN_ARGS = ["model.hidden=8", "train.epochs=1"]
