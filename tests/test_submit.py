@@ -36,6 +36,7 @@ class Head:
     url: str  # http://127.0.0.1:PORT, the job server
     temp_dir: str
     process: subprocess.Popen
+    gcs: str = ""  # 127.0.0.1:PORT, what ray.init(address=...) joins
 
     def jobs(self) -> int:
         return len(_client(self.url).list_jobs())
@@ -60,19 +61,19 @@ def head():
 
 def _start_head() -> Head:
     temp_dir = tempfile.mkdtemp(prefix="arj", dir="/tmp")  # short: Ray's socket paths stay under 108 bytes
-    dashboard = free_port()
+    dashboard, gcs = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
     # a job's `python` is this interpreter, and it imports this checkout
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(REPO)
     with (Path(temp_dir) / "head.out").open("wb") as out:
         process = subprocess.Popen(
-            [str(RAY_BIN), "start", "--head", "--block", f"--port={free_port()}", "--num-cpus=2",
+            [str(RAY_BIN), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2",
              "--include-dashboard=true", f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1",
              f"--temp-dir={temp_dir}", f"--ray-client-server-port={free_port()}",
              f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats"],
             env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
-    return Head(f"http://127.0.0.1:{dashboard}", temp_dir, process)
+    return Head(f"http://127.0.0.1:{dashboard}", temp_dir, process, f"127.0.0.1:{gcs}")
 
 
 def _wait_until_it_runs_jobs(head: Head, timeout_s: float = 300) -> None:
@@ -237,3 +238,20 @@ def test_the_package_sent_as_py_modules(head):
     assert "torch" in job.logs() and job.run is None
     with pytest.raises(ResultError, match="saves no result"):
         job.result()
+
+
+def test_a_cluster_joined_by_ray_init_is_planned_as_a_cluster(head):
+    """A notebook's ``ray.init(address=...)`` (no RAY_ADDRESS): Ray's own state says the cluster was
+    joined, so its capacity is asked of the cluster, not taken as a local Ray's; a local ray.init() is not."""
+    probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+             "from alchemetric_ray.config import load_config; "
+             "from alchemetric_ray.placement.capacity import discover_capacity, joined_cluster; "
+             "print('joined', joined_cluster(), discover_capacity(load_config()).kind); ray.shutdown(); "
+             "ray.init(num_cpus=1, include_dashboard=False, logging_level='ERROR'); "
+             "print('local', joined_cluster(), discover_capacity(load_config()).kind)")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    out = subprocess.run([sys.executable, "-c", probe, head.gcs], capture_output=True, text=True, timeout=300,
+                         env={**env, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "token"}, cwd=tempfile.mkdtemp())
+    lines = [line for line in out.stdout.splitlines() if line.startswith(("joined", "local"))] or [out.stderr[-2000:]]
+    assert lines[0].startswith("joined True") and not lines[0].endswith(" now"), out.stdout + out.stderr
+    assert lines[1] == "local False now", out.stdout + out.stderr
