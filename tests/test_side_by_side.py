@@ -26,6 +26,7 @@ from typing import NamedTuple
 import pytest
 from fake_cluster import processes_naming
 from test_console import _only_our_lines
+from test_tune_lines import assert_no_ray_tune_lines
 
 from alchemetric_ray import console
 
@@ -132,6 +133,7 @@ def test_a_two_worker_train_and_a_sweep_at_once_each_on_its_own_ray_print_our_li
     _only_our_lines(two.stdout + two.stderr)
     assert re.search(r"^workers\s+2\b", two.stdout, re.M), two.stdout[-3000:]  # a group of two, as asked
     _only_our_lines(sweep.stdout + sweep.stderr, epochs=False)  # a sweep prints a line per trial, not per epoch
+    assert_no_ray_tune_lines(sweep.stdout + sweep.stderr)  # Tune's own lines, in a pipe (issue 48 item 5)
     assert re.search(r"^trial \w+ finished: ", sweep.stdout, re.M), sweep.stdout[-3000:]
 
 

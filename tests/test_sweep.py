@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_tune_lines import assert_no_ray_tune_lines
 
 from alchemetric_ray.artifacts import ledger
 from alchemetric_ray.config import load_config
@@ -361,6 +362,7 @@ def test_one_sweep_over_label_kinds_stopped_three_ways_keeps_its_state_and_each_
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming sweep {name}" in done.stdout, done.stdout[-3000:]
+    assert_no_ray_tune_lines(done.stdout + done.stderr)  # Tune's own lines, in a pipe (issue 48 item 5)
     summary = [ln for ln in done.stdout.splitlines() if " configurations tried" in ln]
     assert summary and summary[0].startswith(f"sweep {name}: {total} configurations tried"), done.stdout[-3000:]
     s = json.loads((sweep_dir / "sweep_summary.json").read_text())
