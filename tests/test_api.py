@@ -166,6 +166,29 @@ def test_a_script_and_the_command_line_leave_the_same_shards(stocknet_dir, tmp_p
                                                                          shards.rows, shards.splits)
 
 
+def test_a_script_and_the_command_line_leave_the_same_run_and_model_files(trained, stocknet_dir):
+    """``alchemetric-ray train --evaluate`` with the config of the script's ``ar.train(cfg, evaluate=True)``:
+    the same files in the run folder and in the model folder (its evaluation report included)."""
+    from alchemetric_ray.cli import main
+
+    result, changed, backend, cfg, root = trained
+    args = ["train", "--evaluate", "--data", str(stocknet_dir), "data.tickers=AAPL,MSFT,XOM",
+            f"storage.path={root / 'results'}", f"storage.models_dir={root / 'models'}", "storage.name=api-cli",
+            "train.epochs=2", "model.hidden=8", "device.name=cpu"]
+    assert main(args) == 0
+    cli_run = max((root / "results").glob("api-cli-*"))
+
+    def files(folder: Path) -> list[str]:
+        # TensorBoard's event files carry the host and time in their names, a look its time and id
+        names = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()
+                 and "events.out.tfevents" not in p.name]
+        return sorted("looks/<a look>" if name.startswith("looks/") else name for name in names)
+
+    assert files(cli_run) == files(Path(result.run_dir))
+    assert files(root / "models" / "api-cli") == files(Path(result.model_dir))
+    assert type(ar.load_result(cli_run)) is type(result)
+
+
 def test_bars_as_a_dataframe_are_validated_as_a_file_is(stocknet_dir, tmp_path):
     frames = []
     for ticker in ("AAPL", "MSFT"):
