@@ -1,8 +1,9 @@
 """A one-worker `train` in the driver's own process (Ray Train's local mode, `train.local_mode`),
 Ctrl-C that keeps the work, and `--resume` from what is on disk; worker mode beside it.
 
-The Ctrl-C tests send a real SIGINT to a real `alchemetric-ray train` (and `tune`) process, and to
-its process group as a terminal does; each command starts its own local Ray, as a user's would.
+The Ctrl-C tests send a real SIGINT (and SIGTERM, SIGHUP) to a real `alchemetric-ray train` (and `tune`)
+process, and to its process group as a terminal does; each command starts its own local Ray, as a
+user's would.
 """
 
 from __future__ import annotations
@@ -169,36 +170,6 @@ def test_resume_after_a_truncated_checkpoint_uses_the_one_before(ray_session, sh
     assert out.summary.epochs_per_rank == [3]  # epochs 3, 4 and 5 ran again here
 
 
-@pytest.mark.slow
-def test_worker_mode_prefers_a_newer_complete_checkpoint_on_disk_over_rays_snapshot(ray_session, shards, tmp_path,
-                                                                                    capfd):
-    """Ray Train's snapshot lags behind the reports (after a Ctrl-C it missed the last epochs): a
-    worker-mode run resumes from the newest complete checkpoint in the folder all the same, and
-    ranks and prunes the folders the snapshot never listed."""
-    args = ["train.epochs=5", "storage.num_to_keep=1", "storage.name=lag", "storage.run=lag",
-            "train.metric=val_log_loss"]
-    worker = ["train.local_mode=false"]
-    run_training(_cfg(shards, tmp_path, *args, *worker, "train.stop_after=2"), export=False)  # snapshot: epoch 2
-    run_training(_cfg(shards, tmp_path, *args, "train.stop_after=1"), export=False)  # local: epoch-0002, no snapshot
-    run_dir = tmp_path / "results" / "lag"
-    snapshot = (run_dir / "checkpoint_manager_snapshot.json").read_text()
-    assert "epoch-0001" in snapshot and "epoch-0002" not in snapshot
-    capfd.readouterr()
-    out = run_training(_cfg(shards, tmp_path, *args, *worker), export=False)
-    said = "".join(capfd.readouterr())
-    assert "resumed from the checkpoint of epoch 3 (epoch-0002): continuing at epoch 4 of 5" in said, said[-3000:]
-    assert out.summary.epochs_per_rank == [2]
-    # the folder the snapshot never listed (epoch-0002) is ranked and pruned like Ray's own: what
-    # stays is the best epoch and the latest, and whatever Ray's snapshot still lists (Ray's to prune)
-    loss = {h["epoch"]: h["val_log_loss"] for h in out.summary.history}
-    listed = set(re.findall(r'"checkpoint_dir_name": ?"(epoch-\d+)"', (run_dir / "checkpoint_manager_snapshot.json")
-                            .read_text()))
-    best_and_latest = {f"epoch-{e - 1:04d}" for e in {min(loss, key=loss.get), 5}}  # numbers from 1, folders from 0
-    assert {p.name for p in run_dir.glob("epoch-*")} == best_and_latest | listed
-    if min(loss, key=loss.get) != 3:
-        assert not (run_dir / "epoch-0002").exists()
-
-
 # ---- Ctrl-C ------------------------------------------------------------------------------------------
 
 
@@ -218,14 +189,19 @@ def _cli(tmp_path, shards, command: str, *args: str) -> subprocess.Popen:
 
 
 def _interrupt_after(proc: subprocess.Popen, pattern: str, *, group: bool, timeout: float = 600,
-                     sig: int = signal.SIGINT) -> tuple[str, str]:
+                     sig: int = signal.SIGINT, during: list[int] | None = None) -> tuple[str, str]:
     """Read the process's stdout until a line matches ``pattern``, send ``sig`` (to the process, or to
-    its process group as a terminal's Ctrl-C does), and return all it printed."""
+    its process group as a terminal's Ctrl-C does), and return all it printed.  ``during``: gets the
+    number of processes the command had started (its Ray's) when the signal was sent."""
+    from test_no_loss import _session_processes
+
     seen, deadline = [], time.monotonic() + timeout
     try:
         for line in proc.stdout:
             seen.append(line)
             if re.search(pattern, line):
+                if during is not None:
+                    during.append(len(_session_processes(proc.pid)) - 1)
                 (os.killpg(proc.pid, sig) if group else proc.send_signal(sig))
                 break
             if time.monotonic() > deadline:
@@ -307,36 +283,141 @@ def test_three_stops_keep_the_finished_epochs_and_each_resume_continues_after_th
 
 
 @pytest.mark.slow
-def test_ctrl_c_to_a_worker_group_keeps_the_finished_epochs_and_resume_continues_after_them(shards, tmp_path):
-    """A Ctrl-C to the process group of a worker-mode `train` (Ray Train's own SIGINT handler), and
-    its resume to the end (local mode's stops: the test above)."""
-    total = 20  # worker mode trains on while Ray's controller stops the group: room for that
-    args = [*TRAIN, f"train.epochs={total}", f"storage.num_to_keep={total}", "train.local_mode=false"]
-    # a worker's epoch lines reach the driver's stdout as the worker printed them
-    out, err = _interrupt_after(_cli(tmp_path, shards, "train", *args), EPOCH_LINE.format(n="2", m=total), group=True)
+def test_a_worker_group_stopped_four_ways_keeps_the_finished_epochs_and_each_resume_continues_after_them(shards,
+                                                                                                       tmp_path):
+    """One worker-mode `train` (a Ray Train worker group: a Ray starts) stopped as a user and a scheduler
+    stop it, and resumed after each stop (local mode's stops: the test above):
+
+    1. SIGHUP (a closed terminal) while the worker group starts: exit 129, one line that says to run the
+       same command again, nothing kept;
+    2. that command again, Ctrl-C to its process group (Ray Train's own SIGINT handler) after epoch 2;
+    3. its resume, SIGTERM to the process mid-epoch: exit 143, one line naming the command that resumes;
+    4. that resume in local mode (``train.local_mode=true``), Ctrl-C after one epoch: a complete
+       checkpoint newer than any Ray Train's snapshot lists (local mode never writes the snapshot, and
+       after a stop it lags behind the reports all the same);
+    5. the worker-mode resume again, to the end: it prefers that checkpoint on disk over Ray's snapshot,
+       runs each remaining epoch once, and ranks and prunes the folders the snapshot never listed.
+
+    Each stop keeps the epochs it says and exports nothing; each worker-mode stop leaves no process of
+    its Ray, nothing half-written."""
+    from test_no_loss import _clean_stop, _session_processes
+
+    total = 20  # worker mode trains on while Ray's controller stops the group: room for two such stops
+    args = [*TRAIN, f"train.epochs={total}", "storage.num_to_keep=1", "train.metric=val_log_loss",
+            "train.local_mode=false"]
+    results, models = tmp_path / "results", tmp_path / "models"
+
+    def stop(proc: subprocess.Popen, pattern: str, sig: int, *, group: bool = False) -> tuple[str, str, int]:
+        """Stop ``proc`` once a line matches ``pattern``: its output, and how many processes (its Ray's) it
+        had when signalled; its exit code is checked, and that every one of them ended within 10 s."""
+        during: list[int] = []
+        out, err = _interrupt_after(proc, pattern, group=group, sig=sig, during=during)
+        assert proc.returncode == 128 + sig, (proc.returncode, out[-2000:], err[-3000:])
+        left = _session_processes(proc.pid)
+        for _ in range(20):
+            if not left:
+                break
+            time.sleep(0.5)
+            left = _session_processes(proc.pid)
+        assert left == [], left
+        # nothing half-written: no stage beside any output, and no output that was not finished
+        assert not list(tmp_path.rglob(".*.tmp-*")) and not [p for p in models.rglob("*") if p.is_file()]
+        return out, err, during[0] if during else -1
+
+    def resume(argv: list[str]) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "alchemetric_ray.cli", *argv], cwd=tmp_path, env=_env(),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+
+    def kept(run_dir: Path) -> list[str]:
+        return sorted(p.name for p in run_dir.glob("epoch-*") if (p / "meta.json").is_file())
+
+    def listed_by_ray(run_dir: Path) -> set[str]:
+        return set(re.findall(r'"checkpoint_dir_name": ?"(epoch-\d+)"',
+                              (run_dir / "checkpoint_manager_snapshot.json").read_text()))
+
+    def says_worker_group(out: str) -> None:  # a worker group starts a Ray, and says so
+        ray_line = [ln for ln in out.splitlines() if ln.startswith("ray  ")]
+        assert ray_line == ["ray              a Ray Train worker group runs the loop"], out[-3000:]
+        assert "ray: session logs in " in out, out[-3000:]
+
+    # 1. SIGHUP while the worker group starts (Ray is up): nothing to resume, the same command again
+    out, err, during = stop(_cli(tmp_path, shards, "train", *args), r"^resource plan", signal.SIGHUP)
+    _clean_stop(err, out)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "interrupted by SIGHUP" in lines[0], err[-3000:]
+    assert "; continue with: " not in lines[0] and lines[0].endswith("run the same command again"), lines
+    assert during >= 1, during
+    assert not list(results.glob("ctrlc-*/epoch-*"))
+
+    # 2. the same command, Ctrl-C to its process group after epoch 2 (a worker's epoch lines reach the
+    # driver's stdout as the worker printed them)
+    out, err, during = stop(_cli(tmp_path, shards, "train", *args), EPOCH_LINE.format(n=2, m=total), signal.SIGINT,
+                            group=True)
     found = re.search(rf"^interrupted after epoch (\d+) of {total}; continue with: ", err, re.M)
     assert found, (out[-2000:], err[-3000:])
     done = int(found.group(1))
     # the line reaches the driver a little after the worker wrote it, and Ray's controller takes a
     # few seconds to stop the worker group, which trains on meanwhile: later, but before the end
-    assert 2 <= done < total, err[-2000:]
+    assert 2 <= done < total - 3, err[-2000:]
     assert "Traceback" not in err, err[-3000:]
-    run_dir = next((tmp_path / "results").glob("ctrlc-*"))
-    kept = sorted(p.name for p in run_dir.glob("epoch-*") if (p / "meta.json").is_file())
-    assert kept[-1] == f"epoch-{done - 1:04d}", kept
-    assert not (tmp_path / "models").exists()  # nothing exported from an interrupted run
-    argv = _resume_line(err)
-    resumed = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", *argv], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=900, env=_env())
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert during >= 1, during
+    run_dir = sorted(results.glob("ctrlc-*"))[-1]  # the newest: this command's (1.'s is older)
+    assert kept(run_dir)[-1] == f"epoch-{done - 1:04d}", kept(run_dir)
+    assert not models.exists()  # nothing exported from an interrupted run
+    says_worker_group(out)
+    worker_resume = _resume_line(err)
+
+    # 3. its resume, SIGTERM to the process mid-epoch (after the first epoch line it prints)
+    out, err, during = stop(resume(worker_resume), EPOCH_LINE.format(n=done + 1, m=total), signal.SIGTERM)
     assert (f"resumed from the checkpoint of epoch {done} (epoch-{done - 1:04d}): continuing at epoch {done + 1} of "
-            f"{total}" in resumed.stdout + resumed.stderr), resumed.stdout[-3000:]
-    assert _epochs_printed(resumed.stdout, total) == list(range(done + 1, total + 1))  # each remaining epoch once
-    assert (tmp_path / "models" / "ctrlc" / "weights.pt").is_file()
-    for said in (out, resumed.stdout):  # a worker group starts a Ray, and says so
-        ray_line = [ln for ln in said.splitlines() if ln.startswith("ray  ")]
-        assert ray_line == ["ray              a Ray Train worker group runs the loop"], said[-3000:]
-        assert "ray: session logs in " in said, said[-3000:]
+            f"{total}" in out + err), out[-3000:]
+    _clean_stop(err, out)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "interrupted by SIGTERM" in lines[0], err[-3000:]
+    assert "; continue with: alchemetric-ray " in lines[0], lines
+    found = re.search(rf"^interrupted by SIGTERM after epoch (\d+) of {total}; continue with: ", lines[0])
+    assert found and done < int(found.group(1)) < total - 1, lines
+    done = int(found.group(1))
+    assert during >= 1, during
+    assert kept(run_dir)[-1] == f"epoch-{done - 1:04d}", kept(run_dir)
+    says_worker_group(out)
+    assert _resume_line(err) == worker_resume  # the same command (--resume is in it already)
+
+    # 4. that resume in local mode, Ctrl-C after its one epoch: a checkpoint Ray's snapshot never lists
+    local_resume = [*worker_resume[:-1], "train.local_mode=true", "--resume"]
+    out, err, _ = stop(resume(local_resume), EPOCH_LINE.format(n=done + 1, m=total), signal.SIGINT)
+    assert "train loop       in this process (Ray Train local mode)" in out, out[-3000:]
+    assert (f"resumed from the checkpoint of epoch {done} (epoch-{done - 1:04d}): continuing at epoch {done + 1} of "
+            f"{total}" in out + err), out[-3000:]
+    assert re.search(rf"^interrupted after epoch {done + 1} of {total}; continue with: ", err, re.M), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert _epochs_printed(out, total) == [done + 1], out[-3000:]
+    done += 1
+    assert kept(run_dir)[-1] == f"epoch-{done - 1:04d}", kept(run_dir)
+    listed = listed_by_ray(run_dir)  # Ray Train's snapshot: behind what is on disk
+    assert listed and max(listed) < f"epoch-{done - 1:04d}", (listed, done)
+    assert not models.exists()
+
+    # 5. the worker-mode resume again, to the end: from the newest complete checkpoint on disk
+    finished = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", *worker_resume], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=900, env=_env())
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert (f"resumed from the checkpoint of epoch {done} (epoch-{done - 1:04d}): continuing at epoch {done + 1} of "
+            f"{total}" in finished.stdout + finished.stderr), finished.stdout[-3000:]
+    assert _epochs_printed(finished.stdout, total) == list(range(done + 1, total + 1))  # each remaining epoch once
+    assert (models / "ctrlc" / "weights.pt").is_file()
+    says_worker_group(finished.stdout)
+    # the folder the snapshot never listed is ranked and pruned like Ray's own: what stays is the best
+    # epoch and the latest, and whatever Ray's snapshot still lists (Ray's to prune)
+    history = json.loads((run_dir / f"epoch-{total - 1:04d}" / "meta.json").read_text())["loop"]["history"]
+    loss = {h["epoch"]: h["val_log_loss"] for h in history}
+    assert sorted(loss) == list(range(1, total + 1)), sorted(loss)
+    best = min(loss, key=loss.get)
+    best_and_latest = {f"epoch-{e - 1:04d}" for e in {best, total}}  # numbers from 1, folders from 0
+    assert {p.name for p in run_dir.glob("epoch-*")} == best_and_latest | listed_by_ray(run_dir)
+    if best != done:
+        assert not (run_dir / f"epoch-{done - 1:04d}").exists()
 
 
 def _mlflow_run(store: str) -> tuple[tuple[str, str], list[int]]:

@@ -4,6 +4,7 @@ does; a saved model's config says what it was trained on; a hostile environment 
 Every case runs the real command line in its own process, as a user or a scheduler meets it: real
 files, real signals sent to a real run on a real local Ray, and that run's Ray processes counted
 afterwards (a run started in a session of its own: every process it starts stays in that session).
+A worker-mode `train` is stopped by SIGHUP, Ctrl-C and SIGTERM in one run of test_local_mode.py.
 """
 
 from __future__ import annotations
@@ -196,9 +197,7 @@ def _clean_stop(err: str, out: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command, pattern, sig", [
-    ("train-workers", r"^epoch 1/", signal.SIGTERM),  # a Ray Train worker group, mid-epoch
-    ("train", r"^resource plan", signal.SIGHUP),  # a closed terminal while the worker group starts
+@pytest.mark.parametrize("command, pattern, sig", [  # a worker-mode train's SIGTERM and SIGHUP: test_local_mode.py
     ("tune", r"^trial \S+ finished: ", signal.SIGTERM),
     ("predict", "tmp:", signal.SIGTERM),  # while it stages the inputs (one actor's work: no Ray, in the process)
     ("evaluate", r"^resource plan", signal.SIGTERM),  # while its first walk-forward fold trains
@@ -210,8 +209,6 @@ def test_a_stop_signal_ends_every_long_command_as_ctrl_c_does(stock_model, stock
     lstm = ["--device", "cpu", "--data", str(shards), "model.name=lstm", "model.hidden=16", "features.window=8",
             "train.batch_size=16", *where]
     args = {
-        "train-workers": ["train", *lstm, "train.epochs=20", "train.local_mode=false"],
-        "train": ["train", *lstm, "train.epochs=2", "train.local_mode=false"],  # a worker group: Ray starts
         "tune": ["tune", *lstm, "train.epochs=1", "tune.search=grid", "tune.scheduler=none",
                  "tune.max_concurrent_trials=1", "tune.space={train.lr: [0.01, 0.003, 0.001]}"],
         "predict": ["predict", "--model", str(stock_model), "--out", str(tmp_path / "out" / "signals.parquet")],
@@ -223,13 +220,13 @@ def test_a_stop_signal_ends_every_long_command_as_ctrl_c_does(stock_model, stock
     _clean_stop(err, out)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and f"interrupted by {signal.Signals(sig).name}" in lines[0], err[-3000:]
-    resumable = command in ("train-workers", "tune")
+    resumable = command == "tune"
     assert ("; continue with: alchemetric-ray " in lines[0]) == resumable, lines
     if not resumable:
         assert lines[0].endswith("run the same command again"), lines
-    # Ray's processes, where the command started them (a worker group, a sweep), all ended; a command
-    # whose one worker or one actor runs in its own process started none
-    assert (during >= 1 if command in ("train-workers", "train", "tune") else during == 0) and left == [], \
+    # Ray's processes, where the command started them (a sweep), all ended; a command whose one worker
+    # or one actor runs in its own process started none
+    assert (during >= 1 if command == "tune" else during == 0) and left == [], \
         (during, left)
     # nothing half-written: no stage beside any output, and no output that was not finished
     assert not [p for p in tmp_path.rglob(".*.tmp-*")]
