@@ -1,4 +1,4 @@
-"""`alchemetric-ray <command>`: parse -> config -> one library call. No logic of its own."""
+"""`alchemetric-ray <command>`: parse -> config -> one call of the Python API (`alchemetric_ray.api`) -> its lines."""
 
 from __future__ import annotations
 

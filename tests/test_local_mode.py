@@ -429,22 +429,3 @@ def _mlflow_run(store: str) -> tuple[tuple[str, str], list[int]]:
     assert len(runs) == 1, runs
     info = runs[0].info
     return (info.run_id, info.status), sorted(m.step for m in client.get_metric_history(info.run_id, "train_loss"))
-
-
-@pytest.mark.slow
-def test_ctrl_c_during_a_sweep_saves_its_state_exports_nothing_and_resumes(shards, tmp_path):
-    args = [*TRAIN, "train.epochs=2", "storage.name=swc", "tune.search=grid", "tune.scheduler=none",
-            "tune.max_concurrent_trials=1", "tune.space={train.lr: [0.01, 0.003, 0.001]}"]
-    out, err = _interrupt_after(_cli(tmp_path, shards, "tune", *args), r"^trial \S+ finished: ", group=True)
-    line = [ln for ln in err.splitlines() if ln.startswith("interrupted after ")]
-    assert len(line) == 1 and re.search(r"^interrupted after [12] of 3 trial\(s\) finished \(sweep sweep-swc-\S+, its "
-                                        r"state saved\); continue with: alchemetric-ray tune ", line[0]), err[-3000:]
-    assert "configurations tried" not in out and not (tmp_path / "models").exists()  # no summary, no export
-    argv = _resume_line(err)
-    resumed = subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", *argv], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=900, env=_env())
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    summary = [ln for ln in resumed.stdout.splitlines() if " configurations tried" in ln]
-    assert summary and summary[0].startswith("sweep sweep-swc-") and ": 3 configurations tried" in summary[0], \
-        resumed.stdout[-3000:]
-    assert (tmp_path / "models" / "swc" / "weights.pt").is_file()

@@ -197,20 +197,13 @@ def _clean_stop(err: str, out: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command, pattern, sig", [  # a worker-mode train's SIGTERM and SIGHUP: test_local_mode.py
-    ("tune", r"^trial \S+ finished: ", signal.SIGTERM),
+# a worker-mode train's SIGTERM and SIGHUP: test_local_mode.py; a sweep's SIGTERM: test_sweep.py (stopped 3 ways)
+@pytest.mark.parametrize("command, pattern, sig", [
     ("predict", "tmp:", signal.SIGTERM),  # while it stages the inputs (one actor's work: no Ray, in the process)
     ("evaluate", r"^resource plan", signal.SIGTERM),  # while its first walk-forward fold trains
 ])
-def test_a_stop_signal_ends_every_long_command_as_ctrl_c_does(stock_model, stocknet_shards, tmp_path, command, pattern,
-                                                              sig):
-    shards = stocknet_shards("AAPL,MSFT,XOM", "features.window=8")
-    where = [f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}"]
-    lstm = ["--device", "cpu", "--data", str(shards), "model.name=lstm", "model.hidden=16", "features.window=8",
-            "train.batch_size=16", *where]
+def test_a_stop_signal_ends_every_long_command_as_ctrl_c_does(stock_model, tmp_path, command, pattern, sig):
     args = {
-        "tune": ["tune", *lstm, "train.epochs=1", "tune.search=grid", "tune.scheduler=none",
-                 "tune.max_concurrent_trials=1", "tune.space={train.lr: [0.01, 0.003, 0.001]}"],
         "predict": ["predict", "--model", str(stock_model), "--out", str(tmp_path / "out" / "signals.parquet")],
         "evaluate": ["evaluate", "--model", str(stock_model), "--out", str(tmp_path / "out" / "report"),
                      "--walk-forward", "signals.refit_every=60", "train.epochs=1"],
@@ -220,14 +213,10 @@ def test_a_stop_signal_ends_every_long_command_as_ctrl_c_does(stock_model, stock
     _clean_stop(err, out)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and f"interrupted by {signal.Signals(sig).name}" in lines[0], err[-3000:]
-    resumable = command == "tune"
-    assert ("; continue with: alchemetric-ray " in lines[0]) == resumable, lines
-    if not resumable:
-        assert lines[0].endswith("run the same command again"), lines
-    # Ray's processes, where the command started them (a sweep), all ended; a command whose one worker
-    # or one actor runs in its own process started none
-    assert (during >= 1 if command == "tune" else during == 0) and left == [], \
-        (during, left)
+    assert "; continue with: alchemetric-ray " not in lines[0] and lines[0].endswith("run the same command again"), \
+        lines
+    # a command whose one actor (predict) or whose walk-forward's one worker runs in its own process starts no Ray
+    assert during == 0 and left == [], (during, left)
     # nothing half-written: no stage beside any output, and no output that was not finished
     assert not [p for p in tmp_path.rglob(".*.tmp-*")]
     assert not [p for folder in ("models", "out") for p in (tmp_path / folder).rglob("*") if p.is_file()]
