@@ -7,6 +7,7 @@ and fits it, with Tune's ``TuneReportCallback`` forwarding each epoch's report.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from alchemetric_ray import console
@@ -22,10 +23,15 @@ from alchemetric_ray.training.trainer import Execution, build_trainer, check_com
 
 
 # The function's name is the trainable's, which Tune puts in the name of every trial's folder.
-def _trial(config: dict[str, Any], *, base: dict, targets: dict[str, tuple[Location, Manifest]], plan: ResourcePlan,
-           sweep: str, start_timeout: str | None = None) -> None:
-    """Train one trial's config (``base`` with the trial's ``config`` on top) on its label's shards."""
+def _trial(config: dict[str, Any], *, base: dict,  # noqa: PLR0913  (Tune's with_parameters passes each by name)
+           targets: dict[str, tuple[Location, Manifest]], plan: ResourcePlan, sweep: str,
+           start_timeout: str | None = None, env: dict[str, str] | None = None) -> None:
+    """Train one trial's config (``base`` with the trial's ``config`` on top) on its label's shards.
+    ``env``: this sweep's worker environment (``session.worker_env``), set in the trial's process: Tune
+    gives its trial actors no runtime environment of ours, e.g. under a notebook's own ``ray.init()``."""
     import ray.tune
+
+    os.environ.update(env or {})
 
     console.quiet_ray_data()  # this trial builds its own datasets
     console.quiet_stop_in_finalizer()

@@ -13,7 +13,7 @@ from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import SweepError
 from alchemetric_ray.placement.plan import ResourcePlan
-from alchemetric_ray.placement.session import train_storage
+from alchemetric_ray.placement.session import train_storage, worker_env
 from alchemetric_ray.scoring.objective import selection_metric, selection_mode
 from alchemetric_ray.sweeps.job import SweepJob
 from alchemetric_ray.sweeps.resources import runs_in_trial, trial_resources
@@ -29,7 +29,8 @@ def fit_sweep(job: SweepJob, space: dict, limit: int, start_timeout_s: float):
     cfg, name = job.cfg, job.name
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base=job.trial_cfg.to_dict(), targets=job.targets,
-                             plan=job.plan, sweep=name, start_timeout=f"{start_timeout_s:g}"),
+                             plan=job.plan, sweep=name, start_timeout=f"{start_timeout_s:g}",
+                             env=worker_env(job.trial_cfg)),
         trial_resources(job.trial_cfg, job.plan))
     storage = train_storage(cfg)
     path, filesystem = job.where.path, storage["storage_filesystem"]  # filesystem None: a local folder
