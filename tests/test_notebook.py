@@ -28,17 +28,18 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "examples" / "quickstart.ipynb"
 
 # The most lines one cell may print (stdout and stderr together, results not counted: their reprs are
-# bounded by the API at 25 lines).  The longest cell is train(evaluate=True): one line per epoch, the
-# plan, the saved model, the evaluation's verdict table and the report's path, about 25 lines for
-# 2 epochs.  40 leaves room for a few notes on another machine (a Mac's MPS lines) and fails on a
-# screen of progress bars or of Ray's start-up and worker lines.
+# bounded by the API at 25 lines).  The longest cell is train(evaluate=True): the features line, the
+# resource plan, the evaluation's table and verdict and the report's path, 21 lines here (the epoch
+# lines go to one display updated in place; 2 more lines where they are printed).  40 leaves room for
+# a few notes on another machine (a Mac's MPS lines) and fails on a screen of progress bars or of
+# Ray's start-up and worker lines.
 MAX_CELL_LINES = 40
 CELL_TIMEOUT_S = 300  # one cell; the longest, the sweep, took 74 s on a 2-core machine under heavy load
-# Ray's own lines: its log format ("2026-12-05 07:00:00,123\tINFO worker.py:1 -- ...") and the prefix its
-# workers' lines carry in the driver ("(TrainTrainable pid=123) ...").
 # Printed by Ray (ray/widgets/util.py) in a kernel without ipywidgets, when the API first imports Ray's
 # libraries (in ar.env() and in ar.train()); not ours to print, and not yet silenced by the API.
 KNOWN_RAY_LINE = "Missing packages: ['ipywidgets']"
+# Ray's own lines: its log format ("2026-12-05 07:00:00,123\tINFO worker.py:1 -- ...") and the prefix its
+# workers' lines carry in the driver ("(TrainTrainable pid=123) ...").
 RAY_LINE = re.compile(r"^\s*\(\w[\w.:-]* pid=\d+|\b(?:INFO|WARNING|ERROR) \w+\.py:\d+ -- ", re.MULTILINE)
 
 
@@ -86,6 +87,15 @@ def _printed(outputs: list[dict]) -> str:
     return "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
 
 
+def _described(process) -> str:
+    import psutil
+
+    try:
+        return f"{process.pid} {' '.join(process.cmdline())}"[:160]
+    except psutil.Error:
+        return f"{process.pid} (gone since)"
+
+
 def _run_notebook(tmp_path: Path):
     """Runs every cell in a fresh kernel; returns the executed notebook, each cell's seconds, the
     processes that outlived the kernel, the notebook's seconds (start to shutdown), the number of
@@ -118,9 +128,11 @@ def _run_notebook(tmp_path: Path):
             spawned = kernel.children(recursive=True)
         total = time.monotonic() - started
         gone, alive = psutil.wait_procs(spawned, timeout=120)
-        left = [f"{p.pid} {' '.join(p.cmdline())[:160]}" for p in alive if p.is_running()]
-        ours = [p for p in psutil.process_iter(["pid", "cmdline"]) if str(scratch) in " ".join(p.info["cmdline"] or [])]
-        left += [f"{p.pid} {' '.join(p.info['cmdline'])[:160]}" for p in ours if p not in alive]
+        # the kernel's children that outlived it, and any process running from its TMPDIR (Ray's session)
+        left = [p for p in alive if p.is_running()]
+        left += [p for p in psutil.process_iter(["cmdline"]) if p not in left
+                 and str(scratch) in " ".join(p.info["cmdline"] or [])]
+        left = [_described(p) for p in left]
         return nb, seconds, left, total, len(spawned), work
     finally:
         for process in spawned:  # the kernel's own children only, if any outlived it
