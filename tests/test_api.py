@@ -178,11 +178,12 @@ def test_a_script_and_the_command_line_leave_the_same_run_and_model_files(traine
     assert main(args) == 0
     cli_run = max((root / "results").glob("api-cli-*"))
 
-    def files(folder: Path) -> list[str]:
-        # TensorBoard's event files carry the host and time in their names, a look its time and id
+    def files(folder: Path) -> set[str]:
+        # TensorBoard's event files carry the host and time in their names, a look its time and id (and the
+        # script's model may have more looks: another test of this module evaluates it again)
         names = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()
                  and "events.out.tfevents" not in p.name]
-        return sorted("looks/<a look>" if name.startswith("looks/") else name for name in names)
+        return {"looks/<a look>" if name.startswith("looks/") else name for name in names}
 
     assert files(cli_run) == files(Path(result.run_dir))
     assert files(root / "models" / "api-cli") == files(Path(result.model_dir))
@@ -221,4 +222,4 @@ def test_one_call_at_a_time_in_a_process():
     finally:
         release.set()
         thread.join()
-    assert ar.env().device.device in ("cpu", "cuda", "mps", "xpu")  # free again
+    assert ar.env().device.reason  # free again: the call ran and decided a device

@@ -1,13 +1,12 @@
-"""Multi-node on one machine: a real two-node Ray (``ray.cluster_utils.Cluster``) with a 2-worker
-run whose workers land on different nodes, the refusal of node-local storage there, and a node lost
-during training; and jobs submitted to a cold autoscaling head (tests/fake_cluster.py) that must add
-nodes for them."""
+"""Multi-node on one machine: a real second Ray node (``ray.cluster_utils.Cluster``) and a 2-worker
+run whose workers land on different nodes; the refusal of node-local storage there; and jobs
+submitted to a cold autoscaling head (tests/fake_cluster.py) that must add nodes for them."""
 
 import json
-import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,136 +14,52 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-# ---- a two-node local Ray (ray.cluster_utils.Cluster) ----------------------------------------
+@pytest.mark.slow
+def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
+    # its own cluster in its own process: the test session's Ray stays untouched
+    script = textwrap.dedent(f"""
+        import json, os
+        os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.1"
+        import ray
+        from ray.cluster_utils import Cluster
+        from alchemetric_ray.config import load_config
+        from alchemetric_ray.errors import UserError
+        from alchemetric_ray.training.trainer import run_training
 
-# One cluster for both multi-node tests, in a process of its own (the test session's Ray stays
-# untouched): a head with no CPUs and two 2-CPU nodes.  First a 2-worker run spread over the two
-# nodes (after the refusal of node-local storage there), then the node-lost run, which removes a
-# node and so comes last.  A node that stops answering is declared dead after 3 missed health checks
-# 0.5 s apart (Ray's default: 5 x 3 s), so that the node-lost run does not wait 15 s for Ray to notice.
-# Each part's error is kept apart, so that one part failing does not hide the other's results.
-_TWO_NODES = """
-import json, os, sys, threading, time, traceback
-os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.1"
-import ray
-from ray.cluster_utils import Cluster
-from alchemetric_ray.config import load_config
-from alchemetric_ray.errors import UserError
-from alchemetric_ray.training.trainer import run_training
-
-stocknet, root = sys.argv[1], sys.argv[2]
-
-
-def two_workers(out):
-    base = [f"data.path={stocknet}", "data.source=files", "data.tickers=AAPL,MSFT", f"storage.path={root}/nfs",
-            f"storage.models_dir={root}/models", "storage.name=multi", "train.epochs=2", "model.hidden=16",
-            "scaling.workers=2", "scaling.cpus_per_worker=1", "scaling.placement=STRICT_SPREAD", "device.name=cpu"]
-    try:
-        run_training(load_config(None, base), progress=False)
-    except UserError as exc:
-        out["refused"] = str(exc)
-    res = run_training(load_config(None, base + ["storage.shared=true"]), progress=False)
-    out["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
-    out["node_ids"] = res.summary.node_ids
-    out["run_path"] = str(res.run_path)
-    out["model_dir"] = str(res.model_dir)
-
-
-def node_lost(out):
-    cfg = load_config(None, [f"data.path={stocknet}", "data.source=files", "data.tickers=AAPL,MSFT",
-                             f"storage.path={root}/nfs", "storage.shared=true", f"storage.models_dir={root}/models",
-                             "storage.name=lost", "storage.run=lost", "train.epochs=6", "train.patience=0",
-                             "model.name=lstm", "model.hidden=32", "train.batch_size=32", "scaling.workers=1",
-                             "scaling.cpus_per_worker=1", "scaling.max_failures=2"])
-    earlier = set(ray.util.placement_group_table())  # the 2-worker runs' groups
-    result, error = [], []
-    def go():
+        cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 2}})
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        out = {{}}
         try:
-            result.append(run_training(cfg, progress=False))
-        except BaseException as exc:
-            error.append(f"{type(exc).__name__}: {exc}")
-    runner = threading.Thread(target=go, daemon=True)
-    runner.start()
-    first = f"{root}/nfs/lost/epoch-0000/meta.json"
-    deadline = time.monotonic() + 600
-    while not os.path.exists(first) and time.monotonic() < deadline and runner.is_alive():
-        time.sleep(0.05)
-    # the worker group's placement group says where the worker runs (the session Ray's
-    # dashboard holds the default port, so this cluster runs without one)
-    placed = [pg["bundles_to_node_id"][0] for pg_id, pg in ray.util.placement_group_table().items()
-              if pg_id not in earlier and pg["state"] == "CREATED" and pg["bundles"][0].get("CPU", 0) >= 1]
-    lost = [n for n in nodes if n.node_id == placed[-1]][0]
-    out["lost_node"] = lost.node_id
-    cluster.remove_node(lost, allow_graceful=False)
-    removed_at = time.monotonic()
-    runner.join(600)
-    out["seconds_after_loss"] = time.monotonic() - removed_at
-    out["finished"] = not runner.is_alive()
-    out["error"] = error[0] if error else None
-    if result:
-        out["epochs_run"] = result[0].summary.epochs_run
-        out["node_ids"] = result[0].summary.node_ids
-        out["model_dir"] = str(result[0].model_dir)
-
-
-cluster = Cluster(initialize_head=True, head_node_args={
-    "num_cpus": 0, "include_dashboard": False,
-    "_system_config": {"health_check_period_ms": 500, "health_check_timeout_ms": 1000,
-                       "health_check_failure_threshold": 3}})
-nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
-cluster.wait_for_nodes()
-ray.init(address=cluster.address, log_to_driver=False)
-out = {"two_workers": {}, "node_lost": {}}
-try:
-    for part in (two_workers, node_lost):  # node_lost last: it removes a node
-        try:
-            part(out[part.__name__])
-        except Exception:
-            out[part.__name__]["failed"] = traceback.format_exc()
-finally:
-    ray.shutdown()
-    cluster.shutdown()
-print("RESULT:" + json.dumps(out))
-"""
-
-
-@pytest.fixture(scope="module")
-def two_node_ray(stocknet_dir, tmp_path_factory) -> tuple[dict, Path]:
-    """Both runs on the two-node Ray above: what each part saw, and the folder its storage is under."""
-    root = tmp_path_factory.mktemp("two-nodes")
-    proc = subprocess.run([sys.executable, "-c", _TWO_NODES, str(stocknet_dir), str(root)], capture_output=True,
-                          text=True, timeout=1200, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+            base = ["data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT",
+                    "storage.path={tmp_path / 'nfs'}", "storage.models_dir={tmp_path / 'models'}",
+                    "storage.name=multi", "train.epochs=2", "model.hidden=16", "scaling.workers=2",
+                    "scaling.cpus_per_worker=1", "scaling.placement=STRICT_SPREAD", "device.name=cpu"]
+            try:
+                run_training(load_config(None, base), progress=False)
+            except UserError as exc:
+                out["refused"] = str(exc)
+            res = run_training(load_config(None, base + ["storage.shared=true"]), progress=False)
+            out["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
+            out["node_ids"] = res.summary.node_ids
+            out["run_path"] = str(res.run_path)
+            out["model_dir"] = str(res.model_dir)
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+        print("RESULT:" + json.dumps(out))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, cwd=REPO,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT:"):]), root
-
-
-@pytest.mark.slow
-def test_two_workers_on_two_nodes_with_shared_storage(two_node_ray):
-    runs, root = two_node_ray
-    out = runs["two_workers"]
-    assert "failed" not in out, out.get("failed")
-    assert out["nodes"] == 3  # the head (no CPUs) and the two 2-CPU nodes
-    assert "is a local folder but the Ray cluster has 3 nodes" in out["refused"]
+    out = json.loads(lines[-1][len("RESULT:"):])
+    assert out["nodes"] == 2
+    assert "is a local folder but the Ray cluster has 2 nodes" in out["refused"]
     assert len(out["node_ids"]) == 2 and out["node_ids"][0] != out["node_ids"][1]
     checkpoints = sorted(Path(out["run_path"]).glob("epoch-*/state.pt"))
-    assert checkpoints and str(root / "nfs") in out["run_path"]
-    assert (Path(out["model_dir"]) / "weights.pt").is_file()
-
-
-@pytest.mark.slow
-def test_node_lost_mid_training_recovers_on_the_remaining_node(two_node_ray):
-    """(Moved from test_faults.py, to share the two-node Ray.)  The node running the training worker is
-    removed after the first checkpoint; the run restarts on the other 2-CPU node and finishes from that
-    checkpoint, within a bounded time."""
-    runs, _ = two_node_ray
-    out = runs["node_lost"]
-    assert "failed" not in out, out.get("failed")
-    assert out["finished"], "the run neither recovered nor failed within 10 minutes of losing a node"
-    assert out["error"] is None, out["error"]
-    assert out["epochs_run"] == 6
-    assert out["lost_node"] not in out["node_ids"]  # the resumed session ran on the remaining node
-    print(f"recovered and finished {out['seconds_after_loss']:.1f} s after the node was lost")
+    assert checkpoints and str(tmp_path / "nfs") in out["run_path"]
     assert (Path(out["model_dir"]) / "weights.pt").is_file()
 
 
@@ -156,11 +71,7 @@ def test_node_lost_mid_training_recovers_on_the_remaining_node(two_node_ray):
 # run there).  Two clusters, not one with both types: the fake nodes share this machine's disk, and
 # a node that joins while a job runs unpacks the job's working_dir over the same folder (Ray
 # overwrites it on a node's first use), deleting the cwd of the job's driver on the head; with one
-# CPU type at its maximum, no node joins during the tune job.  (Tried for issue 40: one cluster with
-# both types, GPU jobs first.  The GPU jobs' CPU-only demand brought the CPU node up during a GPU job,
-# because the autoscaler keeps GPU nodes for GPU work, so the CPU test could no longer see the node
-# added for its run.  In the other order, CPU demand beyond the CPU node brings the GPU node into the
-# tune job.)
+# CPU type at its maximum, no node joins during the tune job.
 NODE_TYPES = {"cpu_worker": {"resources": {"CPU": 4}, "max_workers": 1}}
 GPU_NODE_TYPES = {"gpu_worker": {"resources": {"CPU": 2, "GPU": 1}, "max_workers": 1}}
 RUN_ARGS = ["model.hidden=8", "train.epochs=1"]
@@ -195,10 +106,10 @@ def cold_head():
 def _submit(cluster, *entry) -> tuple[int, str]:
     import time
 
+    # excludes anchored at the repository's root: an unanchored "models" also left alchemetric_ray/models
+    # out of the uploaded package (the job then imported that room from wherever else it was installed)
     cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", f"--address={cluster.dashboard}",
            f"--working-dir={REPO}",
-           # anchored: an unanchored "models" would also leave out alchemetric_ray/models, which the job would
-           # then import from wherever the package is installed
            "--runtime-env-json", json.dumps({"excludes": ["/.venv", "/.git", "/results", "/models", "/bench/results"]}),
            "--", sys.executable, *entry]
     for _ in range(30):  # the head's job agent starts a little after its dashboard answers

@@ -334,7 +334,8 @@ def test_one_sweep_over_label_kinds_stopped_three_ways_keeps_its_state_and_each_
     assert "; continue with: alchemetric-ray " in lines[0], lines
     found = re.search(rf"^interrupted by SIGTERM after (\d) of {total} trial\(s\) finished \(sweep {name}, its state "
                       r"saved\)", lines[0])
-    assert found and len(kept) < int(found.group(1)) < total, (lines, kept)
+    # at least the trials kept before (Tune may count the new one just after our line about it was printed)
+    assert found and len(kept) <= int(found.group(1)) < total, (lines, kept)
     assert all(_finished_trials(sweep_dir)[trial] == ckpts for trial, ckpts in kept.items())
     kept = _finished_trials(sweep_dir)
 

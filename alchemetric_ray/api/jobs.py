@@ -22,7 +22,7 @@ that the cluster and this machine share).  A head that gives no answer within
 Ray's own address variables (``RAY_ADDRESS``, ``RAY_API_SERVER_ADDRESS``) would silently replace the
 ``address`` given here inside the client; they are set aside while it is made.  Where a Ray token
 exists on this machine (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN``) it is sent to the head, as
-``ray.init(address=...)`` does, unless ``RAY_AUTH_MODE=disabled``.
+``ray.init(address=...)`` does, unless token authentication is off (``RAY_AUTH_MODE`` set to ``disabled``).
 """
 
 from __future__ import annotations

@@ -36,14 +36,21 @@ class LiveLines:
         self.handle: Any = None
         self.count = 0
         self._partial = ""
-        self._lock = threading.Lock()
+        # re-entrant: IPython's display() flushes sys.stdout (this stream) before it publishes, from
+        # inside write(); a plain Lock deadlocked the kernel at the first progress line
+        self._lock = threading.RLock()
+        self._writing = False
 
     def write(self, text: str) -> int:
         with self._lock:
             self._partial += text
             *lines, self._partial = self._partial.split("\n")
-            for line in lines:
-                self._line(line)
+            self._writing = True
+            try:
+                for line in lines:
+                    self._line(line)
+            finally:
+                self._writing = False
         return len(text)
 
     def _line(self, line: str) -> None:
@@ -62,7 +69,7 @@ class LiveLines:
 
     def flush(self) -> None:
         with self._lock:
-            if self._partial:
+            if self._partial and not self._writing:  # a partial line stays whole while write() displays
                 self.stream.write(self._partial)
                 self._partial = ""
         self.stream.flush()
