@@ -71,6 +71,26 @@ def held_during() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def spared_by_kernel_interrupts() -> Iterator[None]:
+    """In a Jupyter kernel: SIGINT ignored while the block starts a Ray, so that every process it starts
+    inherits "ignore SIGINT".  Jupyter's interrupt signals the kernel's whole process group: Ray's own
+    binaries block SIGINT, but the dashboard's module processes (forked by a multiprocessing forkserver
+    that restores Python's default handler) died of it, and with them the State API and job API of the
+    user's Ray.  A Ctrl-C during the start itself (seconds) is not seen; elsewhere (the command line,
+    which ends its Ray itself) nothing changes."""
+    from alchemetric_ray.api.notebook import in_notebook
+
+    if threading.current_thread() is not threading.main_thread() or not in_notebook():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 # ---- the signals a scheduler or a closed terminal sends ----------------------------------------
 
 STOP_SIGNALS = ("SIGTERM", "SIGHUP")
