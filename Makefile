@@ -65,6 +65,7 @@ test-fast: install lint
 # tests/test_config_reference.py fails when the committed file is stale.
 docs: install
 	$(BIN)/python -m alchemetric_ray.config_reference --out docs/configuration.md
+	$(BIN)/python -m alchemetric_ray.api_reference --out docs/python.md
 
 # Benchmarks (bench/, results in bench/results/*.json).  `bench` is the quick set (under 15 minutes on a quiet 2-core
 # machine); `bench-full` adds the 10M-row sizes and the 8-trial sweep.

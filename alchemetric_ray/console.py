@@ -122,6 +122,15 @@ def _plain_repeat_suffix() -> None:
         ray_logging._color = str  # type: ignore[assignment]  # a monkeypatch of Ray's function
 
 
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (an IPython shell that talks to a front end over ZMQ)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    shell = ipython.get_ipython() if hasattr(ipython, "get_ipython") else None
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
 def is_tty() -> bool:
     """Live progress (a line rewritten in place) only where a person watches a terminal."""
     return sys.stderr.isatty()

@@ -27,11 +27,11 @@ class Interrupted(KeyboardInterrupt):
 
 
 class CheckpointError(UserError, RuntimeError):
-    pass
+    """A checkpoint that cannot be written or read whole (a run folder's ``epoch-NNNN``)."""
 
 
 class ModelDirError(UserError, ValueError):
-    pass
+    """A saved model folder that cannot be loaded: a missing or mismatched file, a wrong shape."""
 
 
 class DataError(UserError, ValueError):
@@ -46,11 +46,11 @@ class ConfigError(UserError, ValueError):
 
 
 class CrossSectionError(UserError, ValueError):
-    pass
+    """A per-date (cross-sectional) feature or label that cannot be computed as configured."""
 
 
 class FeatureError(UserError, ValueError):
-    pass
+    """An unknown or unusable feature name in ``features.names`` (with a did-you-mean)."""
 
 
 class ShardError(UserError, ValueError):
@@ -58,11 +58,11 @@ class ShardError(UserError, ValueError):
 
 
 class SplitError(UserError, ValueError):
-    pass
+    """Split dates that do not fit the data (train, validation and test segments, the embargo)."""
 
 
 class UnsafeNameError(UserError, ValueError):
-    pass
+    """A name used as a file or folder name that is not a plain name (no separators, no '..')."""
 
 
 class DiskFullError(UserError, OSError):
@@ -92,7 +92,7 @@ class PrecisionError(UserError, ValueError):
 
 
 class DoctorRequired(UserError, RuntimeError):
-    pass
+    """A run that needs a passing ``doctor`` on this backend first (MPS mixed precision)."""
 
 
 class UnknownModelError(UserError, KeyError):
@@ -105,7 +105,7 @@ class ModelModuleError(UserError, ImportError):
 
 
 class OutputError(UserError):
-    pass
+    """An output path that holds something the product did not make: refused before any work."""
 
 
 class StartTimeout(UserError, TimeoutError):
@@ -117,31 +117,31 @@ class GpuPreflightError(UserError, RuntimeError):
 
 
 class CapacityError(UserError, ValueError):
-    pass
+    """A run that no node of the cluster (or of its node types) can hold."""
 
 
 class PlanError(UserError, RuntimeError):
-    pass
+    """A resource plan that cannot be made from the config and the cluster."""
 
 
 class RayAddressError(UserError):
-    pass
+    """A Ray address that cannot be joined (a dashboard URL, no head answering, a bad form)."""
 
 
 class EvaluationError(UserError, ValueError):
-    pass
+    """An evaluation that cannot run as asked (its options, its data or the model's segments)."""
 
 
 class SignalError(UserError, ValueError):
-    pass
+    """Data that cannot be scored by the model (its features, its window, its folder)."""
 
 
 class StorageError(UserError, RuntimeError):
-    pass
+    """A folder or bucket that cannot be reached, read or written (local disk or object storage)."""
 
 
 class TrackingError(UserError):
-    pass
+    """An MLflow store or registry that cannot be used as configured."""
 
 
 class ShadowDivergence(UserError, RuntimeError):
@@ -149,7 +149,7 @@ class ShadowDivergence(UserError, RuntimeError):
 
 
 class TrainError(UserError, RuntimeError):
-    pass
+    """A training run that cannot start or did not finish (one line naming why)."""
 
 
 class BusyError(UserError, RuntimeError):

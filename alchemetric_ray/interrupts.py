@@ -79,7 +79,7 @@ def spared_by_kernel_interrupts() -> Iterator[None]:
     that restores Python's default handler) died of it, and with them the State API and job API of the
     user's Ray.  A Ctrl-C during the start itself (seconds) is not seen; elsewhere (the command line,
     which ends its Ray itself) nothing changes."""
-    from alchemetric_ray.api.notebook import in_notebook
+    from alchemetric_ray.console import in_notebook
 
     if threading.current_thread() is not threading.main_thread() or not in_notebook():
         yield

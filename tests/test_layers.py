@@ -33,6 +33,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sweeps", "signals", "checks"),  # what is built on training: sweeps, predictions, backend checks
     ("api",),  # the public calls: one per command, typed results, the process guard
     ("cli",),  # the commands
+    (ROOT,),  # the package's own __init__: the public surface, above everything it exports
+    ("api_reference",),  # docs/python.md, generated from the public surface
 )
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -120,8 +122,6 @@ def unit(module: str) -> str:
 
 def layer_of(module: str) -> int | None:
     name = unit(module)
-    if name == ROOT:
-        return len(LAYERS)  # the package's own __init__: the public surface, above everything it exports
     return next((k for k, names in enumerate(LAYERS) if name in names), None)
 
 

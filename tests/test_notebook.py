@@ -35,9 +35,6 @@ NOTEBOOK = REPO / "examples" / "quickstart.ipynb"
 # Ray's start-up and worker lines.
 MAX_CELL_LINES = 40
 CELL_TIMEOUT_S = 300  # one cell; the longest, the sweep, took 74 s on a 2-core machine under heavy load
-# Printed by Ray (ray/widgets/util.py) in a kernel without ipywidgets, when the API first imports Ray's
-# libraries (in ar.env() and in ar.train()); not ours to print, and not yet silenced by the API.
-KNOWN_RAY_LINE = "Missing packages: ['ipywidgets']"
 # Ray's own lines: its log format ("2026-12-05 07:00:00,123\tINFO worker.py:1 -- ...") and the prefix its
 # workers' lines carry in the driver ("(TrainTrainable pid=123) ...").
 RAY_LINE = re.compile(r"^\s*\(\w[\w.:-]* pid=\d+|\b(?:INFO|WARNING|ERROR) \w+\.py:\d+ -- ", re.MULTILINE)
@@ -188,10 +185,8 @@ def test_the_quickstart_runs_in_a_real_kernel_and_reads_well(tmp_path):
 
     ray_lines = {i: RAY_LINE.search(_printed(cell.get("outputs", []))) for i, cell in code}
     ray_lines = {i: _line_at(_printed(nb.cells[i].outputs), m.start()) for i, m in ray_lines.items() if m}
-    known = {i: line for i, line in ray_lines.items() if KNOWN_RAY_LINE in line}
-    assert {i: line for i, line in ray_lines.items() if i not in known} == {}, "Ray's own lines in a cell"
-    if known:  # reported to the API's owner (issue 48 item 3); any other Ray line above fails
-        pytest.xfail(f"Ray's line about ipywidgets in cells {sorted(known)}: {next(iter(known.values()))}")
+    # none, also not Ray's note on its first import in a kernel that ipywidgets is missing (api/guard.py)
+    assert ray_lines == {}, "Ray's own lines in a cell"
 
 
 def _line_at(text: str, offset: int) -> str:

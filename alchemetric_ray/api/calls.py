@@ -59,10 +59,10 @@ def _call(name: str) -> Iterator[contextlib.ExitStack]:
 def features(cfg: RunConfig | None = None, *, data: Any = None, out: str | Path,
              progress: bool | None = None) -> Shards:
     """Market data -> labelled, normalized Parquet feature shards and their manifest in ``out``."""
-    from alchemetric_ray import console
-    from alchemetric_ray.data.shards import build_shards
-
     with _call("features") as scratch:
+        from alchemetric_ray import console
+        from alchemetric_ray.data.shards import build_shards
+
         cfg = _config(cfg, data, scratch)
         summary = build_shards(cfg, out, progress=console.is_tty() if progress is None else progress)
         result = Shards.of(summary)
@@ -74,9 +74,9 @@ def train(cfg: RunConfig | None = None, *, data: Any = None, resume: bool = Fals
           evaluate: bool = False) -> TrainResult:
     """Train with Ray Train, export the best checkpoint and (``evaluate``) score the saved model on its
     test segment against the baselines; the run's ``result.json`` is written last."""
-    from alchemetric_ray.training.trainer import run_training
-
     with _call("train") as scratch:
+        from alchemetric_ray.training.trainer import run_training
+
         cfg = _config(cfg, data, scratch, *(["storage.resume=true"] if resume else []))
         try:
             outcome = run_training(cfg)
@@ -86,7 +86,7 @@ def train(cfg: RunConfig | None = None, *, data: Any = None, resume: bool = Fals
         if evaluate and outcome.model_dir:
             model = Model.load(str(outcome.model_dir))
             result._model = model
-            result.evaluation = _evaluate_export(model, data_path(data, scratch), outcome.config or cfg, outcome.log)
+            result.evaluation = _evaluate_export(model, _bars(data, cfg, scratch), outcome.config or cfg, outcome.log)
         save_result(outcome.run_path, result)
         return result
 
@@ -95,9 +95,9 @@ def tune(cfg: RunConfig | None = None, *, data: Any = None, resume: bool = False
          evaluate: bool = False) -> SweepResult:
     """Sweep hyperparameters with Ray Tune, report, export the best trial and (``evaluate``) score it on
     its test segment; the sweep's ``result.json`` is written last."""
-    from alchemetric_ray.sweeps.sweep import run_sweep
-
     with _call("tune") as scratch:
+        from alchemetric_ray.sweeps.sweep import run_sweep
+
         cfg = _config(cfg, data, scratch, *(["storage.resume=true"] if resume else []))
         try:
             outcome = run_sweep(cfg)
@@ -108,9 +108,17 @@ def tune(cfg: RunConfig | None = None, *, data: Any = None, resume: bool = False
             model = Model.load(str(outcome.model_dir))
             result._model = model
             saved = model.config.replace(f"device.name={cfg.device.name}")
-            result.evaluation = _evaluate_export(model, data_path(data, scratch), saved, outcome.log)
+            result.evaluation = _evaluate_export(model, _bars(data, cfg, scratch), saved, outcome.log)
         save_result(outcome.path, result)
         return result
+
+
+def _bars(data: Any, cfg: RunConfig, scratch: contextlib.ExitStack) -> str | None:
+    """What an evaluation after training scores: the bars given, or None (the model's own test segment)
+    where the run trained on a feature-shard folder, which holds no bars to score."""
+    from alchemetric_ray.training.trainer import given_shards
+
+    return None if given_shards(cfg) is not None else data_path(data, scratch)
 
 
 def _evaluate_export(model: Model, data: str | None, cfg: RunConfig, log) -> Evaluation:
@@ -169,18 +177,18 @@ def doctor(cfg: RunConfig | None = None, *, device: str | None = None, model: st
            quick: bool = False):
     """Verify the model on each device and precision here (operator coverage, CPU parity, mixed
     precision, speed) and recommend one: a ``DoctorReport`` (``.verdict.exit_code`` 0 when it passes)."""
-    from alchemetric_ray.checks.run import run_doctor
-
     with api_call("doctor"):
+        from alchemetric_ray.checks.run import run_doctor
+
         return run_doctor(cfg or _load_config(), device=device, model_dir=None if model is None else str(model),
                           quick=quick)
 
 
 def env(cfg: RunConfig | None = None):
     """Versions, devices, CPU flags, and the device and precision a run would choose here."""
-    from alchemetric_ray.hardware.report import environment_report
-    from alchemetric_ray.models import model_spec
-
     with api_call("env"):
+        from alchemetric_ray.hardware.report import environment_report
+        from alchemetric_ray.models import model_spec
+
         cfg = cfg or _load_config()
         return environment_report(cfg.device.name, cfg.precision.mode, model_spec(cfg.model), cfg.precision.tf32)

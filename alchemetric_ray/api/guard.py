@@ -116,10 +116,13 @@ def api_call(name: str) -> Iterator[None]:
         raise BusyError(f"ar.{name}: ar.{_running[0] if _running else 'another call'} is still running in this "
                         "process; one call at a time (wait for it, or use another process)")
     _running.append(name)
+    for logger in NOTEBOOK_NOISE_LOGGERS:  # noted (so put back) before the call first imports Ray's libraries
+        logging.getLogger(logger)
     state = ProcessState.capture()
     try:
         os.environ.update(_session_env)
         console.plain_output()  # into a pipe or a notebook's cell: Ray's forwarded lines without colour codes
+        _quiet_notebook_noise()
         with live_progress():
             yield
     finally:
@@ -127,6 +130,21 @@ def api_call(name: str) -> Iterator[None]:
         state.restore()
         _running.clear()
         _lock.release()
+
+
+# Ray's note, on its first import in a kernel, that ipywidgets is missing (its own rich displays only),
+# and tqdm's warning about the same: nothing of ours needs ipywidgets (progress: api/notebook.py)
+NOTEBOOK_NOISE_LOGGERS = ("ray.widgets.util",)
+
+
+def _quiet_notebook_noise() -> None:
+    import warnings
+
+    if console.verbose():
+        return
+    for logger in NOTEBOOK_NOISE_LOGGERS:
+        logging.getLogger(logger).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="IProgress not found")
 
 
 def _keep_session_env(before: dict[str, str]) -> None:

@@ -16,16 +16,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from alchemetric_ray.console import in_notebook
+
 PROGRESS = re.compile(r"^(epoch \d+/\d+|trial \S+ finished)")
-
-
-def in_notebook() -> bool:
-    """Whether this process is a Jupyter kernel (an IPython shell that talks to a front end over ZMQ)."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return False
-    shell = ipython.get_ipython() if hasattr(ipython, "get_ipython") else None
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
 class LiveLines:

@@ -86,7 +86,7 @@ class Verdict:
                 "exit_code": self.exit_code, "reasons": self.reasons}
 
 
-@dataclass
+@dataclass(repr=False)
 class DoctorReport:
     """What one doctor run found.  ``certificate`` (with ``--model``) is the dict written to the saved
     model's ``certificate.json``; ``run`` the step every check ran."""
@@ -97,6 +97,14 @@ class DoctorReport:
     targets: list[TargetResult]
     certificate: dict[str, Any] | None
     verdict: Verdict
+
+    def __repr__(self) -> str:  # what the command prints: a notebook shows it as text, not as fields
+        return format_report(self)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre>{html.escape(format_report(self))}</pre>"
 
     def as_dict(self) -> dict[str, Any]:
         return {"inventory": self.inventory.as_dict(), "model": self.model,

@@ -119,7 +119,7 @@ class PrecisionDecision:
         return {"error": self.error} if self.precision is None else self.precision.as_dict()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class EnvironmentReport:
     """What this machine offers and what a run here would choose.  ``precision`` is None where no device
     was decided."""
@@ -143,6 +143,14 @@ class EnvironmentReport:
     def refused(self) -> bool:
         """Whether the device or the precision asked for was refused here."""
         return self.device.error is not None or (self.precision is not None and self.precision.error is not None)
+
+    def __repr__(self) -> str:  # what the command prints: a notebook shows it as text, not as fields
+        return format_report(self)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre>{html.escape(format_report(self))}</pre>"
 
     def as_dict(self) -> dict[str, Any]:
         precision = {} if self.precision is None else {"precision": self.precision.as_dict()}

@@ -95,8 +95,10 @@ def ensure_ray(cfg: RunConfig) -> None:
         env[API_SERVER_ENV] = f"http://127.0.0.1:{port}"
         # address="local": always a new Ray of our own, never one a `ray start` on this machine left running
         try:
-            ray.init(address="local", num_cpus=local_ray_cpus(), include_dashboard=True,
-                     dashboard_host="127.0.0.1", dashboard_port=port, runtime_env=runtime_env, **quiet)
+            # in a kernel, its interrupt (SIGINT to the process group) must not end this Ray's processes
+            with interrupts.spared_by_kernel_interrupts():
+                ray.init(address="local", num_cpus=local_ray_cpus(), include_dashboard=True,
+                         dashboard_host="127.0.0.1", dashboard_port=port, runtime_env=runtime_env, **quiet)
         except BaseException:  # a Ctrl-C or SIGTERM while Ray starts: none of its processes outlives this one
             _end_partial_start()
             raise

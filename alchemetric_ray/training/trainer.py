@@ -25,7 +25,7 @@ from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.errors import ConfigError, Interrupted, StorageError, TrainError, UserError
 from alchemetric_ray.fsutil import is_uri, safe_child
 from alchemetric_ray.hardware.records import require_doctor_checked_precision
-from alchemetric_ray.interrupts import seen_during, spared_by_kernel_interrupts
+from alchemetric_ray.interrupts import seen_during
 from alchemetric_ray.models import model_spec
 from alchemetric_ray.placement.autoscale import CONTROLLER_FAILURE_LIMIT, run_bundles, scale_up
 from alchemetric_ray.placement.capacity import discover_capacity
@@ -263,8 +263,7 @@ def plan_run(cfg: RunConfig, *, sweep: bool = False, local_mode: bool | None = N
             console.quiet_without_ray()
             return plan, local, why
     up = ray.is_initialized()
-    with spared_by_kernel_interrupts():  # a Ray started in a kernel outlives the kernel's interrupts
-        ensure_ray(cfg)
+    ensure_ray(cfg)
     check_storage_reaches_every_node(cfg)
     plan = plan_resources(cfg, ray.cluster_resources(), discover_capacity(cfg), trial=sweep)
     local, why = (False, "a sweep's trials") if sweep else \
