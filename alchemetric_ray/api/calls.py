@@ -64,7 +64,13 @@ def features(cfg: RunConfig | None = None, *, data: Any = None, out: str | Path,
         from alchemetric_ray.data.shards import build_shards
 
         cfg = _config(cfg, data, scratch)
-        summary = build_shards(cfg, out, progress=console.is_tty() if progress is None else progress)
+        try:
+            summary = build_shards(cfg, out, progress=console.is_tty() if progress is None else progress)
+        except Interrupted:
+            raise
+        except KeyboardInterrupt:  # a notebook's interrupt: the shards are written whole or not at all
+            raise Interrupted(f"interrupted before the shards in {out} were written (nothing half-written is left)",
+                              resumable=False, remedy="run the same call again") from None
         result = Shards.of(summary)
         save_result(summary.out, result)
         return result
