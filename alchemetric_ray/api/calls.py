@@ -70,7 +70,7 @@ def features(cfg: RunConfig | None = None, *, data: Any = None, out: str | Path,
             raise
         except KeyboardInterrupt:  # a notebook's interrupt: the shards are written whole or not at all
             raise Interrupted(f"interrupted before the shards in {out} were written (nothing half-written is left)",
-                              resumable=False, remedy="run the same call again") from None
+                              resumable=False, remedy="run the same call again").continued_by("") from None
         result = Shards.of(summary)
         save_result(summary.out, result)
         return result
