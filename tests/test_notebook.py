@@ -171,6 +171,8 @@ def test_the_quickstart_runs_in_a_real_kernel_and_reads_well(tmp_path):
     assert tracebacks == [], f"cells printing a traceback: {tracebacks}"
 
     html = [o["data"]["text/html"] for o in outputs if "text/html" in (o.get("data") or {})]
+    # no empty display (Tune's notebook reporter shows one, and clears the cell's output on its first table)
+    assert all("".join(h).strip() for h in html), "an empty HTML output"
     assert any("<table" in text for text in html), "no HTML table among the outputs"
     pngs = [o for o in outputs if "image/png" in (o.get("data") or {})]
     assert pngs or any("data:image/png;base64," in text for text in html), "no PNG image among the outputs"

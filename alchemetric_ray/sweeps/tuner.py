@@ -59,12 +59,23 @@ def fit_sweep(job: SweepJob, space: dict, limit: int, start_timeout_s: float):
                 time_budget_s=cfg.tune.time_budget_s or None,
             ),
             run_config=tune.RunConfig(name=name, **storage,
-                                      verbose=0 if not console.verbose() else 1,
+                                      verbose=0 if not console.verbose() else 1, **_reporter(),
                                       callbacks=[trial_lines(selection_metric(cfg), selection_mode(cfg))],
                                       **_trial_checkpoints(job.trial_cfg, job.plan)),
         )
     with console.environment(console.tune_switches(local_storage=filesystem is None)):
         return tuner.fit()
+
+
+def _reporter() -> dict:
+    """In a Jupyter kernel Tune picks its notebook reporter, which shows an empty HTML output at once and
+    clears the cell's earlier output (ours) on its first table; its plain reporter prints nothing at
+    verbose=0.  With --verbose, Tune's own choice."""
+    if console.verbose() or not console.in_notebook():
+        return {}
+    from ray.tune import CLIReporter
+
+    return {"progress_reporter": CLIReporter()}
 
 
 def _scheduler(cfg: RunConfig):
