@@ -196,6 +196,7 @@ def test_followed_from_a_running_loop_then_stopped(head, tmp_path):
     assert job.wait() == "STOPPED"
 
 
+@pytest.mark.slow  # the module's real head takes a minute to start: make test only
 def test_refused_before_anything_is_sent(head, tmp_path):
     (tmp_path / "prices.csv").write_text("ticker,date,open,high,low,close,volume\n")
     elsewhere = f"http://{socket.gethostname()}:8265"  # not this machine's loopback: the head cannot see our files
@@ -240,6 +241,7 @@ def test_the_package_sent_as_py_modules(head):
         job.result()
 
 
+@pytest.mark.slow  # the module's real head takes a minute to start: make test only
 def test_a_cluster_joined_by_ray_init_is_planned_as_a_cluster(head):
     """A notebook's ``ray.init(address=...)`` (no RAY_ADDRESS): Ray's own state says the cluster was
     joined, so its capacity is asked of the cluster, not taken as a local Ray's; a local ray.init() is not."""
