@@ -38,6 +38,7 @@ from alchemetric_ray.errors import (
     FeatureError,
     GpuPreflightError,
     Interrupted,
+    InterruptedBeforeDone,
     JobError,
     JobFailed,
     JobTimeout,
@@ -83,6 +84,7 @@ __all__ = [
     # the project's error classes: UserError and its subclasses
     "UserError",
     "Interrupted",
+    "InterruptedBeforeDone",
     "CheckpointError",
     "ModelDirError",
     "DataError",

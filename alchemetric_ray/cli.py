@@ -23,7 +23,7 @@ from alchemetric_ray.config import (
     load_config,
     sections,
 )
-from alchemetric_ray.errors import Interrupted, UserError
+from alchemetric_ray.errors import Interrupted, InterruptedBeforeDone, UserError
 
 MODEL_NAMES = "{model names}"  # in a help text: the registered models, looked up only when help is printed
 
@@ -360,6 +360,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         cfg = config_from_args(args)
         return fn(args, cfg)
+    except InterruptedBeforeDone:  # a command that writes its output whole: nothing of it was written
+        return _interrupted(args.command)
     except Interrupted as exc:  # Ctrl-C (or SIGTERM, SIGHUP), after the run kept what it finished
         hint = f"; continue with: alchemetric-ray {shlex.join([*argv, *([] if '--resume' in argv else ['--resume'])])}"
         print(f"{_by_signal(exc.message)}{hint if exc.resumable else '; ' + exc.remedy}", file=sys.stderr, flush=True)

@@ -26,6 +26,15 @@ class Interrupted(KeyboardInterrupt):
         return self
 
 
+class InterruptedBeforeDone(Interrupted):
+    """Interrupted before a call that writes its output whole (``features``) finished: nothing half-written is
+    left, and the same call (or command) again does it all."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, resumable=False, remedy="run the same call again")
+        self.continued_by("")
+
+
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be written or read whole (a run folder's ``epoch-NNNN``)."""
 

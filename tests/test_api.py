@@ -39,7 +39,8 @@ def test_the_public_surface_is_functions_and_error_classes_and_importing_it_load
     import alchemetric_ray.errors as err
 
     defined = {n for n, c in vars(err).items() if inspect.isclass(c) and issubclass(c, err.UserError)}
-    assert set(errors) == defined | {"Interrupted"}
+    stops = {n for n, c in vars(err).items() if inspect.isclass(c) and issubclass(c, err.Interrupted)}
+    assert set(errors) == defined | stops and stops == {"Interrupted", "InterruptedBeforeDone"}
     assert issubclass(ar.Interrupted, KeyboardInterrupt) and not issubclass(ar.Interrupted, Exception)
     line = str(ar.Interrupted("interrupted after epoch 2 of 5").continued_by("ar.train(cfg, resume=True)"))
     assert line == "interrupted after epoch 2 of 5; continue with: ar.train(cfg, resume=True)"

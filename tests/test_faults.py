@@ -281,7 +281,10 @@ def test_node_lost_mid_training_recovers_on_the_remaining_node(stocknet_dir, tmp
                                      "storage.models_dir={tmp_path / 'models'}", "storage.name=lost",
                                      "storage.run=lost", "train.epochs=6", "train.patience=0", "model.name=lstm",
                                      "model.hidden=32", "train.batch_size=32", "scaling.workers=1",
-                                     "scaling.cpus_per_worker=1", "scaling.max_failures=2"])
+                                     "scaling.cpus_per_worker=1", "scaling.max_failures=2",
+                                     # a cluster joined by ray.init(address=...) is planned as a cluster, whose
+                                     # node types are unknown here: the device is named, as on such a cluster
+                                     "device.name=cpu"])
             result, error = [], []
             def go():
                 try:
@@ -298,6 +301,8 @@ def test_node_lost_mid_training_recovers_on_the_remaining_node(stocknet_dir, tmp
             # dashboard holds the default port, so this cluster runs without one)
             placed = [pg["bundles_to_node_id"][0] for pg in ray.util.placement_group_table().values()
                       if pg["state"] == "CREATED" and pg["bundles"][0].get("CPU", 0) >= 1]
+            if not placed:
+                raise RuntimeError(f"no worker group's placement group; the run: {{error or 'still running'}}")
             lost = [n for n in nodes if n.node_id == placed[-1]][0]
             out["lost_node"] = lost.node_id
             cluster.remove_node(lost, allow_graceful=False)

@@ -18,7 +18,7 @@ from alchemetric_ray.api.results import Shards, SweepResult, TrainResult
 from alchemetric_ray.api.saving import save_result
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.config import load_config as _load_config
-from alchemetric_ray.errors import Interrupted
+from alchemetric_ray.errors import Interrupted, InterruptedBeforeDone
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -69,8 +69,8 @@ def features(cfg: RunConfig | None = None, *, data: Any = None, out: str | Path,
         except Interrupted:
             raise
         except KeyboardInterrupt:  # a notebook's interrupt: the shards are written whole or not at all
-            raise Interrupted(f"interrupted before the shards in {out} were written (nothing half-written is left)",
-                              resumable=False, remedy="run the same call again").continued_by("") from None
+            raise InterruptedBeforeDone(f"interrupted before the shards in {out} were written (nothing "
+                                        "half-written is left)") from None
         result = Shards.of(summary)
         save_result(summary.out, result)
         return result
