@@ -241,6 +241,7 @@ def _interrupted(cell: Cell, call: str = CONTINUE) -> int:
     return int(found.group(1))
 
 
+@pytest.mark.slow  # a kernel, a restart and two trainings: make test only (make test-fast stays under 4 min)
 def test_an_interrupted_local_train_keeps_its_epochs_resumes_in_the_next_cell_and_reads_back_after_a_restart(
         kernel, tmp_path):
     epochs = 10
