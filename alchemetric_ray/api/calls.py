@@ -7,7 +7,8 @@ versions.  The command line (``cli.py``) parses, calls one of these and prints t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,47 +77,66 @@ def features(cfg: RunConfig | None = None, *, data: Any = None, out: str | Path,
         return result
 
 
+@dataclass(frozen=True)
+class _Fit:
+    """What ``train`` and ``tune`` do differently around the same steps (:func:`_fitted`)."""
+
+    call: str
+    run: Callable[[RunConfig], Any]  # the config -> the run's outcome
+    result: Any  # its result class: ``.of(outcome, cfg)``
+    folder: Callable[[Any], Any]  # the outcome -> where its result.json goes
+    scoring: Callable[[Any, Model, RunConfig], RunConfig]  # the config its exported model is evaluated with
+
+
+def _run_training(cfg: RunConfig) -> Any:
+    from alchemetric_ray.training.trainer import run_training
+
+    return run_training(cfg)
+
+
+def _run_sweep(cfg: RunConfig) -> Any:
+    from alchemetric_ray.sweeps.sweep import run_sweep
+
+    return run_sweep(cfg)
+
+
+TRAIN = _Fit("train", _run_training, TrainResult, lambda outcome: outcome.run_path,
+             lambda outcome, model, cfg: outcome.config or cfg)  # the run's config, with the shards' target
+TUNE = _Fit("tune", _run_sweep, SweepResult, lambda outcome: outcome.path,
+            lambda outcome, model, cfg: model.config.replace(f"device.name={cfg.device.name}"))  # the best trial's
+
+
+def _fitted(fit: _Fit, cfg: RunConfig | None, data: Any, resume: bool, evaluate: bool) -> Any:
+    """Run (an interruption says how to go on from Python), the typed result, the exported model scored on
+    its test segment where asked (``evaluate``: loaded once, kept as ``result.model``), result.json last."""
+    with _call(fit.call) as scratch:
+        cfg = _config(cfg, data, scratch, *(["storage.resume=true"] if resume else []))
+        try:
+            outcome = fit.run(cfg)
+        except Interrupted as exc:
+            raise exc.continued_by(f"ar.{fit.call}(cfg, resume=True)") from None
+        result = fit.result.of(outcome, cfg)
+        if evaluate and outcome.model_dir:
+            model = Model.load(str(outcome.model_dir))
+            result._model = model
+            result.evaluation = _evaluate_export(model, _bars(data, cfg, scratch), fit.scoring(outcome, model, cfg),
+                                                 outcome.log)
+        save_result(fit.folder(outcome), result)
+        return result
+
+
 def train(cfg: RunConfig | None = None, *, data: Any = None, resume: bool = False,
           evaluate: bool = False) -> TrainResult:
     """Train with Ray Train, export the best checkpoint and (``evaluate``) score the saved model on its
     test segment against the baselines; the run's ``result.json`` is written last."""
-    with _call("train") as scratch:
-        from alchemetric_ray.training.trainer import run_training
-
-        cfg = _config(cfg, data, scratch, *(["storage.resume=true"] if resume else []))
-        try:
-            outcome = run_training(cfg)
-        except Interrupted as exc:
-            raise exc.continued_by("ar.train(cfg, resume=True)") from None
-        result = TrainResult.of(outcome, cfg)
-        if evaluate and outcome.model_dir:
-            model = Model.load(str(outcome.model_dir))
-            result._model = model
-            result.evaluation = _evaluate_export(model, _bars(data, cfg, scratch), outcome.config or cfg, outcome.log)
-        save_result(outcome.run_path, result)
-        return result
+    return _fitted(TRAIN, cfg, data, resume, evaluate)
 
 
 def tune(cfg: RunConfig | None = None, *, data: Any = None, resume: bool = False,
          evaluate: bool = False) -> SweepResult:
     """Sweep hyperparameters with Ray Tune, report, export the best trial and (``evaluate``) score it on
     its test segment; the sweep's ``result.json`` is written last."""
-    with _call("tune") as scratch:
-        from alchemetric_ray.sweeps.sweep import run_sweep
-
-        cfg = _config(cfg, data, scratch, *(["storage.resume=true"] if resume else []))
-        try:
-            outcome = run_sweep(cfg)
-        except Interrupted as exc:
-            raise exc.continued_by("ar.tune(cfg, resume=True)") from None
-        result = SweepResult.of(outcome, cfg)
-        if evaluate and outcome.model_dir:
-            model = Model.load(str(outcome.model_dir))
-            result._model = model
-            saved = model.config.replace(f"device.name={cfg.device.name}")
-            result.evaluation = _evaluate_export(model, _bars(data, cfg, scratch), saved, outcome.log)
-        save_result(outcome.path, result)
-        return result
+    return _fitted(TUNE, cfg, data, resume, evaluate)
 
 
 def _bars(data: Any, cfg: RunConfig, scratch: contextlib.ExitStack) -> str | None:

@@ -122,7 +122,23 @@ class _WithModel(_Saved):
     """A result with an exported model: ``.model`` is the loaded model, loaded once."""
 
     model_dir: str | None
+    config: RunConfig | None
+    mlflow: Tracking | None
+    evaluation: Evaluation | None
     _model: Model | None = None
+
+    def _shared_record(self) -> dict[str, Any]:
+        """The record's parts every run result has: its config, its MLflow run, its evaluation's folder."""
+        return {"config": self.config.to_dict() if self.config else None,
+                "mlflow": dataclasses.asdict(self.mlflow) if self.mlflow else None,
+                "evaluation": str(self.evaluation.folder) if self.evaluation is not None else None}
+
+    @staticmethod
+    def _shared_fields(record: dict[str, Any]) -> dict[str, Any]:
+        """Those parts read back (:meth:`_shared_record`)."""
+        return {"config": _config(record.get("config")),
+                "mlflow": Tracking(**record["mlflow"]) if record.get("mlflow") else None,
+                "evaluation": _evaluation(record.get("evaluation"))}
 
     @property
     def model(self) -> Model | None:
@@ -182,9 +198,7 @@ class TrainResult(_WithModel):
                 "epochs_run": self.epochs_run, "stopped_early": self.stopped_early, "seconds": self.seconds,
                 "plan": {"fields": self.plan.fields, "text": self.plan.text}, "device": self.device,
                 "precision": self.precision, "tensorboard": self.tensorboard,
-                "config": self.config.to_dict() if self.config else None,
-                "mlflow": dataclasses.asdict(self.mlflow) if self.mlflow else None,
-                "evaluation": str(self.evaluation.folder) if self.evaluation is not None else None}
+                **self._shared_record()}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> TrainResult:
@@ -193,9 +207,7 @@ class TrainResult(_WithModel):
                    epochs_run=record["epochs_run"], stopped_early=record["stopped_early"],
                    seconds=record["seconds"], plan=Plan(**record["plan"]), device=record.get("device"),
                    precision=record.get("precision"), tensorboard=record.get("tensorboard"),
-                   config=_config(record.get("config")),
-                   mlflow=Tracking(**record["mlflow"]) if record.get("mlflow") else None,
-                   evaluation=_evaluation(record.get("evaluation")), phases=record.get("phases") or {})
+                   phases=record.get("phases") or {}, **cls._shared_fields(record))
 
     def lines(self) -> list[str]:
         """What the command prints after the run: the run, the saved model, TensorBoard and MLflow."""
@@ -257,18 +269,14 @@ class SweepResult(_WithModel):
         return {"name": self.name, "path": self.path, "metric": self.metric, "mode": self.mode,
                 "trials": _table(self.trials), "best": self.best, "model_dir": self.model_dir,
                 "report": self.report, "test_metrics": self.test_metrics,
-                "config": self.config.to_dict() if self.config else None,
-                "mlflow": dataclasses.asdict(self.mlflow) if self.mlflow else None,
-                "evaluation": str(self.evaluation.folder) if self.evaluation is not None else None}
+                **self._shared_record()}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> SweepResult:
         return cls(name=record["name"], path=record["path"], metric=record["metric"], mode=record["mode"],
                    trials=_untable(record.get("trials") or {}), best=record["best"], model_dir=record.get("model_dir"),
                    report=record.get("report"), test_metrics=record.get("test_metrics"),
-                   config=_config(record.get("config")),
-                   mlflow=Tracking(**record["mlflow"]) if record.get("mlflow") else None,
-                   evaluation=_evaluation(record.get("evaluation")))
+                   **cls._shared_fields(record))
 
     def shown(self) -> Shown:
         facts: list[tuple[str, Any]] = [
