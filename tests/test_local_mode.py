@@ -300,7 +300,7 @@ def test_a_worker_group_stopped_four_ways_keeps_the_finished_epochs_and_each_res
 
     Each stop keeps the epochs it says and exports nothing; each worker-mode stop leaves no process of
     its Ray, nothing half-written."""
-    from test_no_loss import _clean_stop, _session_processes
+    from test_no_loss import _clean_stop, processes_left
 
     total = 20  # worker mode trains on while Ray's controller stops the group: room for two such stops
     args = [*TRAIN, f"train.epochs={total}", "storage.num_to_keep=1", "train.metric=val_log_loss",
@@ -313,12 +313,7 @@ def test_a_worker_group_stopped_four_ways_keeps_the_finished_epochs_and_each_res
         during: list[int] = []
         out, err = _interrupt_after(proc, pattern, group=group, sig=sig, during=during)
         assert proc.returncode == 128 + sig, (proc.returncode, out[-2000:], err[-3000:])
-        left = _session_processes(proc.pid)
-        for _ in range(20):
-            if not left:
-                break
-            time.sleep(0.5)
-            left = _session_processes(proc.pid)
+        left = processes_left(proc.pid)
         assert left == [], left
         # nothing half-written: no stage beside any output, and no output that was not finished
         assert not list(tmp_path.rglob(".*.tmp-*")) and not [p for p in models.rglob("*") if p.is_file()]

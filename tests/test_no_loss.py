@@ -137,6 +137,17 @@ def test_our_own_outputs_are_replaced_and_each_kind_is_told_from_the_others(stoc
 # ---- 2. SIGTERM, SIGHUP and SIGKILL ----------------------------------------------------------------
 
 
+def processes_left(sid: int) -> list[int]:
+    """The processes of session ``sid`` still alive, given up to 10 s to end."""
+    left = _session_processes(sid)
+    for _ in range(20):
+        if not left:
+            break
+        time.sleep(0.5)
+        left = _session_processes(sid)
+    return left
+
+
 def _session_processes(sid: int) -> list[int]:
     """The processes alive in session ``sid`` (a command started with start_new_session: itself and
     every Ray process it started), zombies left out."""
@@ -183,13 +194,7 @@ def _signal_after(args: list[str], cwd: Path, pattern: str, sig: int, *, timeout
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
-    left = _session_processes(proc.pid)
-    for _ in range(20):
-        if not left:
-            break
-        time.sleep(0.5)
-        left = _session_processes(proc.pid)
-    return proc.returncode, "".join(seen) + out, err, during, left
+    return proc.returncode, "".join(seen) + out, err, during, processes_left(proc.pid)
 
 
 def _clean_stop(err: str, out: str) -> None:

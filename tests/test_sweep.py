@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_no_loss import processes_left
 from test_tune_lines import assert_no_ray_tune_lines
 
 from alchemetric_ray.artifacts import ledger
@@ -229,19 +230,6 @@ def _start(cwd: Path, argv: list[str], *, quiet: bool = False, **env: str) -> su
                             stderr=out, text=True, start_new_session=True)
 
 
-def _left(sid: int) -> list[int]:
-    """The processes of session ``sid`` still alive, given up to 10 s to end."""
-    from test_no_loss import _session_processes
-
-    left = _session_processes(sid)
-    for _ in range(20):
-        if not left:
-            break
-        time.sleep(0.5)
-        left = _session_processes(sid)
-    return left
-
-
 def _stop_on_line(proc: subprocess.Popen, pattern: str, sig: int, *, group: bool):
     """Read the command's stdout until a line matches ``pattern``, send ``sig`` (to its process group, as
     a terminal's Ctrl-C does, or to the process, as a scheduler does) and return (exit code, stdout,
@@ -263,7 +251,7 @@ def _stop_on_line(proc: subprocess.Popen, pattern: str, sig: int, *, group: bool
         raise
     out = "".join(seen) + out
     assert during is not None, (out[-3000:], err[-3000:])  # the line came while the sweep ran
-    return proc.returncode, out, err, during, _left(proc.pid)
+    return proc.returncode, out, err, during, processes_left(proc.pid)
 
 
 def _resume_argv(err: str) -> list[str]:
@@ -352,7 +340,7 @@ def test_one_sweep_over_label_kinds_stopped_three_ways_keeps_its_state_and_each_
     finally:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
-    for pid in _left(driver.pid):  # what the kill did not reach (a process of its own group)
+    for pid in processes_left(driver.pid):  # what the kill did not reach (a process of its own group)
         os.kill(pid, signal.SIGKILL)
     assert all(_finished_trials(sweep_dir)[trial] == ckpts for trial, ckpts in kept.items())
     kept = _finished_trials(sweep_dir)
