@@ -287,8 +287,10 @@ def test_one_sweep_over_label_kinds_stopped_three_ways_keeps_its_state_and_each_
             f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}", "storage.name=kinds",
             "model.name=lstm", "model.hidden=16", "features.window=8", "train.batch_size=16", "train.epochs=2",
             "tune.search=grid", "tune.scheduler=none", "tune.max_concurrent_trials=1",
-            "tune.space={features.label: [three_class, cs_rank], train.lr: [0.01, 0.003]}"]
-    total, kept = 4, {}  # kept: each finished trial's checkpoints, as they were when it had finished
+            "tune.space={features.label: [three_class, cs_rank], train.lr: [0.01, 0.003, 0.001]}"]
+    # six trials: the first two stops end after at most four, so the third (one more finished, then a
+    # 4 s wait for Tune to record it) always kills a sweep that has trials left
+    total, kept = 6, {}  # kept: each finished trial's checkpoints, as they were when it had finished
 
     def stopped(code: int, sig: int, out: str, err: str, during: int, left: list[int]) -> None:
         assert code == 128 + sig, (code, out[-2000:], err[-3000:])
@@ -362,7 +364,7 @@ def test_one_sweep_over_label_kinds_stopped_three_ways_keeps_its_state_and_each_
     # the label kinds: shards per label, trials ranked by rank IC, the best exported with its own label
     assert s["metric"] == "val_rank_ic" and s["mode"] == "max"
     configs = sorted((t["config"]["features.label"], t["config"]["train.lr"]) for t in s["trials"])
-    assert configs == [("cs_rank", 0.003), ("cs_rank", 0.01), ("three_class", 0.003), ("three_class", 0.01)]
+    assert configs == [(label, lr) for label in ("cs_rank", "three_class") for lr in (0.001, 0.003, 0.01)]
     assert all(t["status"] == "TERMINATED" for t in s["trials"])
     assert all(np.isfinite(t["best_value"]) and t["val_rank_ic"] == t["best_value"] for t in s["trials"])
     features = tmp_path / "results" / "features"
