@@ -1,0 +1,42 @@
+"""The bars a shard folder was built from, kept beside its shards so that it can be appended to.
+
+``OUT/bars/part-NNNNN.parquet``: one file per group of tickers the build computed, the bars as
+ingest gave them (ticker, date, open, high, low, close, volume), rows ordered by ticker then date.
+``features --append`` re-reads the warm-up window from here and checks new bars against the ones
+kept; ``--rebuild`` rebuilds from them merged with the new ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+BARS_DIR = "bars"
+PRICE_COLUMNS = ("open", "high", "low", "close", "volume")
+SCHEMA = pa.schema([("ticker", pa.string()), ("date", pa.timestamp("ns")),
+                    *[(name, pa.float64()) for name in PRICE_COLUMNS]])
+
+
+def bars_table(frames: list[tuple[str, pd.DataFrame]]) -> pa.Table:
+    """One table of the bars of ``frames`` (ticker, frame), in their order."""
+    columns: dict[str, list] = {name: [] for name in SCHEMA.names}
+    for ticker, frame in frames:
+        columns["ticker"].append(np.full(len(frame), ticker, dtype=object))
+        columns["date"].append(frame["date"].to_numpy().astype("datetime64[ns]"))
+        for name in PRICE_COLUMNS:
+            columns[name].append(frame[name].to_numpy(dtype=np.float64))
+    arrays = [pa.array(np.concatenate(columns[f.name]) if columns[f.name] else [], type=f.type) for f in SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def write_part(folder: Path, index: int, frames: list[tuple[str, pd.DataFrame]]) -> str:
+    """Write one group's bars under ``folder/bars``; the file's name relative to ``folder``."""
+    target = folder / BARS_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    name = f"part-{index:05d}.parquet"
+    pq.write_table(bars_table(frames), target / name)
+    return f"{BARS_DIR}/{name}"
