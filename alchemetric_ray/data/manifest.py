@@ -50,6 +50,10 @@ class Manifest:
     cross_section: dict[str, Any] = field(default_factory=dict)
     # the features.* settings the shards were built with (empty in manifests from before they were kept)
     built_with: dict[str, Any] = field(default_factory=dict)
+    # how the features were computed: in the driver or as Ray tasks (tasks, groups, nodes), and timings
+    build: dict[str, Any] = field(default_factory=dict)
+    # each `features --append` in order: when, the dates and rows it added, the new bars' input hash
+    appends: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def classes(self) -> list[str]:
