@@ -1,0 +1,207 @@
+"""The feature build at the scale of a real universe, side by side in one run (issue 41 item 4).
+
+    .venv/bin/python bench/features.py                         # 3,000 tickers x 3,500 days (~10M rows)
+    .venv/bin/python bench/features.py --tickers 300 --days 800 --small 100   # a quick look
+
+Every figure comes from a fresh Python process of its own (its own peak RSS), on bars written once
+as one Parquet file per ticker (the `--data DIR` a user gives):
+
+1. the universe (``--tickers`` x ``--days``) from raw bars to shards, with Ray's tasks on every core:
+   time, rows/s, the driver's peak RSS and the largest peak RSS of a Ray worker process (what one task
+   held, sampled every 0.1 s);
+2. the packaged stocknet prices and a 500-ticker table: this tree's build against ``--baseline``'s
+   (a git commit, checked out in a temporary worktree), each the same in-process call;
+3. a 1M-row universe: our build on one core and on two, against ``reference_script`` (a plain
+   single-process numpy script that reads the same Parquet files, computes the same 16 features and
+   the label and writes one Parquet file) on one core;
+4. peak RSS per task from 1M to the universe's rows;
+5. an append of the last 21 days to the universe built without them, against the full build.
+Results: ``bench/results/features-<rows>.json``; the table is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import machine, write_result
+
+REPO = Path(__file__).resolve().parents[1]
+APPEND_DAYS = 21
+
+# the child: one build (or append) in a fresh process; prints one JSON line
+CHILD = r"""
+import json, os, resource, sys, threading, time
+sys.path.insert(0, {repo!r})
+import psutil
+peak = {{"workers": 0}}
+def sample():
+    me = psutil.Process()
+    while True:
+        for child in me.children(recursive=True):
+            try:
+                if "ray::" in " ".join(child.cmdline()[:1]):
+                    peak["workers"] = max(peak["workers"], child.memory_info().rss)
+            except psutil.Error:
+                pass
+        time.sleep(0.1)
+threading.Thread(target=sample, daemon=True).start()
+cpus = {cpus!r}
+if cpus:
+    import ray
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+from alchemetric_ray.config import load_config
+cfg = load_config(None, {overrides!r})
+start = time.perf_counter()
+if {append!r}:
+    import alchemetric_ray as ar
+    shards = ar.features(cfg, data={data!r}, out={out!r}, append=True)
+    rows = {{"appended": shards.rows}} if hasattr(shards, "rows") else {{}}
+else:
+    from alchemetric_ray.data.shards import build_shards
+    built = build_shards(cfg, {out!r})
+    rows = built.manifest.rows
+seconds = time.perf_counter() - start
+print("RESULT " + json.dumps({{"seconds": seconds, "rows": rows,
+                              "driver_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                              "worker_peak_mib": peak["workers"] / 2**20}}))
+"""
+
+
+def write_universe(folder: Path, tickers: int, days: int, seed: int = 7) -> int:
+    """One Parquet file of daily bars per synthetic ticker; the row count."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from alchemetric_ray.bars.synthetic import SyntheticMarket, synthetic_bars
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = 0
+    for ticker, bars in synthetic_bars(SyntheticMarket(n_tickers=tickers, n_days=days, seed=seed)):
+        pq.write_table(pa.Table.from_pandas(bars, preserve_index=False), folder / f"{ticker}.parquet")
+        rows += len(bars)
+    return rows
+
+
+def split_universe(folder: Path, head: Path, tail: Path, days: int) -> None:
+    """``head``: every ticker without its last ``days`` bars; ``tail``: those bars."""
+    import pyarrow.parquet as pq
+
+    head.mkdir(parents=True, exist_ok=True)
+    tail.mkdir(parents=True, exist_ok=True)
+    for path in sorted(folder.glob("*.parquet")):
+        table = pq.read_table(path)
+        pq.write_table(table.slice(0, table.num_rows - days), head / path.name)
+        pq.write_table(table.slice(table.num_rows - days), tail / path.name)
+
+
+def child(repo: Path, overrides: list[str], out: Path, *, cpus: int | None, one_core: bool = False,
+          append: bool = False, data: str | None = None) -> dict:
+    code = CHILD.format(repo=str(repo), overrides=overrides, out=str(out), cpus=cpus, append=append, data=data)
+    command = [sys.executable, "-c", code]
+    if one_core:
+        command = ["taskset", "-c", "0", *command]
+    env = {**os.environ, "PYTHONPATH": str(repo), "RAY_DEDUP_LOGS": "0"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=str(repo))
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"a benchmark child failed ({' '.join(overrides)}):\n{done.stderr[-3000:]}")
+    result = json.loads(lines[-1][len("RESULT "):])
+    result["total_rows"] = sum(result["rows"].values()) if isinstance(result["rows"], dict) else result["rows"]
+    return result
+
+
+def reference(data: Path, out: Path) -> dict:
+    """The plain script on one core."""
+    command = ["taskset", "-c", "0", sys.executable, str(Path(__file__).parent / "reference_features.py"),
+               str(data), str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def baseline_tree(commit: str, where: Path) -> Path:
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), commit], check=True,
+                   capture_output=True)
+    return where
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tickers", type=int, default=3000)
+    parser.add_argument("--days", type=int, default=3500)
+    parser.add_argument("--small", type=int, default=300, help="tickers of the 1M-row universe (x --days)")
+    parser.add_argument("--baseline", default="daf3096", help="the commit the build is compared with")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    figures: dict = {}
+    scratch = Path(tempfile.mkdtemp(prefix="alchemetric-bench-features-"))
+    base = None
+    try:
+        big, small, table500 = scratch / "universe", scratch / "small", scratch / "t500"
+        t0 = time.perf_counter()
+        rows_big = write_universe(big, args.tickers, args.days)
+        rows_small = write_universe(small, args.small, args.days, seed=8)
+        write_universe(table500, 500, 1259, seed=9)
+        print(f"bars written: {rows_big:,} + {rows_small:,} rows in {time.perf_counter() - t0:.0f} s", flush=True)
+
+        # 1 and 5: the universe without its last 21 days, then the append of those days; the whole universe
+        head, tail = scratch / "head", scratch / "tail"
+        split_universe(big, head, tail, APPEND_DAYS)
+        fixed = ["features.train_frac=0.6", "features.val_frac=0.2"]
+        full = child(REPO, [f"data.path={big}", *fixed], scratch / "full", cpus=cores)
+        figures["universe"] = {**full, "input_rows": rows_big, "rows_per_s": rows_big / full["seconds"]}
+        print(f"1. universe {rows_big:,} bars -> {full['total_rows']:,} rows in {full['seconds']:.1f} s "
+              f"({rows_big / full['seconds']:,.0f} bars/s), driver peak {full['driver_peak_mib']:.0f} MiB, "
+              f"largest worker {full['worker_peak_mib']:.0f} MiB", flush=True)
+        built = child(REPO, [f"data.path={head}", *fixed], scratch / "appended", cpus=cores)
+        added = child(REPO, [], scratch / "appended", cpus=cores, append=True, data=str(tail))
+        figures["append"] = {"build_seconds": built["seconds"], "append_seconds": added["seconds"],
+                             "ratio": added["seconds"] / built["seconds"]}
+        print(f"5. append {APPEND_DAYS} days: {added['seconds']:.1f} s against {built['seconds']:.1f} s for the build "
+              f"= {added['seconds'] / built['seconds']:.3f} (target <= 0.05)", flush=True)
+
+        # 3 and 4: the 1M-row universe, one core and two, against the plain script on one core
+        one = child(REPO, [f"data.path={small}"], scratch / "one", cpus=1, one_core=True)
+        two = child(REPO, [f"data.path={small}"], scratch / "two", cpus=cores)
+        ref = reference(small, scratch / "reference.parquet")
+        figures["cores"] = {"input_rows": rows_small, "ours_one_core": one, "ours_all_cores": two, "reference": ref,
+                            "ours_vs_reference_one_core": ref["seconds"] / one["seconds"],
+                            "all_cores_vs_one": one["seconds"] / two["seconds"]}
+        print(f"3. {rows_small:,} bars: ours {one['seconds']:.1f} s on one core, {two['seconds']:.1f} s on {cores}; "
+              f"the plain script {ref['seconds']:.1f} s on one core: ours/reference "
+              f"{ref['seconds'] / one['seconds']:.2f} (>= 0.8), {cores} cores / one "
+              f"{one['seconds'] / two['seconds']:.2f} (> 1.6)", flush=True)
+        figures["memory"] = {"small_worker_peak_mib": two["worker_peak_mib"],
+                             "universe_worker_peak_mib": full["worker_peak_mib"],
+                             "ratio": full["worker_peak_mib"] / max(two["worker_peak_mib"], 1e-9)}
+        print(f"4. peak RSS per task {two['worker_peak_mib']:.0f} MiB at {rows_small:,} bars, "
+              f"{full['worker_peak_mib']:.0f} MiB at {rows_big:,}: {figures['memory']['ratio']:.2f} (<= 1.5)",
+              flush=True)
+
+        # 2: this tree against the baseline commit, same call, same data
+        base = baseline_tree(args.baseline, scratch / "baseline")
+        figures["against_baseline"] = {"baseline": args.baseline}
+        for name, overrides in (("stocknet", ["data.source=stocknet"]), ("500 tickers", [f"data.path={table500}"])):
+            new = child(REPO, overrides, scratch / f"new-{len(name)}", cpus=None)
+            old = child(base, overrides, scratch / f"old-{len(name)}", cpus=None)
+            figures["against_baseline"][name] = {"new": new, "old": old, "speedup": old["seconds"] / new["seconds"]}
+            print(f"2. {name}: {new['seconds']:.2f} s against {old['seconds']:.2f} s at {args.baseline}: "
+                  f"{old['seconds'] / new['seconds']:.1f}x (target >= 3x)", flush=True)
+    finally:
+        if base is not None:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], capture_output=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+    write_result(args.out, f"features-{args.tickers * args.days}", {"machine": machine(), **figures,
+                                                                     "date": time.strftime("%Y-%m-%d")})
+
+
+if __name__ == "__main__":
+    main()
