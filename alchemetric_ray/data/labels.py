@@ -13,6 +13,9 @@ Schemes (class ids are stable; the manifest names them):
     price; first touch within ``barrier_bars`` bars decides up (2) or down (0), else flat (1).
     A bar whose high and low touch both barriers counts as down (conservative).
 
+Labels are computed for all the tickers of a panel at once (``features.Panel``: the forward
+return, the trailing volatility and the barriers never look past the ticker's own last bar).
+
 Cross-sectional targets (regression; no classes): the same forward return, compared with the other
 stocks of the same date: ``cs_rank`` its percentile rank centred on 0, ``cs_zscore`` its z-score.
 Per ticker they are the forward return itself; the per-date pass (``data/cross_section.py``) turns
@@ -29,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from alchemetric_ray.config import REGRESSION_LABELS as REGRESSION_SCHEMES  # the config validates them
+from alchemetric_ray.data.features import Panel, rolling_vol
 
 CROSS_SECTION_KIND = {"cs_rank": "rank", "cs_zscore": "zscore"}  # data/cross_section.py's transform
 
@@ -71,61 +75,48 @@ class LabelSpec:
         return 1 + (self.barrier_bars if self.scheme == "triple_barrier" else self.horizon)
 
 
-def _trailing_vol(bars: pd.DataFrame) -> np.ndarray:
-    return np.log(bars["close"]).diff().rolling(20, min_periods=20).std().to_numpy()
-
-
-def forward_return(bars: pd.DataFrame, horizon: int) -> np.ndarray:
-    """log(open[t+1+h] / open[t+1]); NaN where the future is not there yet."""
-    log_open = np.log(bars["open"].to_numpy())
-    out = np.full(len(bars), np.nan)
-    if len(bars) > 1 + horizon:
-        out[: len(bars) - 1 - horizon] = log_open[1 + horizon:] - log_open[1: len(bars) - horizon]
+def forward_return_panel(panel: Panel, horizon: int) -> np.ndarray:
+    """log(open[t+1+h] / open[t+1]) for every row of ``panel``; NaN where the ticker's future is not there yet."""
+    log_open = panel.cached("log_open", lambda: np.log(panel.open))
+    out = panel.shift(log_open, -(1 + horizon)) - panel.shift(log_open, -1)
+    out[panel.left < 1 + horizon] = np.nan
     return out
 
 
-def make_labels(bars: pd.DataFrame, spec: LabelSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(label as float with NaN where undefined, forward return) for every bar.  For a
+def panel_labels(panel: Panel, spec: LabelSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(label as float with NaN where undefined, forward return) for every row of ``panel``.  For a
     cross-sectional target the label is the forward return until the per-date pass replaces it."""
-    fwd = forward_return(bars, spec.horizon)
-    n = len(bars)
+    fwd = forward_return_panel(panel, spec.horizon)
     if spec.regression:
         label = fwd.copy()
     elif spec.scheme == "binary":
         label = np.where(fwd > 0, 1.0, 0.0)
     elif spec.scheme == "three_class":
         if spec.threshold_mode == "fixed":
-            band = np.full(n, spec.threshold)
+            band = np.full(panel.n, spec.threshold)
         else:
-            band = spec.vol_multiple * _trailing_vol(bars) * np.sqrt(spec.horizon)
+            band = spec.vol_multiple * rolling_vol(panel, 20) * np.sqrt(spec.horizon)
         label = np.where(fwd > band, 2.0, np.where(fwd < -band, 0.0, 1.0))
         label[np.isnan(band)] = np.nan
     else:
-        label = _triple_barrier(bars, spec)
+        label = _triple_barrier(panel, spec)
     label[np.isnan(fwd)] = np.nan
-    # the label is undefined where its reach runs past the data
+    # the label is undefined where its reach runs past the ticker's data
     if spec.reach > 0:
-        label[max(0, n - spec.reach):] = np.nan
+        label[panel.left < spec.reach] = np.nan
     return label, fwd
 
 
-def _triple_barrier(bars: pd.DataFrame, spec: LabelSpec) -> np.ndarray:
-    n = len(bars)
-    vol = _trailing_vol(bars)
-    log_open = np.log(bars["open"].to_numpy())
-    log_high = np.log(bars["high"].to_numpy())
-    log_low = np.log(bars["low"].to_numpy())
-    label = np.full(n, np.nan)
-    undecided = np.ones(n, dtype=bool)
-    entry = np.full(n, np.nan)
-    entry[: n - 1] = log_open[1:]
+def _triple_barrier(panel: Panel, spec: LabelSpec) -> np.ndarray:
+    vol = rolling_vol(panel, 20)
+    log_high, log_low = np.log(panel.high), np.log(panel.low)
+    label = np.full(panel.n, np.nan)
+    undecided = np.ones(panel.n, dtype=bool)
+    entry = panel.shift(np.log(panel.open), -1)
     up = entry + spec.barrier_up * vol
     down = entry - spec.barrier_down * vol
-    for k in range(1, spec.barrier_bars + 1):  # bar t+k, for every t at once
-        hi = np.full(n, np.nan)
-        lo = np.full(n, np.nan)
-        hi[: n - k] = log_high[k:]
-        lo[: n - k] = log_low[k:]
+    for k in range(1, spec.barrier_bars + 1):  # bar t+k, for every t of every ticker at once
+        hi, lo = panel.shift(log_high, -k), panel.shift(log_low, -k)
         hit_down = undecided & (lo <= down)
         hit_up = undecided & ~hit_down & (hi >= up)
         label[hit_down] = 0.0
@@ -134,3 +125,13 @@ def _triple_barrier(bars: pd.DataFrame, spec: LabelSpec) -> np.ndarray:
     label[undecided] = 1.0
     label[np.isnan(vol)] = np.nan
     return label
+
+
+def forward_return(bars: pd.DataFrame, horizon: int) -> np.ndarray:
+    """One ticker's :func:`forward_return_panel`."""
+    return forward_return_panel(Panel.from_frames([bars]), horizon)
+
+
+def make_labels(bars: pd.DataFrame, spec: LabelSpec) -> tuple[np.ndarray, np.ndarray]:
+    """One ticker's :func:`panel_labels`."""
+    return panel_labels(Panel.from_frames([bars]), spec)

@@ -42,10 +42,10 @@ import pyarrow.parquet as pq
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data import features as feat
 from alchemetric_ray.data.cross_section import apply_cross_section, plan_ops
-from alchemetric_ray.data.labels import LabelSpec, make_labels
+from alchemetric_ray.data.labels import LabelSpec
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
-from alchemetric_ray.data.splits import SPLITS, SplitPlan, SplitSpec, label_end_dates, plan_splits
+from alchemetric_ray.data.splits import SPLITS, SplitPlan, SplitSpec, plan_splits
 from alchemetric_ray.errors import ShardError
 from alchemetric_ray.fsutil import unwritable_ancestor
 from alchemetric_ray.outputs import claim, staged_output
@@ -269,19 +269,10 @@ def _pass_cross_section(staging: Path, names: list[str], spec: LabelSpec, cfg: R
 
 
 def feature_table(ticker: str, frame: pd.DataFrame, names: list[str], spec: LabelSpec) -> tuple[pd.DataFrame, int]:
-    """Every bar of one ticker with its raw features, label, forward return, label end and the
-    date of the next bar (when a signal computed on this bar takes effect; NaT for the last)."""
-    values, late_bad = feat.compute_features(frame, names)
-    label, fwd = make_labels(frame, spec)
-    dates = frame["date"].to_numpy().astype("datetime64[ns]")
-    table = pd.DataFrame({"date": dates, "ticker": ticker})
-    table[names] = values.to_numpy()
-    table["label"] = label
-    table["fwd_ret"] = fwd
-    table["label_end"] = label_end_dates(frame["date"], spec.reach)
-    table["next_date"] = label_end_dates(frame["date"], 1)
-    table["has_features"] = np.isfinite(table[names].to_numpy()).all(axis=1)
-    return table, late_bad
+    """Moved to :func:`alchemetric_ray.data.panel.feature_table` (the vectorized panel, one ticker)."""
+    from alchemetric_ray.data.panel import feature_table as one_ticker
+
+    return one_ticker(ticker, frame, names, spec)
 
 
 def _staged(staging: Path) -> list[Path]:

@@ -30,7 +30,7 @@ from alchemetric_ray.config import DataConfig, DuplicatePolicy, RunConfig
 from alchemetric_ray.data.cross_section import Op, apply_cross_section
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.normalize import Normalizer
-from alchemetric_ray.data.shards import feature_table
+from alchemetric_ray.data.panel import feature_table
 from alchemetric_ray.errors import SignalError
 from alchemetric_ray.fsutil import is_uri
 from alchemetric_ray.outputs import claim_signals_file, signals_metadata
