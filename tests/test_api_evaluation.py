@@ -75,6 +75,8 @@ def test_the_folder_reads_back_as_evaluation_json_says(evaluated):
         assert _same(got["balanced_accuracy"], (obj.classification or {}).get("balanced_accuracy"))
     assert table["balanced_accuracy"].notna().sum() >= 1  # a class target: the deep model has one
     assert table.loc[table["name"] == "buy and hold", "ls_sharpe"].isna().all()  # no book: NaN, not 0
+    (lightgbm,) = table.loc[table["name"] == "lightgbm", "rank_ic"]  # the strongest baseline, on the packaged data
+    assert math.isfinite(lightgbm)
 
     verdict = ev.verdict
     assert verdict == Verdict(signal=record["verdict"]["signal"], edge=record["verdict"]["edge"],

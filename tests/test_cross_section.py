@@ -218,7 +218,8 @@ def test_a_cs_rank_model_trains_with_mse_reports_ic_and_predicts_scores(ray_sess
 
     result = evaluate(outcome.model_dir, None, tmp_path / "report")
     names = [r.name for r in result.rows]
-    assert names == ["deep model", "ridge regression", "hist gradient boosting", "momentum 20d", "buy and hold"]
+    assert names == ["deep model", "ridge regression", "hist gradient boosting", "lightgbm", "momentum 20d",
+                     "buy and hold"]
     assert "Survivorship" in (tmp_path / "report" / "report.md").read_text()
     verdict = result.verdict
     assert not verdict.signal and not verdict.edge, verdict.line  # the null market

@@ -185,7 +185,7 @@ def test_verdict_on_a_synthetic_market_with_class_labels(ray_session, tmp_path):
     assert (tmp_path / "report" / "equity.png").stat().st_size > 5000
     saved = json.loads((tmp_path / "report" / "evaluation.json").read_text())
     assert [r["name"] for r in saved["rows"]] == ["deep model", "logistic regression", "hist gradient boosting",
-                                                   "momentum 20d", "buy and hold"]
+                                                   "lightgbm", "momentum 20d", "buy and hold"]
 
 
 @pytest.mark.slow
@@ -242,7 +242,12 @@ def test_evaluate_walk_forward_pools_every_out_of_sample_block_and_scores_it_onc
     # far more out-of-sample days than the model's own test segment, so a narrower interval
     own = result["rows"][0]["rank_ic"]
     assert model["rank_ic"]["n_days"] > 2 * own["n_days"]
-    assert {r["name"] for r in pooled["rows"]} >= {"logistic regression", "momentum 20d", "buy and hold"}
+    assert {r["name"] for r in pooled["rows"]} >= {"logistic regression", "lightgbm", "momentum 20d", "buy and hold"}
+    # LightGBM refit per block too (a contender missing from any block is left out of the pool), each
+    # stopped early on its refit's validation rows, which end before the block it scores
+    lightgbm = pooled["baseline_fits"]["lightgbm"]
+    assert len(lightgbm) == wf["refits"]
+    assert all(f["train_end"] < fit["val_start"] <= fit["val_end"] < f["test_start"] for f, fit in zip(folds, lightgbm))
     assert pooled["verdict"]["line"].startswith("edge over the best baseline:")
     # the per-year table is the pooled daily rank IC cut by calendar year
     years = wf["years"]

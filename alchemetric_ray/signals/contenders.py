@@ -1,6 +1,8 @@
 """What an evaluation scores and each contender's row: the model's signals and every baseline's on
 one segment (logistic or ridge regression and HistGradientBoosting, fitted on the model's training
-rows or, for new data without them, on its own earlier rows; a 20-day momentum rule; buy-and-hold),
+rows or, for new data without them, on its own earlier rows; LightGBM, fitted on the same rows and
+stopped early on the validation segment (:func:`_validation_rows`); a 20-day momentum rule;
+buy-and-hold),
 the window new data is scored on (:class:`DataWindow`), and one typed :class:`ContenderRow` per
 contender with the best baseline and the verdict (:class:`SegmentResult`).
 """
@@ -25,6 +27,8 @@ from alchemetric_ray.signals.selection import SelectionFigures, selection_figure
 
 FEW_TICKERS = 10
 BUY_AND_HOLD = "buy and hold"
+LIGHTGBM = "lightgbm"
+VAL_SHARE = 0.15  # of the fitting rows' dates held out for LightGBM's early stopping where no validation segment is
 
 
 def _segment(frame: pd.DataFrame, start: str, end: str) -> pd.DataFrame:
@@ -140,6 +144,8 @@ class Contenders:
     labels: dict[str, np.ndarray | None]
     baselines_note: str | None
     seconds: dict[str, float] | None = None  # a walk-forward refit's phases, where they were timed
+    # per early-stopped baseline (LightGBM), what each of its fits chose (one per segment; a pool: one per block)
+    fits: dict[str, list[dict]] | None = None
 
     @staticmethod
     def pooled(parts: list[Contenders]) -> Contenders:
@@ -151,10 +157,13 @@ class Contenders:
             values = [getattr(p, field)[name] for p in parts]
             return None if any(v is None for v in values) else np.concatenate(values)
 
+        fits = {n: [f for p in parts for f in (p.fits or {}).get(n, [])] for n in names
+                if all(n in (p.fits or {}) for p in parts)}
         return Contenders(parts[0].start, parts[-1].end,
                           {n: pd.concat([p.frames[n] for p in parts], ignore_index=True) for n in names},
                           {n: joined("proba", n) for n in names}, {n: joined("labels", n) for n in names},
-                          "; ".join(dict.fromkeys(p.baselines_note for p in parts if p.baselines_note)) or None)
+                          "; ".join(dict.fromkeys(p.baselines_note for p in parts if p.baselines_note)) or None,
+                          fits=fits or None)
 
 
 def contender_frames(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest: Manifest, cfg: RunConfig,
@@ -164,6 +173,8 @@ def contender_frames(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     from alchemetric_ray.scoring.baselines import (
         baseline_models,
         fit_baseline,
+        fit_lightgbm,
+        lightgbm_model,
         predict_baseline,
     )
 
@@ -184,8 +195,18 @@ def contender_frames(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     if len(train) > 200_000:
         train = train.sample(200_000, random_state=cfg.train.seed)
     learned = baseline_models(cfg.train.seed, manifest.regression) if len(train) else {}
+    fits: dict[str, list[dict]] = {}
+    fitting, val = _validation_rows(inputs, manifest, start, train, own=baselines_note is None)
+    if len(fitting) and len(val):  # LightGBM: the same rows, less those it holds out to stop on
+        booster = lightgbm_model(cfg.train.seed, manifest.regression, len(fitting))
+        fit = fit_lightgbm(booster, fitting[names].to_numpy(), fitting["label"].to_numpy(), val[names].to_numpy(),
+                           val["label"].to_numpy())
+        fits[LIGHTGBM] = [{**fit, "fit_end": _day(fitting["date"].max()), "val_start": _day(val["date"].min()),
+                           "val_end": _day(val["date"].max())}]
+        learned = {**learned, LIGHTGBM: booster}
     for name, model in learned.items():
-        fit_baseline(model, train[names].to_numpy(), train["label"].to_numpy())
+        if name != LIGHTGBM:
+            fit_baseline(model, train[names].to_numpy(), train["label"].to_numpy())
         p = predict_baseline(model, test[names].to_numpy(), len(classes))
         name = name.replace("_", " ")
         score = direction_score(p, classes)
@@ -197,15 +218,17 @@ def contender_frames(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     frames[BUY_AND_HOLD] = _scored(test, np.ones(len(test)), np.ones(len(test), np.int8))
     for name in ("momentum 20d", BUY_AND_HOLD):
         proba[name] = labels[name] = None
-    return Contenders(start, end, frames, proba, labels, baselines_note)
+    return Contenders(start, end, frames, proba, labels, baselines_note, fits=fits or None)
 
 
 @dataclass
 class SegmentResult:
     """Every contender's row on one segment (the deep model's first), the best baseline by mean rank
     IC, the verdict on the model's edge over it, and the trials behind the model with its deflated
-    Sharpe ratio (``selection``: None where fewer than 2 trials stand behind it); :meth:`as_dict` is
-    the part of ``evaluation.json`` that describes the segment."""
+    Sharpe ratio (``selection``: None where fewer than 2 trials stand behind it), and what each
+    early-stopped baseline's fits chose (``baseline_fits``: LightGBM's best round, rounds trained,
+    its fitting rows' last date and validation dates, one per fit); :meth:`as_dict` is the part of
+    ``evaluation.json`` that describes the segment."""
 
     segment: Segment
     tickers: int
@@ -215,6 +238,7 @@ class SegmentResult:
     n_trials: int
     selection: SelectionFigures | None
     baselines_note: str | None
+    baseline_fits: dict[str, list[dict]] | None = None
 
     @property
     def deep_model(self) -> ContenderRow:
@@ -225,7 +249,7 @@ class SegmentResult:
         return {"segment": self.segment.as_dict(), "tickers": self.tickers, "rows": [r.as_dict() for r in self.rows],
                 "best_baseline": self.best_baseline, "verdict": self.verdict.as_dict(), "n_trials": self.n_trials,
                 "selection": self.selection.as_dict() if self.selection else None,
-                "baselines_note": self.baselines_note}
+                "baselines_note": self.baselines_note, "baseline_fits": self.baseline_fits}
 
 
 def score_contenders(contenders: Contenders, manifest: Manifest, cfg: RunConfig, *,
@@ -245,7 +269,7 @@ def score_contenders(contenders: Contenders, manifest: Manifest, cfg: RunConfig,
     return SegmentResult(segment=Segment(contenders.start, contenders.end), tickers=n_tickers, rows=rows,
                          best_baseline=best.name if best else None, verdict=verdict,
                          n_trials=figures.n_trials if figures else 1, selection=figures,
-                         baselines_note=contenders.baselines_note)
+                         baselines_note=contenders.baselines_note, baseline_fits=contenders.fits)
 
 
 def _baseline_rows(inputs: pd.DataFrame, manifest: Manifest, start: str) -> tuple[pd.DataFrame, str | None]:
@@ -270,6 +294,32 @@ def _baseline_rows(inputs: pd.DataFrame, manifest: Manifest, start: str) -> tupl
                            f"training end {train_end}")
     return inputs.iloc[:0], (f"no learned baselines: the data has no labelled rows up to the model's training end "
                              f"{train_end}, nor before the scored window ({start}), to fit them on")
+
+
+def _validation_rows(inputs: pd.DataFrame, manifest: Manifest, start: str, train: pd.DataFrame, *,
+                     own: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The rows LightGBM is fitted on and the rows it stops early on, never the scored segment's.
+    Where the baselines fit the model's own training rows (``own``): those rows, and the labelled
+    rows of the manifest's validation segment whose labels end before the scored window (the last
+    ``reach`` days before it left out: for the test segment that is the split's own embargo).
+    Otherwise (no such rows: new data fitted on its own earlier rows) the last ``VAL_SHARE`` of the
+    fitting rows' dates, after ``reach`` days of embargo, with the rows before them.  Neither: no rows."""
+    reach = int(manifest.label.get("reach") or manifest.label.get("horizon") or 1)
+    if own and len(train):
+        known = np.isfinite(inputs["label"]) if manifest.regression else inputs["label"] >= 0
+        days = np.unique(inputs["date"].to_numpy())
+        before = days[days < np.datetime64(pd.Timestamp(start))]
+        if len(before) > reach:
+            splits, d = manifest.splits, inputs["date"]
+            val = inputs[(d >= pd.Timestamp(splits["val_start"])) & (d <= pd.Timestamp(splits["val_end"]))
+                         & (d <= before[-reach - 1]) & (d > train["date"].max()) & known]
+            if len(val):
+                return train, val
+    days = np.unique(train["date"].to_numpy())
+    n_val = max(1, round(VAL_SHARE * len(days)))
+    if len(days) <= n_val + reach:
+        return train.iloc[:0], train.iloc[:0]
+    return train[train["date"] <= days[-n_val - reach - 1]], train[train["date"] >= days[-n_val]]
 
 
 def _day(value) -> str:

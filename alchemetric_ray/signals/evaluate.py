@@ -6,9 +6,10 @@ return (mean, ICIR, t interval with a Newey-West standard error), a top-minus-bo
 costs, the positions' returns (thresholded P(up) - P(down), or per-date quantiles of a regression
 target's score) and hit rate, the probabilistic Sharpe ratio and, for a model chosen by a sweep,
 the Sharpe ratio deflated for the number of configurations tried.  The same numbers for the
-learned baselines on the same features and target (logistic regression and HistGradientBoosting
-for classes; ridge regression and HistGradientBoosting regressor for a cross-sectional target), a
-20-day momentum rule and buy-and-hold.  Returns are earned only from the bar after the signal (``fwd_ret`` starts
+learned baselines on the same features and target (logistic regression, HistGradientBoosting and
+LightGBM for classes; ridge regression, HistGradientBoosting and LightGBM regressors for a
+cross-sectional target; LightGBM stopped early on the validation segment), a 20-day momentum rule
+and buy-and-hold.  Returns are earned only from the bar after the signal (``fwd_ret`` starts
 at the next open).  Optional walk-forward folds retrain the model per fold.
 
 Its parts: what is scored and each contender's row (``signals/contenders.py``), the trials behind the

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, cast
 import pandas as pd
 
 from alchemetric_ray.artifacts import ledger
-from alchemetric_ray.signals.contenders import FEW_TICKERS, ContenderRow, SegmentResult
+from alchemetric_ray.signals.contenders import FEW_TICKERS, LIGHTGBM, ContenderRow, SegmentResult
 from alchemetric_ray.signals.records import ModelInfo
 from alchemetric_ray.signals.walk_forward import FoldsWalkForward, PooledWalkForward
 
@@ -106,6 +106,22 @@ def _contender_table(rows: list[ContenderRow]) -> list[str]:
     return lines
 
 
+def _fits_lines(fits: dict[str, list[dict]] | None) -> list[str]:
+    """Where LightGBM stopped: its best round of the most it may run, on which validation dates (one
+    fit; in a pooled walk-forward one per refit, in order)."""
+    lightgbm = (fits or {}).get(LIGHTGBM)
+    if not lightgbm:
+        return []
+    if len(lightgbm) == 1:
+        fit = lightgbm[0]
+        return [f"LightGBM, stopping early on the validation rows {fit['val_start']}..{fit['val_end']} "
+                f"({fit['val_rows']} rows; fitted through {fit['fit_end']}): best round {fit['best_iteration']} "
+                f"of at most {fit['max_rounds']} ({fit['rounds']} run).", ""]
+    rounds = ", ".join(str(f["best_iteration"]) for f in lightgbm)
+    return [f"LightGBM's best round per refit (of at most {lightgbm[0]['max_rounds']}, each stopped early on its "
+            f"refit's validation rows): {rounds}.", ""]
+
+
 def _pooled_section(wf: PooledWalkForward) -> list[str]:
     pooled, seg = wf.pooled, wf.pooled.segment
     days = pooled.deep_model.rank_ic.n_days
@@ -118,6 +134,7 @@ def _pooled_section(wf: PooledWalkForward) -> list[str]:
     if pooled.baselines_note:
         lines += [f"> Baselines: {pooled.baselines_note}.", ""]
     lines += _contender_table(pooled.rows)
+    lines += ["", *_fits_lines(pooled.baseline_fits)]
     lines += ["", "| year | days | rank IC [CI] | best baseline rank IC |", "|---|---|---|---|"]
     for year in wf.years:
         lines.append(f"| {year.year} | {year.days} | {_f(year.rank_ic)} [{_f(year.ci_low)}, "
@@ -217,7 +234,8 @@ def render_report(result: Evaluation) -> str:
     lines += _looks_lines(result.looks)
     lines += _selection_lines(result)
     lines += _contender_table(result.rows)
-    lines += ["", "![equity curves](equity.png)", ""]
+    lines += ["", *_fits_lines(result.baseline_fits)]
+    lines += ["![equity curves](equity.png)", ""]
     if isinstance(result.walk_forward, PooledWalkForward):
         lines += _pooled_section(result.walk_forward)
     elif result.walk_forward:
