@@ -23,10 +23,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # plain helpers: no Ray, no torch models, no devices
     ("startup", "errors", "config", "config_reference", "fsutil", "storage", "outputs", "console", "interrupts"),
     ("hardware",),  # the only package that knows device kinds
+    # where a run goes (session, capacity, plan, scale-up): below data, whose feature build joins or
+    # starts the run's Ray through the session (placement imports nothing above hardware)
+    ("placement",),
     ("bars",),  # market data in: files, the packaged prices, the sample and synthetic markets
     ("data",),  # bars -> features -> shards -> Ray Data
     ("models",),  # nn.Modules chosen by name
-    ("placement", "scoring"),  # where a run goes (session, capacity, plan, scale-up); metrics and baselines
+    ("scoring",),  # metrics and baselines
     ("artifacts",),  # what a run leaves: checkpoints, the run folder, the exported model, its ledgers
     ("tracking",),  # where a run is logged: MLflow and its registry, TensorBoard
     ("training",),  # the run itself: the TorchTrainer, the per-worker loop, its runtime, losses and checks

@@ -78,6 +78,7 @@ def _validated(pairs, root: Path, min_history: int, report: IngestReport, on_dup
                              on_duplicate=on_duplicate)
         del raw
         if bars is not None:
+            bars.attrs["source"] = source  # the file it came from: named where its features fail (data/staging.py)
             yielded += 1
             yield ticker, bars
     if yielded == 0:

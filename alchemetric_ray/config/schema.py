@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from alchemetric_ray.config.coercion import _build, _unknown_key, apply_overrides
 from alchemetric_ray.config.settings import A_DATE, A_PLAIN_NAME, Check, above, at_least, setting, validate
@@ -134,6 +134,15 @@ class FeaturesConfig:
     min_cross_section: int = setting(
         10, "Cross-sectional labels and features: dates with fewer stocks than this are dropped (and counted).",
         check=at_least(2))
+    distributed: Literal["auto", "true", "false"] = setting(
+        "auto", "Where the features are computed: `true` = as Ray tasks over groups of tickers (and the per-date "
+                "pass by buckets of dates), in the Ray this process runs in or a local one; `false` = in this "
+                "process; `auto` = Ray tasks unless the whole input fits in one group and no Ray is running (a "
+                "small build does not wait for Ray to start). The shards are the same either way.")
+    group_rows: int = setting(
+        200_000, "The bars in one group of tickers, the unit of work of the feature build (a group ends at the "
+                 "ticker that reaches this many rows): smaller groups spread more tasks over a cluster, larger "
+                 "ones cost less per row.", check=at_least(1))
 
 
 @dataclass

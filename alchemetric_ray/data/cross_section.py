@@ -1,7 +1,7 @@
 """The per-date pass: labels and features taken across the stocks that trade on each date.
 
-Features and labels are first computed ticker by ticker (one per-ticker Parquet file each, in a
-staging folder); what needs every stock of a date at once comes after, here:
+Features and labels are first computed by groups of tickers (one Parquet file per group, in a
+staging folder: ``data/staging.py``); what needs every stock of a date at once comes after, here:
 
 * ``rank``: the value's percentile rank among that date's stocks, ties averaged, centred on 0
   (``(rank - 1) / (n - 1) - 0.5``, in [-0.5, 0.5]);
@@ -18,7 +18,8 @@ the date code of every row, one source column and its result, and a rank's sort 
 ids while it ranks: about 80 bytes a row at its peak (measured with ``bench/cross_section_memory.py``:
 934k rows, 291 MiB against 220 MiB for the per-ticker build, 2026-12-01), so about 0.8 GB at
 10M rows.  Each result waits in a memory-mapped file of raw float64 until the per-file rewrite at
-the end, which holds one ticker.
+the end, which holds one staged group (``features.group_rows``).  With Ray, each bucket of dates
+is a task of its own: a task holds its dates' rows of one column.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -145,13 +147,38 @@ def grouped_corr(x: np.ndarray, y: np.ndarray, codes: np.ndarray, n_groups: int)
 _TRANSFORMS = {"rank": rank_by_date, "zscore": zscore_by_date, "demean": demean_by_date}
 
 
+def transform_column(kind: str, values: np.ndarray, code: np.ndarray, n_dates: int) -> np.ndarray:
+    """One op's transform of one column's known values (``code``: their dates as 0..n_dates-1)."""
+    if kind not in _TRANSFORMS:
+        raise ValueError(f"unknown cross-section kind {kind!r} (known: {', '.join(KINDS)})")
+    return _TRANSFORMS[kind](values, code, n_dates)
+
+
+def date_buckets(code: np.ndarray, n_dates: int, buckets: int) -> list[tuple[int, int]]:
+    """At most ``buckets`` contiguous ranges of date codes ``[lo, hi)`` covering ``0..n_dates``, of about
+    the same number of rows each (a date is never split: its rows are the unit of every transform)."""
+    if n_dates <= 0:
+        return []
+    counts = np.cumsum(np.bincount(code, minlength=n_dates))
+    total = int(counts[-1]) if len(counts) else 0
+    cuts = {int(np.searchsorted(counts, total * k / buckets, side="left")) + 1 for k in range(1, buckets)}
+    edges = sorted({0, n_dates, *(c for c in cuts if 0 < c < n_dates)})
+    return list(zip(edges[:-1], edges[1:]))
+
+
 # ---- over a folder of per-ticker files ------------------------------------------------------
 
 
-def apply_cross_section(files: list[Path], ops: list[Op], *, min_names: int, what: str) -> CrossSectionReport:
-    """Apply ``ops`` in order to the per-ticker Parquet ``files`` (rewritten in place, each through a
-    temporary file), dropping the rows of dates with fewer than ``min_names`` stocks.  ``what`` names
-    the data in the error raised when no date has enough stocks."""
+Transform = Callable[[str, np.ndarray, np.ndarray, int], np.ndarray]
+
+
+def apply_cross_section(files: list[Path], ops: list[Op], *, min_names: int, what: str,
+                        transform: Transform | None = None) -> CrossSectionReport:
+    """Apply ``ops`` in order to the staged Parquet ``files`` (rows ordered by ticker, then date; rewritten in
+    place, each through a temporary file), dropping the rows of dates with fewer than ``min_names`` stocks.
+    ``what`` names the data in the error raised when no date has enough stocks.  ``transform``: what
+    computes one column (:func:`transform_column`'s arguments and result; the build's Ray tasks by
+    buckets of dates), else :func:`transform_column` here."""
     keys = [pq.read_table(f, columns=["date"]).column("date").to_numpy() for f in files]
     sizes = [len(k) for k in keys]
     dates, code = np.unique(np.concatenate(keys) if keys else np.array([], "datetime64[ns]"), return_inverse=True)
@@ -179,7 +206,7 @@ def apply_cross_section(files: list[Path], ops: list[Op], *, min_names: int, wha
             column = column.astype(np.float64)
             finite = np.isfinite(column)  # a value not known yet (the last bars' forward return) stays NaN
             out = np.full(len(column), np.nan)
-            out[finite] = _TRANSFORMS[op.kind](column[finite], kept_code[finite], n_kept)
+            out[finite] = (transform or transform_column)(op.kind, column[finite], kept_code[finite], n_kept)
             results[op.target] = Path(tmp) / f"{k}.f64"  # raw float64: read back as plain numbers
             out.tofile(results[op.target])
             del column, out

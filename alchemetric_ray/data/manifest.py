@@ -18,7 +18,7 @@ from alchemetric_ray.fsutil import atomic_write_json
 from alchemetric_ray.storage import Location, locate
 
 MANIFEST = "manifest.json"
-READ_TIME_KEYS = frozenset({"window"})  # features.* keys a run may set apart from the shards' build
+READ_TIME_KEYS = frozenset({"window", "distributed", "group_rows"})  # features.* a run may set apart from the build
 FORMAT_VERSION = 1
 
 

@@ -11,13 +11,15 @@ Columns: ``date`` (timestamp), ``ticker``, one float32 column per feature (norma
 train segment's statistics), ``label`` (int64 class id), ``fwd_ret`` (float32 forward log
 return, for evaluation), ``label_end`` (date of the last bar the label looks at).
 
-Pass 1 computes features and labels ticker by ticker into a staging folder and collects the
-trading calendar; a cross-sectional label or feature (``cs_rank``, ``cs_zscore``, the market-relative
-features, ``features.cs_normalize``) then takes a per-date pass over the staging folder
-(``data/cross_section.py``), which drops dates with too few stocks; the split plan is then fixed;
-pass 2 fits the normalization on train rows; pass 3 normalizes and writes the final shards.
-Everything is written under a temporary folder beside ``OUT`` that replaces ``OUT`` only once
-complete.  Memory: one ticker's rows, and during the per-date pass one column of every row
+Pass 1 computes features and labels by groups of tickers (in the driver or as Ray tasks) into a
+staging folder and collects the trading calendar; a cross-sectional label or feature (``cs_rank``,
+``cs_zscore``, the market-relative features, ``features.cs_normalize``) then takes a per-date pass
+over the staging folder (``data/cross_section.py``), which drops dates with too few stocks: both in
+``data/staging.py``.  The split plan is then fixed; pass 2 fits the normalization on train rows;
+pass 3 normalizes and writes the final shards.  The bars of each group are kept in ``OUT/bars``
+(``data/bars_store.py``) for appends.  Everything is written under a temporary folder beside ``OUT``
+that replaces ``OUT`` only once complete.  Memory in the driver: one group's rows (``features.group_rows``,
+and up to two per CPU of bars in flight with Ray), and during the per-date pass one column of every row
 (about 80 bytes a row at its peak, measured; see ``data/cross_section.py``).
 
 A regression target's ``label`` is float32 (the cross-sectional value); a class target's is int64.
@@ -25,14 +27,11 @@ A regression target's ``label`` is float32 (the cross-sectional value); a class 
 
 from __future__ import annotations
 
-import hashlib
-import re
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, cast
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -41,11 +40,11 @@ import pyarrow.parquet as pq
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data import features as feat
-from alchemetric_ray.data.cross_section import apply_cross_section, plan_ops
 from alchemetric_ray.data.labels import LabelSpec
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
 from alchemetric_ray.data.splits import SPLITS, SplitPlan, SplitSpec, plan_splits
+from alchemetric_ray.data.staging import StagedFeatures, stage_features, staged_files
 from alchemetric_ray.errors import ShardError
 from alchemetric_ray.fsutil import unwritable_ancestor
 from alchemetric_ray.outputs import claim, staged_output
@@ -53,7 +52,6 @@ from alchemetric_ray.storage import Location, locate, preflight
 
 ROWS_PER_FILE = 250_000
 ROWS_PER_ROW_GROUP = 65_536
-_SAFE_TICKER = re.compile(r"[A-Za-z0-9._^=-]+")
 
 
 @dataclass
@@ -78,75 +76,6 @@ def split_files(shards: str | Path | Location, split: str, manifest: Manifest) -
     return [folder / name for name in folder.listing("*.parquet", folders=False)]
 
 
-def min_history(cfg: RunConfig) -> int:
-    """Bars a ticker needs: the feature warm-up, the label's reach and a little to learn from."""
-    names = feat.resolve_feature_names(cfg.features.names)
-    return feat.warmup_bars(names) + LabelSpec.from_config(cfg.features).reach + max(cfg.features.window, 20)
-
-
-class _Progress:
-    """A ticker count rewritten in place: on a terminal only (in a log or a pipe it would be noise)."""
-
-    def __init__(self, label: str, enabled: bool):
-        from alchemetric_ray.console import is_tty
-
-        self.label, self.enabled, self.last = label, enabled and is_tty(), 0.0
-        self.open = False  # a progress line without its newline yet
-
-    def __call__(self, done: int, total: int | None = None, final: bool = False) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not final and now - self.last < 0.5):
-            return
-        self.last = now
-        of = f"/{total}" if total else ""
-        print(f"\r{self.label}: {done}{of} tickers", end="\n" if final else "", file=sys.stderr, flush=True)
-        self.open = not final
-
-    def close(self) -> None:
-        """End an open progress line, so that an error message that follows is a line of its own."""
-        if self.open:
-            print(file=sys.stderr, flush=True)
-            self.open = False
-
-
-@dataclass
-class StagedFeatures:
-    """Passes 1 and the per-date pass of :func:`build_shards`, which no split depends on: every
-    ticker's features and labels, one Parquet file per ticker in ``folder``, before any split plan
-    or normalization.  A walk-forward stages them once and builds each refit's shards from them."""
-
-    folder: Path
-    names: list[str]
-    label: dict  # the LabelSpec's fields
-    stats: dict  # calendar, input hash, tickers, skipped tickers, non-finite rows
-    cross_section: dict
-    report: object | None  # ingest's IngestReport, where files were read
-    source_description: str | None
-
-
-def stage_features(cfg: RunConfig, folder: Path, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
-                   source_description: str | None = None, progress: bool = False) -> StagedFeatures:
-    """Read the bars (``cfg.data``, or ``bars``) and write every ticker's features and labels to ``folder``."""
-    from alchemetric_ray.bars.sources import open_source
-
-    names = feat.resolve_feature_names(cfg.features.names)
-    spec = LabelSpec.from_config(cfg.features)
-    report = None
-    if bars is None:
-        source = open_source(cfg.data, min_history=min_history(cfg))
-        bars, report = source.bars, source.report
-        source_description = source_description or source.description
-    folder.mkdir(parents=True, exist_ok=True)
-    bar = _Progress("features", progress)
-    try:
-        stats = _pass_features(bars, names, spec, folder, min_history(cfg), bar)
-    except BaseException:
-        bar.close()  # an open progress line ends before the error message
-        raise
-    cross_section = _pass_cross_section(folder, names, spec, cfg, stats, source_description)
-    return StagedFeatures(folder, names, dict(spec.__dict__), stats, cross_section, report, source_description)
-
-
 def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
                  source_description: str | None = None, progress: bool = False,
                  staged: StagedFeatures | None = None) -> ShardSummary:
@@ -167,8 +96,8 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
                          f"({spec.scheme})")
     _check_output(out, cfg)
     with staged_output(out, "shards", last=(MANIFEST,)) as tmp:
-        features = staged or stage_features(cfg, tmp / "_staging", bars=bars,
-                                            source_description=source_description, progress=progress)
+        features = staged or stage_features(cfg, tmp / "_staging", bars=bars, source_description=source_description,
+                                            progress=progress, keep_bars=tmp)
         stats, staging = features.stats, features.folder
         fc = cfg.features
         plan = plan_splits(stats["calendar"], SplitSpec(fc.train_frac, fc.val_frac, embargo, fc.train_end, fc.val_end,
@@ -200,6 +129,7 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
             columns={"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
             files=files,
             cross_section=features.cross_section,
+            build=features.build,
         )
         manifest.write(tmp)
     return ShardSummary(out, manifest, time.monotonic() - start)
@@ -220,54 +150,6 @@ def _check_output(out: Location, cfg: RunConfig) -> None:
         raise ShardError(f"output folder {out}: {blocked} is not a writable folder")
 
 
-def _pass_features(bars, names, spec: LabelSpec, staging: Path, need: int, progress: Callable) -> dict:
-    digest = hashlib.sha256()
-    calendar = np.array([], dtype="datetime64[D]")
-    tickers, skipped, nonfinite = [], {}, 0
-    for i, (ticker, frame) in enumerate(bars):
-        if not _SAFE_TICKER.fullmatch(ticker) or ticker.startswith("."):
-            raise ShardError(f"ticker {ticker!r} is not a safe name (letters, digits, '.', '_', '^', '=', '-')")
-        digest.update(ticker.encode())
-        digest.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
-        if len(frame) < need:
-            skipped[ticker] = f"{len(frame)} bars, fewer than the {need} the features and labels need"
-            continue
-        table, late_bad = feature_table(ticker, frame, names, spec)
-        nonfinite += late_bad
-        labelled = table["has_features"] & np.isfinite(table["label"].to_numpy())
-        table = table[labelled].drop(columns=["has_features", "next_date"])
-        if table.empty:
-            skipped[ticker] = "no row with complete features and a label"
-            continue
-        table.to_parquet(staging / f"{ticker}.parquet", index=False)
-        calendar = np.union1d(calendar, table["date"].to_numpy().astype("datetime64[D]"))
-        tickers.append(ticker)
-        progress(i + 1)
-    progress(len(tickers) + len(skipped), final=True)
-    if not tickers:
-        detail = "; ".join(f"{t}: {why}" for t, why in list(skipped.items())[:3])
-        raise ShardError(f"no ticker has enough history for the features and labels ({detail or 'no data'})")
-    return {"calendar": calendar, "hash": digest.hexdigest(), "tickers": tickers, "skipped": skipped,
-            "nonfinite": nonfinite}
-
-
-def _pass_cross_section(staging: Path, names: list[str], spec: LabelSpec, cfg: RunConfig, stats: dict,
-                        source: str | None) -> dict:
-    """The per-date pass over the staged tickers, when the label or a feature needs one; the
-    calendar is then the dates it kept.  What the manifest records of it (empty when none ran)."""
-    ops = plan_ops(names, spec, cfg.features.cs_normalize)
-    if not ops:
-        return {}
-    report = apply_cross_section(_staged(staging), ops, min_names=cfg.features.min_cross_section,
-                                 what=source or cfg.data.path or cfg.data.source)
-    kept = cast(np.ndarray, report.kept_dates)  # apply_cross_section always sets them
-    stats["calendar"] = np.unique(kept.astype("datetime64[D]"))
-    return {"normalize": cfg.features.cs_normalize, "min_names": cfg.features.min_cross_section,
-            "ops": [op.__dict__ for op in ops], **report.as_dict(),
-            "universe": "the tickers in the data as given: stocks listed at the data's end date only, so the "
-                        "cross-section is survivorship-biased"}
-
-
 def feature_table(ticker: str, frame: pd.DataFrame, names: list[str], spec: LabelSpec) -> tuple[pd.DataFrame, int]:
     """Moved to :func:`alchemetric_ray.data.panel.feature_table` (the vectorized panel, one ticker)."""
     from alchemetric_ray.data.panel import feature_table as one_ticker
@@ -275,13 +157,9 @@ def feature_table(ticker: str, frame: pd.DataFrame, names: list[str], spec: Labe
     return one_ticker(ticker, frame, names, spec)
 
 
-def _staged(staging: Path) -> list[Path]:
-    return sorted(staging.glob("*.parquet"))
-
-
 def _fit_normalizer(staging: Path, names: list[str], plan: SplitPlan, cfg: RunConfig) -> Normalizer:
     fit = NormalizerFit(cfg.features.normalization, names, seed=cfg.data.seed)
-    for path in _staged(staging):
+    for path in staged_files(staging):
         table = pd.read_parquet(path)
         split = plan.assign(table["date"].to_numpy(), table["label_end"].to_numpy())
         fit.add(table.loc[split == 0, names].to_numpy())
@@ -355,21 +233,24 @@ def _write_shards(staging: Path, tmp: Path, names: list[str], plan: SplitPlan, n
     writers = {s: _RollingWriter(split_dir(tmp, s), schema) for s in SPLITS}
     rows = {s: 0 for s in SPLITS}
     classes = {s: [0] * n_classes for s in SPLITS}
-    for path in _staged(staging):
+    for path in staged_files(staging):
         table = pd.read_parquet(path)
         split = plan.assign(table["date"].to_numpy(), table["label_end"].to_numpy())
         normed = normalizer.apply(table[names].to_numpy())
+        tickers = table["ticker"].to_numpy()
         for idx, name in enumerate(SPLITS):
             mask = split == idx
             if not mask.any():
                 continue
             part = table.loc[mask]
-            cols = {"date": part["date"].to_numpy(), "ticker": part["ticker"].to_numpy()}
+            cols = {"date": part["date"].to_numpy(), "ticker": tickers[mask]}
             cols.update({n: normed[mask, j] for j, n in enumerate(names)})
             labels = part["label"].to_numpy().astype(np.float32 if spec.regression else np.int64)
             cols.update({"label": labels, "fwd_ret": part["fwd_ret"].to_numpy().astype(np.float32),
                          "label_end": part["label_end"].to_numpy()})
-            writers[name].write(pa.Table.from_pydict(cols, schema=schema))
+            whole = pa.Table.from_pydict(cols, schema=schema)
+            for lo, hi in _ticker_runs(cols["ticker"]):  # the writer takes a ticker at a time
+                writers[name].write(whole.slice(lo, hi - lo))
             rows[name] += int(mask.sum())
             if not spec.regression:
                 for c, k in zip(*np.unique(labels, return_counts=True)):
@@ -377,6 +258,14 @@ def _write_shards(staging: Path, tmp: Path, names: list[str], plan: SplitPlan, n
     for w in writers.values():
         w.close()
     return {"rows": rows, "classes": classes}
+
+
+def _ticker_runs(tickers: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each ticker's rows in a staged group (rows ordered by ticker, then date)."""
+    if not len(tickers):
+        return []
+    starts = np.flatnonzero(np.concatenate(([True], tickers[1:] != tickers[:-1])))
+    return list(zip(starts.tolist(), np.append(starts[1:], len(tickers)).tolist()))
 
 
 def _check_classes(counts: dict, classes: list[str]) -> None:

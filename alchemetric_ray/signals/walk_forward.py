@@ -135,8 +135,9 @@ def _refits(cfg: RunConfig, data: str | None, loaded, folds: list, calendar: np.
     the training features (each fold's shards are their split and normalization) and the inputs
     the folds' models score (each fold normalizes them with its own statistics)."""
     from alchemetric_ray.artifacts.export import load_model as load
-    from alchemetric_ray.data.shards import build_shards, stage_features
+    from alchemetric_ray.data.shards import build_shards
     from alchemetric_ray.data.splits import boundaries
+    from alchemetric_ray.data.staging import stage_features
     from alchemetric_ray.training.trainer import run_training
 
     base = loaded.config

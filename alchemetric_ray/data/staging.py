@@ -1,0 +1,438 @@
+"""The features before any split: every ticker's features and labels, then the per-date pass.
+
+:func:`stage_features` is the part of the feature build (``data/shards.py``) that no split depends
+on.  The driver reads the source's ``(ticker, frame)`` pairs one at a time and forms groups of
+tickers of about ``features.group_rows`` bars; each group is computed by
+:func:`alchemetric_ray.data.panel.compute_group` and written to the staging folder as
+``part-NNNNN.parquet`` in group order (rows ordered by ticker, then date).  Where the build runs:
+
+* in the driver when the whole input fits in one group and no Ray is up (``features.distributed=auto``),
+  or always (``false``): a small build does not pay for ``ray.init`` (about 4 s here);
+* otherwise as Ray tasks (``num_cpus=1``) in the Ray this process runs in (a job's cluster, a
+  notebook's ``ray.init()``, else a local Ray: ``placement.session.ensure_ray``), at most
+  :data:`IN_FLIGHT_PER_CPU` tasks per cluster CPU in flight, so that the driver holds a bounded
+  number of groups.  Each result comes back to the driver, which writes it: the staging folder is on
+  the driver's disk, which other nodes do not see.
+
+The per-date pass (``data/cross_section.py``) then takes each column in turn; with Ray, the rows of
+each contiguous bucket of dates go to a task of their own and the results are put back in row order.
+Every value depends on its date's rows only, in the same order, so the results equal a one-process
+build bit for bit.
+
+A ticker that fails inside a group is found by computing the group's tickers one by one, and the build
+stops with one line naming it and the file it came from (:class:`~alchemetric_ray.errors.FeatureError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, cast
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from alchemetric_ray.config import RunConfig
+from alchemetric_ray.data import features as feat
+from alchemetric_ray.data.cross_section import (
+    apply_cross_section,
+    date_buckets,
+    plan_ops,
+    transform_column,
+)
+from alchemetric_ray.data.labels import LabelSpec
+from alchemetric_ray.data.panel import GroupResult, compute_group
+from alchemetric_ray.errors import FeatureError, ShardError, UserError
+
+# Bars per group (features.group_rows' default).  Measured on this 2-core machine (2026-12-05, the
+# packaged 88 tickers, per-ticker compute_group at ~85k rows/s, a warm local Ray): a task's fixed cost
+# is ~3 ms (1 ticker, 1.3k rows: 2.7 ms round trip), and sending the frames and the result costs
+# about 0.3 ms and 0.1 ms per 1k rows (108k rows: 38 ms for the frames; 1.30 s as a task against
+# 1.18 s in the driver).  The fixed cost is under 5% of a group's compute from ~60k rows at a
+# vectorized ~1M rows/s; 200k rows (~40 tickers of 20 years) keeps it at ~1.5% and a task's memory at
+# ~40 MB of bars and results, and leaves the packaged data (108k rows) in one group: in the driver.
+GROUP_ROWS = 200_000
+IN_FLIGHT_PER_CPU = 2  # tasks in flight per cluster CPU: the CPUs stay busy while results come back
+_SAFE_TICKER = re.compile(r"[A-Za-z0-9._^=-]+")
+
+
+def min_history(cfg: RunConfig) -> int:
+    """Bars a ticker needs: the feature warm-up, the label's reach and a little to learn from."""
+    names = feat.resolve_feature_names(cfg.features.names)
+    return feat.warmup_bars(names) + LabelSpec.from_config(cfg.features).reach + max(cfg.features.window, 20)
+
+
+class _Progress:
+    """Tickers done and rows/s rewritten in place: on a terminal only (in a log or a pipe it would be noise)."""
+
+    def __init__(self, label: str, enabled: bool):
+        from alchemetric_ray.console import is_tty
+
+        self.label, self.enabled, self.last = label, enabled and is_tty(), 0.0
+        self.open = False  # a progress line without its newline yet
+        self.start = time.monotonic()
+
+    def __call__(self, done: int, total: int | None = None, final: bool = False, rows: int = 0) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not final and now - self.last < 0.5):
+            return
+        self.last = now
+        of = f"/{total}" if total else ""
+        rate = f", {rows / max(now - self.start, 1e-9):,.0f} rows/s" if rows else ""
+        print(f"\r{self.label}: {done}{of} tickers{rate}\x1b[K", end="\n" if final else "", file=sys.stderr,
+              flush=True)
+        self.open = not final
+
+    def close(self) -> None:
+        """End an open progress line, so that an error message that follows is a line of its own."""
+        if self.open:
+            print(file=sys.stderr, flush=True)
+            self.open = False
+
+
+@dataclass
+class StagedFeatures:
+    """Pass 1 and the per-date pass of ``build_shards``, which no split depends on: every ticker's
+    features and labels in ``folder`` (``part-NNNNN.parquet``, one per group of tickers, in ticker
+    order), before any split plan or normalization.  A walk-forward stages them once and builds each
+    refit's shards from them."""
+
+    folder: Path
+    names: list[str]
+    label: dict  # the LabelSpec's fields
+    stats: dict  # calendar, input hash, tickers, skipped tickers, non-finite rows
+    cross_section: dict
+    report: object | None  # ingest's IngestReport, where files were read
+    source_description: str | None
+    build: dict = field(default_factory=dict)  # the manifest's `build`: where and how it ran
+
+
+def stage_features(cfg: RunConfig, folder: Path, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
+                   source_description: str | None = None, progress: bool = False,
+                   keep_bars: Path | None = None) -> StagedFeatures:
+    """Read the bars (``cfg.data``, or ``bars``) and write every ticker's features and labels to
+    ``folder``; ``keep_bars``: a folder to keep each group's bars in (``bars_store.write_part``)."""
+    from alchemetric_ray.bars.sources import open_source
+
+    names = feat.resolve_feature_names(cfg.features.names)
+    spec = LabelSpec.from_config(cfg.features)
+    report = None
+    if bars is None:
+        source = open_source(cfg.data, min_history=min_history(cfg))
+        bars, report = source.bars, source.report
+        source_description = source_description or source.description
+    folder.mkdir(parents=True, exist_ok=True)
+    bar = _Progress("features", progress)
+    runner = _Runner(cfg)
+    try:
+        stats = _pass_features(bars, folder, bar, runner, keep_bars)
+    except BaseException:
+        bar.close()  # an open progress line ends before the error message
+        raise
+    clock = time.monotonic()
+    cross_section = _pass_cross_section(folder, stats, source_description, runner)
+    runner.seconds["cross_section"] = round(time.monotonic() - clock, 3)
+    return StagedFeatures(folder, names, dict(spec.__dict__), stats, cross_section, report, source_description,
+                          runner.record())
+
+
+# ---- where the work runs ---------------------------------------------------------------------------
+
+
+class _Runner:
+    """The driver or Ray tasks, decided on the first groups (:meth:`choose`), and what ran where."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.names = feat.resolve_feature_names(cfg.features.names)
+        self.spec = LabelSpec.from_config(cfg.features)
+        self.need = min_history(cfg)
+        self.setting = cfg.features.distributed
+        self.group_rows = cfg.features.group_rows
+        self.ray = False
+        self.tasks, self.groups = 0, 0
+        self.nodes: set[str] = set()
+        self.seconds: dict[str, float] = {}
+
+    def choose(self, one_group: bool) -> None:
+        """Ray tasks unless ``false``, or ``auto`` with the whole input in one group and no Ray up."""
+        if self.setting == "false" or (self.setting == "auto" and one_group and not _ray_up()):
+            return
+        from alchemetric_ray.placement.session import ensure_ray
+
+        clock = time.monotonic()
+        ensure_ray(self.cfg)
+        self.seconds["ray_start"] = round(time.monotonic() - clock, 3)
+        self.ray = True
+
+    def cpus(self) -> int:
+        import ray
+
+        return max(1, int(ray.cluster_resources().get("CPU", 0)))
+
+    def record(self) -> dict:
+        return {"mode": "ray" if self.ray else "driver", "tasks": self.tasks, "groups": self.groups,
+                "nodes": len(self.nodes) if self.ray else 1, "rows_per_group": self.group_rows,
+                "seconds": dict(self.seconds)}
+
+    # -- the per-date pass: one column's transform by buckets of dates --------------------------------
+
+    def by_dates(self, kind: str, values: np.ndarray, code: np.ndarray, n_dates: int) -> np.ndarray:
+        """``transform_column`` over contiguous buckets of dates, each a Ray task; the rows put back in order."""
+        import ray
+
+        buckets = date_buckets(code, n_dates, max(1, min(self.cpus(), math.ceil(len(code) / self.group_rows))))
+        if len(buckets) < 2:
+            return transform_column(kind, values, code, n_dates)
+        order = np.argsort(code, kind="stable")  # a date's rows keep their order: the same sums, bit for bit
+        sorted_code = code[order]
+        task = ray.remote(num_cpus=1)(_date_task)
+        refs, spans = [], []
+        for lo, hi in buckets:
+            a, b = np.searchsorted(sorted_code, [lo, hi])
+            refs.append(task.remote(kind, values[order[a:b]], sorted_code[a:b] - lo, hi - lo))
+            spans.append((a, b))
+        self.tasks += len(refs)
+        out = np.empty(len(values))
+        try:
+            for (a, b), part in zip(spans, _get_all(refs)):
+                out[order[a:b]] = part
+        except BaseException:
+            _cancel(refs)
+            raise
+        return out
+
+
+def _date_task(kind: str, values: np.ndarray, code: np.ndarray, n_dates: int) -> np.ndarray:
+    return transform_column(kind, values, code, n_dates)
+
+
+def _ray_up() -> bool:
+    ray = sys.modules.get("ray")  # not imported: not up (importing it costs a second)
+    return bool(ray is not None and hasattr(ray, "is_initialized") and ray.is_initialized())
+
+
+def _get_all(refs: list) -> list:
+    """``ray.get``, with a task's own error (one line) raised as itself, not as Ray's wrapper (its traceback)."""
+    import ray
+    from ray.exceptions import RayTaskError
+
+    try:
+        return ray.get(refs)
+    except RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, UserError):
+            raise cause from None
+        raise
+
+
+def _cancel(refs: Iterable) -> None:
+    import ray
+
+    for ref in refs:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:
+            pass
+
+
+# ---- pass 1: per ticker, by groups ------------------------------------------------------------------
+
+
+def _groups(bars: Iterable[tuple[str, pd.DataFrame]], group_rows: int) -> Iterator[list[tuple[str, pd.DataFrame]]]:
+    """The tickers in groups of at least ``group_rows`` bars (the last one may be smaller), in input order."""
+    group: list[tuple[str, pd.DataFrame]] = []
+    rows = 0
+    for ticker, frame in bars:
+        if not _SAFE_TICKER.fullmatch(ticker) or ticker.startswith("."):
+            raise ShardError(f"ticker {ticker!r} is not a safe name (letters, digits, '.', '_', '^', '=', '-')")
+        group.append((ticker, frame))
+        rows += len(frame)
+        if rows >= group_rows:
+            yield group
+            group, rows = [], 0
+    if group:
+        yield group
+
+
+def compute_checked(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec: LabelSpec,
+                    need: int) -> GroupResult:
+    """``compute_group``; where it raises, the ticker that fails alone is named, with its file."""
+    try:
+        return compute_group(frames, names, spec, need)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise _culprit(frames, names, spec, need, exc) from None
+
+
+def _culprit(frames, names, spec, need, exc: Exception) -> FeatureError:
+    for ticker, frame in frames:
+        try:
+            compute_group([(ticker, frame)], names, spec, need)
+        except Exception as alone:
+            return FeatureError(f"ticker {ticker}{_from(frame)}: its features could not be computed "
+                                f"({_one_line(alone)})")
+    tickers = [t for t, _ in frames]
+    return FeatureError(f"the features of tickers {tickers[0]}..{tickers[-1]} could not be computed together, though "
+                        f"each one alone could ({_one_line(exc)})")
+
+
+def _from(frame: pd.DataFrame) -> str:
+    source = frame.attrs.get("source")
+    return f" (file {source})" if source else ""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def _keep(folder: Path | None, index: int, frames: list[tuple[str, pd.DataFrame]]) -> None:
+    """The group's bars kept in ``folder/bars`` (for appends); a ticker whose bars cannot be is named."""
+    from alchemetric_ray.data.bars_store import bars_table, write_part
+
+    if folder is None:
+        return
+    try:
+        write_part(folder, index, frames)
+    except Exception as exc:
+        for ticker, frame in frames:
+            try:
+                bars_table([(ticker, frame)])
+            except Exception as alone:
+                raise FeatureError(f"ticker {ticker}{_from(frame)}: its bars could not be kept "
+                                   f"({_one_line(alone)})") from None
+        raise FeatureError(f"the bars of tickers {frames[0][0]}..{frames[-1][0]} could not be kept "
+                           f"({_one_line(exc)})") from None
+
+
+def _group_task(frames, names, spec, need) -> tuple[GroupResult, str]:
+    import ray
+
+    return compute_checked(frames, names, spec, need), ray.get_runtime_context().get_node_id()
+
+
+def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
+              keep_bars: Path | None) -> Iterator[tuple[int, GroupResult]]:
+    """(group index, its result) for every group, in any order: in the driver, or as Ray tasks with a
+    bounded number in flight."""
+    names, spec, need = runner.names, runner.spec, runner.need
+    first = next(groups, None)
+    second = next(groups, None) if first is not None else None
+    runner.choose(one_group=second is None)
+    ahead = [g for g in (first, second) if g is not None]
+
+    def every() -> Iterator[list[tuple[str, pd.DataFrame]]]:
+        yield from ahead
+        ahead.clear()  # the driver holds no group it has handed on
+        yield from groups
+
+    if not runner.ray:
+        for index, frames in enumerate(every()):
+            _keep(keep_bars, index, frames)
+            runner.groups += 1
+            yield index, compute_checked(frames, names, spec, need)
+        return
+    import ray
+
+    task = ray.remote(num_cpus=1)(_group_task)
+    limit = IN_FLIGHT_PER_CPU * runner.cpus()
+    pending: dict[Any, int] = {}
+    try:
+        for index, frames in enumerate(every()):
+            _keep(keep_bars, index, frames)
+            pending[task.remote(frames, names, spec, need)] = index
+            runner.groups += 1
+            runner.tasks += 1
+            del frames
+            while len(pending) >= max(limit, 1):
+                yield from _finished(pending, runner, wait_for=1)
+        while pending:
+            yield from _finished(pending, runner, wait_for=1)
+    except BaseException:
+        _cancel(pending)
+        raise
+
+
+def _finished(pending: dict, runner: _Runner, wait_for: int) -> Iterator[tuple[int, GroupResult]]:
+    import ray
+
+    done, _ = ray.wait(list(pending), num_returns=wait_for)
+    for ref in done:
+        index = pending.pop(ref)
+        result, node = _get_all([ref])[0]
+        runner.nodes.add(node)
+        yield index, result
+
+
+def _pass_features(bars, staging: Path, progress: Callable, runner: _Runner, keep_bars: Path | None = None) -> dict:
+    """Every group's labelled rows to ``staging/part-NNNNN.parquet``; the calendar, the input hash and
+    what was kept, skipped and dropped."""
+    clock = time.monotonic()
+    total = len(bars) if hasattr(bars, "__len__") else None
+    calendar = np.array([], dtype="datetime64[D]")
+    by_group: dict[int, GroupResult] = {}
+    done = rows = 0
+    for index, result in _computed(_groups(bars, runner.group_rows), runner, keep_bars):
+        if result.table.num_rows:
+            pq.write_table(result.table, staging / f"part-{index:05d}.parquet")
+            dates = result.table.column("date").to_numpy().astype("datetime64[D]")
+            calendar = np.union1d(calendar, np.unique(dates))
+        result.table = pa.table({})  # written: only the group's record is kept
+        by_group[index] = result
+        done += len(result.digests)
+        rows += result.rows_in
+        progress(done, total, rows=rows)
+    progress(done, total, final=True, rows=rows)
+    digest = hashlib.sha256()
+    tickers: list[str] = []
+    skipped: dict[str, str] = {}
+    nonfinite = 0
+    for index in sorted(by_group):
+        result = by_group[index]
+        for ticker, value in result.digests.items():
+            digest.update(ticker.encode())
+            digest.update(value.encode())
+        tickers += result.tickers
+        skipped.update(result.skipped)
+        nonfinite += result.nonfinite
+    runner.seconds["features"] = round(time.monotonic() - clock, 3)
+    if not tickers:
+        detail = "; ".join(f"{t}: {why}" for t, why in list(skipped.items())[:3])
+        raise ShardError(f"no ticker has enough history for the features and labels ({detail or 'no data'})")
+    return {"calendar": calendar, "hash": digest.hexdigest(), "tickers": tickers, "skipped": skipped,
+            "nonfinite": nonfinite}
+
+
+# ---- the per-date pass -------------------------------------------------------------------------------
+
+
+def _pass_cross_section(staging: Path, stats: dict, source: str | None, runner: _Runner) -> dict:
+    """The per-date pass over the staged groups, when the label or a feature needs one; the calendar is
+    then the dates it kept.  What the manifest records of it (empty when none ran)."""
+    cfg = runner.cfg
+    ops = plan_ops(runner.names, runner.spec, cfg.features.cs_normalize)
+    if not ops:
+        return {}
+    transform = runner.by_dates if runner.ray else None
+    report = apply_cross_section(staged_files(staging), ops, min_names=cfg.features.min_cross_section,
+                                 what=source or cfg.data.path or cfg.data.source, transform=transform)
+    kept = cast(np.ndarray, report.kept_dates)  # apply_cross_section always sets them
+    stats["calendar"] = np.unique(kept.astype("datetime64[D]"))
+    return {"normalize": cfg.features.cs_normalize, "min_names": cfg.features.min_cross_section,
+            "ops": [op.__dict__ for op in ops], **report.as_dict(),
+            "universe": "the tickers in the data as given: stocks listed at the data's end date only, so the "
+                        "cross-section is survivorship-biased"}
+
+
+def staged_files(staging: Path) -> list[Path]:
+    """The staged parts, in name (= group = ticker) order."""
+    return sorted(staging.glob("*.parquet"))

@@ -1,0 +1,170 @@
+"""The feature build's first passes (data/staging.py): by groups of tickers, in the driver or as Ray
+tasks (the session's Ray), the per-date pass by buckets of dates; the same shards either way; a
+ticker that fails in a task named in one line; a stop signal during a Ray build."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from alchemetric_ray.config import load_config
+from alchemetric_ray.data.bars_store import BARS_DIR
+from alchemetric_ray.data.shards import build_shards, split_dir
+from alchemetric_ray.errors import FeatureError
+
+REPO = Path(__file__).resolve().parents[1]
+# a cross-sectional label, a market-relative feature and a per-date normalization: every per-date op
+CROSS = ["features.label=cs_rank", "features.names=[ret_1, ret_5_rel, vol_20]", "features.cs_normalize=rank"]
+SMALL_GROUPS = "features.group_rows=20000"  # the packaged 108k rows: 6 groups
+
+
+def _frames(folder: Path) -> dict[str, pd.DataFrame]:
+    return {split: pd.read_parquet(split_dir(folder, split)) for split in ("train", "val", "test")}
+
+
+def test_ray_tasks_build_the_shards_a_one_process_build_does(ray_session, tmp_path):
+    """The packaged data, as Ray tasks over groups of tickers and buckets of dates, and in this process:
+    the same rows, bit for bit, the same manifest but for how it was built; the bars kept by group."""
+    built = {}
+    for where in ("false", "true"):
+        cfg = load_config(None, [*CROSS, SMALL_GROUPS, f"features.distributed={where}"])
+        built[where] = build_shards(cfg, tmp_path / where).manifest
+    ray_build, driver_build = built["true"].build, built["false"].build
+    assert driver_build["mode"] == "driver" and driver_build["tasks"] == 0 and driver_build["groups"] == 6
+    assert ray_build["mode"] == "ray" and ray_build["groups"] == 6 and ray_build["tasks"] > 6  # and date buckets
+    assert ray_build["nodes"] == 1 and ray_build["rows_per_group"] == 20000
+    same = {"created": None, "build": None, "built_with": None}
+    assert {**built["true"].__dict__, **same} == {**built["false"].__dict__, **same}
+    assert built["true"].cross_section["ops"] and len(built["true"].tickers) == 88
+    for split, frame in _frames(tmp_path / "false").items():
+        pd.testing.assert_frame_equal(_frames(tmp_path / "true")[split], frame, check_exact=True)
+        # a ticker is never cut between two part files
+        parts = [pd.read_parquet(p, columns=["ticker"])["ticker"] for p in sorted(split_dir(tmp_path / "true",
+                                                                                             split).glob("*.parquet"))]
+        seen = [set(p) for p in parts]
+        assert all(not (a & b) for i, a in enumerate(seen) for b in seen[i + 1:])
+    bars = sorted((tmp_path / "true" / BARS_DIR).glob("part-*.parquet"))
+    assert [p.name for p in bars] == [f"part-{k:05d}.parquet" for k in range(6)]
+    kept = pd.concat([pd.read_parquet(p) for p in bars])
+    assert kept["ticker"].nunique() == 88 and kept.equals(pd.concat(
+        [pd.read_parquet(p) for p in sorted((tmp_path / "false" / BARS_DIR).glob("*.parquet"))]))
+
+
+def test_a_small_build_stays_in_the_driver_without_starting_ray(tmp_path):
+    """auto, the whole input in one group and no Ray up: computed in the process, Ray never imported."""
+    out = str(tmp_path / "out")
+    script = ("import sys, json; from alchemetric_ray.config import load_config; "
+              "from alchemetric_ray.data.shards import build_shards; "
+              f"m = build_shards(load_config(None, ['data.tickers=AAPL,MSFT,XOM']), {out!r}).manifest; "
+              "print(json.dumps({'build': m.build, 'ray': 'ray' in sys.modules}))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["build"]["mode"] == "driver" and out["build"]["groups"] == 1 and not out["ray"], out
+    assert "ray_start" not in out["build"]["seconds"]
+
+
+def _bars(tickers: list[str], days: int = 400) -> list[tuple[str, pd.DataFrame]]:
+    from alchemetric_ray.bars.synthetic import SyntheticMarket, synthetic_bars
+
+    market = SyntheticMarket(n_tickers=len(tickers), n_days=days, seed=3)
+    return [(name, frame) for name, (_, frame) in zip(tickers, synthetic_bars(market))]
+
+
+@pytest.mark.parametrize("where", ["true", "false"])
+def test_a_ticker_that_fails_in_a_task_fails_the_build_in_one_line_naming_it_and_its_file(ray_session, tmp_path,
+                                                                                       where):
+    """Inside a Ray task (and in the driver): the group's tickers are computed one by one to name the culprit."""
+    bars = _bars(["AAA", "BBB", "CCC", "DDD"])
+    broken = bars[2][1].copy()
+    broken["notes"] = [["a list"]] * len(broken)  # a column the bars' digest (part of compute_group) cannot hash
+    broken.attrs["source"] = "/data/CCC.csv"
+    bars[2] = ("CCC", broken)
+    cfg = load_config(None, [f"features.distributed={where}", "features.group_rows=500"])  # two tickers a group
+    with pytest.raises(FeatureError) as caught:
+        build_shards(cfg, tmp_path / "out", bars=bars)
+    assert type(caught.value) is FeatureError  # not Ray's wrapper, whose text is a traceback
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("ticker CCC (file /data/CCC.csv): its features could not "
+                                                      "be computed (TypeError: "), message
+    assert list(tmp_path.iterdir()) == []  # no output, no temporary folder
+
+
+def test_bars_that_cannot_be_kept_fail_the_build_in_one_line_naming_the_ticker(tmp_path):
+    bars = _bars(["AAA", "BBB", "CCC"])
+    broken = bars[1][1].copy()
+    broken["close"] = "n/a"  # text where prices belong
+    broken.attrs["source"] = "/data/BBB.csv"
+    bars[1] = ("BBB", broken)
+    with pytest.raises(FeatureError, match=r"^ticker BBB \(file /data/BBB.csv\): its bars could not be kept "
+                                           r"\(ValueError: could not convert string to float: 'n/a'\)$"):
+        build_shards(load_config(None, ["features.distributed=false"]), tmp_path / "out", bars=bars)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_progress_line_counts_tickers_and_rows_per_second_on_a_terminal(monkeypatch, capsys):
+    from alchemetric_ray import console
+    from alchemetric_ray.data.staging import _Progress
+
+    monkeypatch.setattr(console, "is_tty", lambda *a, **k: True)
+    bar = _Progress("features", True)
+    bar(1200, 3000, rows=84_000)
+    bar(3000, 3000, final=True, rows=210_000)
+    err = capsys.readouterr().err
+    assert err.startswith("\rfeatures: 1200/3000 tickers, ") and " rows/s" in err and err.endswith("\n")
+    assert "\rfeatures: 3000/3000 tickers, " in err
+    monkeypatch.setattr(console, "is_tty", lambda *a, **k: False)
+    quiet = _Progress("features", True)
+    quiet(1, 2, final=True, rows=10)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_ray_build_leaves_nothing_and_no_ray_process(tmp_path):
+    """Sent once the build is handing groups to its own local Ray: one line, exit 143, no stage, no output,
+    no process of the command's session left."""
+    from test_no_loss import _clean_stop, _env, processes_left
+
+    out = tmp_path / "shards"
+    proc = subprocess.Popen([sys.executable, "-m", "alchemetric_ray.cli", "features", "--out", str(out), "--quiet",
+                             "features.distributed=true", "features.group_rows=3000"], cwd=tmp_path, env=_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while (not list(tmp_path.glob(f".shards.tmp-*/{BARS_DIR}/part-00003.parquet")) and proc.poll() is None
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGTERM)
+    out_text, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (proc.returncode, err[-2000:])
+    _clean_stop(err, out_text)
+    assert err.strip().splitlines()[-1] == ("alchemetric-ray features: interrupted by SIGTERM before it finished "
+                                            "(nothing half-written is left); run the same command again"), err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert processes_left(proc.pid) == []
+
+
+def test_date_buckets_cover_the_dates_whole_and_the_bucketed_transform_equals_the_whole():
+    from alchemetric_ray.data.cross_section import date_buckets, transform_column
+
+    rng = np.random.default_rng(0)
+    code = np.sort(rng.integers(0, 50, 5000))[rng.permutation(5000)]
+    values = rng.normal(size=5000).round(1)  # ties, ranked on their average
+    buckets = date_buckets(code, 50, 4)
+    assert buckets[0][0] == 0 and buckets[-1][1] == 50 and len(buckets) == 4
+    assert all(a[1] == b[0] for a, b in zip(buckets, buckets[1:]))
+    for kind in ("rank", "zscore", "demean"):
+        whole = transform_column(kind, values, code, 50)
+        pieces = np.empty(5000)
+        for lo, hi in buckets:
+            rows = (code >= lo) & (code < hi)
+            pieces[rows] = transform_column(kind, values[rows], code[rows] - lo, hi - lo)
+        assert np.array_equal(pieces, whole), kind
+    assert date_buckets(code, 50, 1) == [(0, 50)] and date_buckets(np.zeros(3, int), 1, 4) == [(0, 1)]
