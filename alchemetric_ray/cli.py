@@ -74,13 +74,22 @@ def _features_args(p: argparse.ArgumentParser) -> None:
                    help="folder (or file) of daily OHLCV; default: the packaged stocknet prices (data.source)")
     p.add_argument("--out", required=True, help="output folder for the Parquet shards and manifest.json")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--append", action="store_true",
+                   help="add the bars of --data after the last date of the shards in --out (a local folder built "
+                        "by this command), computing only the rows that change; nothing new: nothing written")
+    p.add_argument("--rebuild", action="store_true",
+                   help="with --append: where the new bars revise kept ones, rebuild --out from its kept bars "
+                        "merged with the new ones")
 
 
 @command("features", "market data -> labelled, normalized Parquet feature shards + manifest", _features_args)
 def _features(args: argparse.Namespace, cfg: RunConfig) -> int:
     from alchemetric_ray import api
 
-    shards = api.features(cfg, out=args.out, progress=not args.quiet)
+    shards = api.features(cfg, out=args.out, progress=not args.quiet, append=args.append, rebuild=args.rebuild)
+    if args.append:  # one line: what was appended (or that nothing was)
+        print(shards.notes[0].replace(shards.where, args.out))
+        return 0
     print(shards.line().replace(shards.where, args.out, 1))
     for line in shards.notes:
         print(line)

@@ -57,22 +57,44 @@ def _call(name: str) -> Iterator[contextlib.ExitStack]:
         yield scratch
 
 
-def features(cfg: RunConfig | None = None, *, data: Any = None, out: str | Path,
-             progress: bool | None = None) -> Shards:
-    """Market data -> labelled, normalized Parquet feature shards and their manifest in ``out``."""
+def features(cfg: RunConfig | None = None, *, data: Any = None, out: str | Path, progress: bool | None = None,
+             append: bool = False, rebuild: bool = False) -> Shards:
+    """Market data -> labelled, normalized Parquet feature shards and their manifest in ``out``.
+    ``append``: add ``data``'s bars after the last date of the shards already in ``out`` (a local folder),
+    computing only the rows that change, with the shards' own settings; ``result.notes[0]`` says what
+    was appended, and where there is nothing new nothing is written.  A new bar that revises a kept
+    one is refused, unless ``rebuild`` (with ``append``): ``out`` is then rebuilt from its kept bars
+    merged with the new ones."""
     with _call("features") as scratch:
         from alchemetric_ray import console
-        from alchemetric_ray.data.shards import build_shards
+        from alchemetric_ray.errors import ShardError
 
+        if rebuild and not append:
+            raise ShardError("--rebuild goes with --append (it rebuilds a shard folder from its kept bars merged "
+                             "with new ones); a build without --append always builds the folder whole")
         cfg = _config(cfg, data, scratch)
+        show = console.is_tty() if progress is None else progress
+        summary: Any  # a ShardSummary, or an AppendSummary (the same out, manifest and seconds, and its line)
         try:
-            summary = build_shards(cfg, out, progress=console.is_tty() if progress is None else progress)
+            if append:
+                from alchemetric_ray.data.append import append_bars
+
+                summary = append_bars(cfg, out, rebuild=rebuild, progress=show)
+            else:
+                from alchemetric_ray.data.shards import build_shards
+
+                summary = build_shards(cfg, out, progress=show)
         except Interrupted:
             raise
         except KeyboardInterrupt:  # a notebook's interrupt: the shards are written whole or not at all
-            raise InterruptedBeforeDone(f"interrupted before the shards in {out} were written (nothing "
+            what = "the append to" if append else "the shards in"
+            raise InterruptedBeforeDone(f"interrupted before {what} {out} were written (nothing "
                                         "half-written is left)") from None
         result = Shards.of(summary)
+        if append:
+            result.notes = [summary.line]
+            if not summary.appended:  # nothing new: nothing written, result.json included
+                return result
         save_result(summary.out, result)
         return result
 

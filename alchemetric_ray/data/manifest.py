@@ -44,6 +44,7 @@ class Manifest:
     # Readers read these and only these: on object storage, where a folder cannot be swapped in
     # whole, a file the manifest does not list (left by an older or an unfinished build) is ignored.
     # Empty in manifests written before the list existed: readers then take the split's folder.
+    # "bars": the bars store's parts (data/bars_store.py), which `features --append` reads and adds to.
     files: dict[str, list[str]] = field(default_factory=dict)
     # the per-date pass (data/cross_section.py): its operations, threshold and what it dropped;
     # empty when the label and features are per ticker only (and in manifests from before it)
@@ -138,12 +139,14 @@ class Manifest:
         atomic_write_json(Path(folder) / MANIFEST, self.to_dict())
 
 
-def reconcile_features(cfg, manifest: Manifest, shards: str | Location, *, model: bool = False):
+def reconcile_features(cfg, manifest: Manifest, shards: str | Location, *, model: bool = False,
+                       appending: bool = False):
     """``cfg`` with the shards' own ``features.*`` settings, so that a model's saved config says what
     it was trained on.  A key left at its default takes the shards' value; a key the run set to a
     value the shards were not built with is refused in one line naming each key, both values and
     the remedy (rebuild the shards, or drop the override).  ``model``: ``shards`` is a saved model's
-    folder (whose manifest is that of the shards it was trained on)."""
+    folder (whose manifest is that of the shards it was trained on); ``appending``: the settings of
+    ``features --append`` to ``shards``, which keeps the shards' own."""
     from alchemetric_ray.config import FeaturesConfig
     from alchemetric_ray.data.features import resolve_feature_names
 
@@ -167,6 +170,10 @@ def reconcile_features(cfg, manifest: Manifest, shards: str | Location, *, model
     if conflicts:
         asked = [f"features.{key}={_text(value)}" for key, value, _ in conflicts]
         built = ", ".join(f"features.{key}={_text(value)}" for key, _, value in conflicts)
+        if appending:
+            raise ShardError(f"the shards in {shards} were built with {built}, but this append asks for "
+                             f"{', '.join(asked)}: drop the override (an append keeps the shards' own settings), or "
+                             f"build new shards with it (alchemetric-ray features --out NEW_DIR {' '.join(asked)})")
         if model:
             raise ShardError(f"the model in {shards} was trained on features with {built}, but this command asks for "
                              f"{', '.join(asked)}: drop the override, or train a model on features built with "

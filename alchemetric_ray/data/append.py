@@ -1,0 +1,697 @@
+"""``features --append``: the bars after a shard folder's last date, added without rebuilding it.
+
+An append computes only the rows that change and leaves the folder as a fresh build of all the bars
+would be, row for row, for every row that build labels (``tests/test_append.py``):
+
+1. **Settings**: the shards' own (``manifest.built_with``; an override that conflicts is refused, as
+   for training on shards).  The new bars are read through the same ingest as a build.
+2. **Revisions**: a new bar for a date the folder already keeps (``OUT/bars/``, the build's input
+   bars, :mod:`~alchemetric_ray.data.bars_store`) must equal the kept one (open, high, low, close,
+   volume, to 1e-9 relative); otherwise the append is refused in one line naming the ticker, the date
+   and both closes, and ``--rebuild`` rebuilds the folder from the kept bars merged with the new ones.
+3. **Rows**: per ticker, the rows after its last row in the shards: its newest ``reach`` kept bars
+   had no label at the last build (so they were not written) and have one now, then the new bars'.
+   They are computed by :func:`~alchemetric_ray.data.panel.compute_group` over a tail of the kept
+   bars plus the new ones: :func:`tail_bars` bars before the first row to write, enough for the
+   longest warm-up and for the slowest EMA to forget where the tail starts (to ``EMA_TOLERANCE``).
+4. **Per-date pass** (a cross-sectional label or feature): a date's values depend on that date's rows
+   only, so it runs over every row of the dates from the first new row on (``A0``); where another
+   ticker already has rows on those dates (its bars ended earlier), they are recomputed with the rest.
+5. **Split and normalization**: the manifest's split plan (its test segment now ends at the last new
+   row) and its train-fitted normalizer, unchanged.  Rows must fall in the test segment: a row that
+   would land in train or val (a ticker new to the folder with years of history) is refused, since
+   the normalization fitted on train would change (``--rebuild``).  Rows without a label yet (the
+   newest ``reach`` bars) are not written, as in a build: they join at the next append.
+6. **Writing**: the test segment is written again as new part files (new names) holding its rows and
+   the new ones, a ticker in one file, as a build writes them: a sequence model's windows are built a
+   file at a time, so a ticker's new rows in a file of their own would cut its windows.  Then the new
+   bars as a new ``bars/part-NNNNN.parquet``, then the manifest (atomically), with ``files``,
+   ``rows``, ``class_counts``, ``tickers``, the test segment's end and an ``appends`` entry.  Only then
+   are the test files it no longer lists removed.  A failure or an interrupt before the manifest is
+   written removes every file the append wrote: the folder is left as it was.
+
+Local folders only (a shard folder on object storage is refused in one line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from alchemetric_ray.data import bars_store
+from alchemetric_ray.data.features import warmup_bars
+from alchemetric_ray.data.manifest import MANIFEST, Manifest, reconcile_features
+from alchemetric_ray.data.normalize import Normalizer
+from alchemetric_ray.data.splits import SPLITS, SplitPlan
+from alchemetric_ray.data.staging import min_history
+from alchemetric_ray.errors import CrossSectionError, ShardError, UserError
+from alchemetric_ray.storage import Location, locate
+
+# The EMAs of features.py and their smoothing factors: Wilder's RSI(14) and ATR(14) (alpha = 1/14),
+# MACD's EMA12 and EMA26 (2/13, 2/27) and its signal line's EMA9 (2/10), all adjust=False.  An EMA
+# started k bars before a row differs from one started at the first bar by (1 - alpha)^k of the
+# difference of their starting values, so k bars of the slowest one make that < EMA_TOLERANCE.
+EMA_ALPHAS = {"rsi_14/atr_14": 1 / 14, "macd EMA26": 2 / 27, "macd EMA12": 2 / 13, "macd_hist signal EMA9": 2 / 10}
+EMA_TOLERANCE = 1e-12
+EMA_BARS = math.ceil(math.log(EMA_TOLERANCE) / math.log(1 - min(EMA_ALPHAS.values())))  # 373 (alpha 1/14)
+REVISION_RTOL = 1e-9  # a kept bar and a new one for the same date are the same bar within this
+GROUP_TICKERS = 64  # tickers per compute_group call
+_PART = re.compile(r"part-(\d+)\.parquet$")
+
+
+def tail_bars(names: list[str]) -> int:
+    """Kept bars a ticker's recomputation starts before its first row to write: the longest warm-up
+    of ``names``, then EMA_BARS for the EMAs to converge."""
+    return warmup_bars(names) + EMA_BARS
+
+
+@dataclass
+class AppendSummary:
+    """What an append (or ``--rebuild``) did; ``appended`` False: nothing new, nothing written."""
+
+    out: Location
+    manifest: Manifest
+    seconds: float
+    line: str
+    appended: bool = True
+
+
+# ---- the folder's bars, rows and new bars ------------------------------------------------------
+
+
+def bars_parts(folder: Path, manifest: Manifest) -> list[Path]:
+    """The bars store's files: those the manifest lists (``files["bars"]``), else every part on disk."""
+    listed = manifest.files.get(bars_store.BARS_DIR)
+    if listed:
+        return [folder / name for name in listed]
+    return sorted((folder / bars_store.BARS_DIR).glob("part-*.parquet"))
+
+
+def _kept_dates(parts: list[Path]) -> dict[str, np.ndarray]:
+    """ticker -> its kept bars' dates, sorted (datetime64[ns])."""
+    pieces: dict[str, list[np.ndarray]] = {}
+    for part in parts:
+        table = pq.read_table(part, columns=["ticker", "date"]).to_pandas()
+        for ticker, dates in table.groupby("ticker", sort=False)["date"]:
+            pieces.setdefault(str(ticker), []).append(dates.to_numpy().astype("datetime64[ns]"))
+    return {t: np.sort(np.concatenate(p)) for t, p in pieces.items()}
+
+
+def _load_kept(parts: list[Path], since: dict[str, np.datetime64]) -> dict[str, pd.DataFrame]:
+    """ticker -> its kept bars from ``since[ticker]`` on (date, open, high, low, close, volume), one part
+    read at a time; tickers not in ``since`` are not loaded."""
+    pieces: dict[str, list[pd.DataFrame]] = {}
+    for part in parts:
+        frame = pq.read_table(part).to_pandas()
+        cut = frame["ticker"].map(since)
+        frame = frame[cut.notna() & (frame["date"] >= cut)]
+        for ticker, rows in frame.groupby("ticker", sort=False):
+            pieces.setdefault(str(ticker), []).append(rows.drop(columns="ticker"))
+    return {t: pd.concat(p).sort_values("date", kind="stable").reset_index(drop=True) for t, p in pieces.items()}
+
+
+def _last_rows(folder: Path, manifest: Manifest) -> dict[str, np.datetime64]:
+    """ticker -> the date of its last row in the shards (any split)."""
+    from alchemetric_ray.data.shards import split_files
+
+    last: dict[str, np.datetime64] = {}
+    for split in SPLITS:
+        for file in split_files(folder, split, manifest):
+            table = pq.read_table(file.local, columns=["ticker", "date"]).to_pandas()
+            for ticker, date in table.groupby("ticker", sort=False)["date"].max().items():
+                d = np.datetime64(date, "ns")
+                if str(ticker) not in last or d > last[str(ticker)]:
+                    last[str(ticker)] = d
+    return last
+
+
+def _read_new(cfg) -> tuple[dict[str, pd.DataFrame], str]:
+    """The new bars, through the same ingest as a build (``cfg.data``): ticker -> bars; and where from."""
+    from alchemetric_ray.bars.sources import open_source
+
+    source = open_source(cfg.data, min_history=0)
+    new = {ticker: frame[["date", *bars_store.PRICE_COLUMNS]].reset_index(drop=True) for ticker, frame in source.bars}
+    return new, source.description
+
+
+@dataclass(frozen=True)
+class Revision:
+    ticker: str
+    date: str
+    column: str  # the first column that differs ("close" where it does), or "" for a bar the kept ones lack
+    new_close: float
+    kept_close: float | None
+
+
+def _revisions(new: dict[str, pd.DataFrame], kept: dict[str, pd.DataFrame],
+               kept_last: dict[str, np.datetime64]) -> list[Revision]:
+    """Every new bar for a date up to its ticker's last kept bar that is not the kept bar of that date."""
+    found = []
+    for ticker, frame in new.items():
+        if ticker not in kept_last:
+            continue
+        old = frame[frame["date"].to_numpy() <= kept_last[ticker]]
+        if old.empty:
+            continue
+        have = kept.get(ticker, pd.DataFrame(columns=["date", *bars_store.PRICE_COLUMNS]))
+        both = old.merge(have, on="date", how="left", suffixes=("", "_kept"), indicator=True)
+        lacking = (both["_merge"] != "both").to_numpy()
+        same = {c: np.isclose(both[c].to_numpy(dtype=float), both[f"{c}_kept"].to_numpy(dtype=float),
+                              rtol=REVISION_RTOL, atol=0.0) for c in bars_store.PRICE_COLUMNS}
+        differs = lacking | ~np.logical_and.reduce(list(same.values()))
+        for i in np.flatnonzero(differs):
+            row = both.iloc[i]
+            date = _day(row["date"])
+            if lacking[i]:
+                found.append(Revision(ticker, date, "", float(row["close"]), None))
+                continue
+            columns = [c for c in bars_store.PRICE_COLUMNS if not same[c][i]]
+            column = "close" if "close" in columns else columns[0]
+            found.append(Revision(ticker, date, column, float(row["close"]), float(row["close_kept"])))
+    return found
+
+
+def _revision_line(revisions: list[Revision], out: str, new: dict[str, pd.DataFrame],
+                   kept: dict[str, pd.DataFrame]) -> str:
+    first = revisions[0]
+    if first.kept_close is None:
+        what = (f"the new bars have a bar (close {first.new_close:.10g}) on a date inside the kept history that "
+                f"{out}'s bars lack")
+    else:
+        what = f"close {first.new_close:.10g} in the new bars, {first.kept_close:.10g} in {out}'s kept bars"
+        if first.column != "close":
+            date = np.datetime64(first.date, "ns")
+            a = new[first.ticker].loc[new[first.ticker]["date"] == date, first.column].iloc[0]
+            b = kept[first.ticker].loc[kept[first.ticker]["date"] == date, first.column].iloc[0]
+            what += f"; {first.column} {a:.10g} new, {b:.10g} kept"
+    more = f" ({len(revisions) - 1} more revised bar(s))" if len(revisions) > 1 else ""
+    return (f"{first.ticker} {first.date}: the new bars revise a bar the shards were built from ({what}){more}; "
+            f"an append only adds the dates after each ticker's last kept bar: rerun with --append --rebuild to "
+            f"rebuild {out} from its kept bars merged with the new ones")
+
+
+def _digest(frames: dict[str, pd.DataFrame]) -> str:
+    """The input hash of bars, as a build hashes its input: each ticker's name, then its bars."""
+    digest = hashlib.sha256()
+    for ticker in sorted(frames):
+        digest.update(ticker.encode())
+        digest.update(pd.util.hash_pandas_object(frames[ticker], index=False).to_numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _day(value) -> str:
+    return str(np.datetime64(value, "D"))
+
+
+# ---- the entry point ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    """One append: the folder, its manifest and kept bars' dates, the new bars."""
+
+    cfg: Any
+    where: Location
+    manifest: Manifest
+    parts: list[Path]  # the bars store's files
+    new: dict[str, pd.DataFrame]  # ticker -> the bars read
+    description: str  # where they were read from
+    dates: dict[str, np.ndarray]  # ticker -> its kept bars' dates
+    start: float = field(default_factory=time.monotonic)
+
+    @property
+    def folder(self) -> Path:
+        return self.where.local
+
+    @property
+    def kept_last(self) -> dict[str, np.datetime64]:
+        return {t: d[-1] for t, d in self.dates.items() if len(d)}
+
+    def nothing(self) -> AppendSummary:
+        last = _day(max(self.kept_last.values())) if self.kept_last else "-"
+        line = (f"nothing to append: the {len(self.new)} ticker(s) read from {self.description} have no bar after "
+                f"{self.where}'s last date {last}")
+        return AppendSummary(self.where, self.manifest, time.monotonic() - self.start, line, appended=False)
+
+    def summary(self, manifest: Manifest, line: str) -> AppendSummary:
+        return AppendSummary(self.where, manifest, time.monotonic() - self.start, line)
+
+
+def append_bars(cfg, out: str | Path | Location, *, rebuild: bool = False, progress: bool = False) -> AppendSummary:
+    """Append the bars of ``cfg.data`` to the shard folder ``out`` (see the module's docstring);
+    ``rebuild``: rebuild ``out`` from its kept bars merged with the new ones (the new win) instead."""
+    job = _open(cfg, out)
+    if rebuild:
+        return _rebuild(job, progress)
+    last_rows = _last_rows(job.folder, job.manifest)
+    kept_last = job.kept_last
+    added = {t: f[f["date"].to_numpy() > kept_last[t]] if t in kept_last else f for t, f in job.new.items()}
+    added = {t: f.reset_index(drop=True) for t, f in added.items() if len(f)}
+    kept = _load_kept(job.parts, _kept_since(job, added, last_rows))
+    revisions = _revisions(job.new, kept, kept_last)
+    if revisions:
+        raise ShardError(_revision_line(revisions, str(out), job.new, kept))
+    if not added:
+        return job.nothing()
+    rows, a0, cs_record = _new_rows(job, kept, added, last_rows)
+    return _write(job, rows, added, a0, cs_record)
+
+
+def _open(cfg, out: str | Path | Location) -> _Job:
+    """The shard folder to append to, checked; its settings over ``cfg``; the new bars read."""
+    from alchemetric_ray.outputs import claim
+
+    start = time.monotonic()
+    where = locate(out)
+    if not where.is_local:
+        raise ShardError(f"--out {out}: --append works on a local shard folder only for now (build the shards "
+                         "whole on object storage, or append to a local copy and upload it)")
+    folder = where.local
+    if not (folder / MANIFEST).is_file():
+        raise ShardError(f"--append: {out} holds no feature shards (no {MANIFEST}); build them first with "
+                         f"alchemetric-ray features --data DIR --out {out}")
+    claim(where, "shards", what="--out")
+    manifest = Manifest.read(folder)
+    parts = bars_parts(folder, manifest)
+    missing = [p for p in parts if not p.is_file()]
+    if not parts or not manifest.built_with or missing:
+        why = f"its bars store lacks {missing[0].relative_to(folder)}" if missing else \
+            f"it keeps no bars ({bars_store.BARS_DIR}/): it was built before builds kept their input bars"
+        raise ShardError(f"--append: {out} cannot be appended to ({why}); rebuild it from all the bars: "
+                         f"alchemetric-ray features --data ALL_BARS --out {out}")
+    cfg = reconcile_features(cfg, manifest, str(where), appending=True)
+    new, description = _read_new(cfg)
+    return _Job(cfg, where, manifest, parts, new, description, _kept_dates(parts), start)
+
+
+def _kept_since(job: _Job, added: dict[str, pd.DataFrame],
+                last_rows: dict[str, np.datetime64]) -> dict[str, np.datetime64]:
+    """ticker -> the first kept bar to read: the overlap with the new bars (to check) and the tail that
+    its rows to write are computed from (with a per-date pass: of every ticker trading from the first
+    possible new row on)."""
+    tail = tail_bars(list(job.manifest.features))
+    cross = bool(job.manifest.cross_section)
+    firsts = [_first_after(job.dates.get(t), added.get(t), last_rows.get(t)) for t in added]
+    bound = min((d for d in firsts if d is not None), default=None)  # no new row is earlier
+    since: dict[str, np.datetime64] = {}
+    for t, d in job.dates.items():
+        if not len(d):
+            continue
+        points = []
+        if t in job.new:
+            points.append(int(np.searchsorted(d, job.new[t]["date"].to_numpy().min(), "left")))
+        again = cross and bound is not None and d[-1] >= bound
+        if t in added or again:
+            after = int(np.searchsorted(d, last_rows[t], "right")) if t in last_rows else 0
+            if again and bound is not None:
+                after = min(after, int(np.searchsorted(d, bound, "left")))
+            points.append(max(0, after - tail))
+        if points:
+            since[t] = d[min(min(points), len(d) - 1)]
+    return since
+
+
+def _first_after(dates: np.ndarray | None, added: pd.DataFrame | None, last_row) -> np.datetime64 | None:
+    """The date of a ticker's first bar after its last row in the shards (kept or new)."""
+    if dates is not None and len(dates):
+        i = int(np.searchsorted(dates, last_row, "right")) if last_row is not None else 0
+        if i < len(dates):
+            return dates[i]
+    if added is not None and len(added):
+        return added["date"].to_numpy()[0]
+    return None
+
+
+# ---- computing the rows ------------------------------------------------------------------------
+
+
+def _windows(tickers: list[str], kept: dict[str, pd.DataFrame], added: dict[str, pd.DataFrame],
+             start_of: dict[str, Any], tail: int) -> list[tuple[str, pd.DataFrame]]:
+    """Each ticker's bars from ``tail`` bars before its first bar at or after ``start_of[ticker]``
+    (None: all of them): the kept tail, then the new bars."""
+    frames = []
+    for t in tickers:
+        parts = [f for f in (kept.get(t), added.get(t)) if f is not None and len(f)]
+        bars = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
+        first = start_of.get(t)
+        i = int(np.searchsorted(bars["date"].to_numpy(), first, "left")) if first is not None else 0
+        frames.append((t, bars.iloc[max(0, i - tail):].reset_index(drop=True)))
+    return frames
+
+
+def _compute(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec, need: int,
+             keep_from: dict[str, Any]) -> pd.DataFrame:
+    """compute_group over ``frames``, a group at a time; each ticker's rows from ``keep_from[ticker]`` on
+    (inclusive, a datetime64)."""
+    from alchemetric_ray.data.panel import compute_group
+
+    out = []
+    for i in range(0, len(frames), GROUP_TICKERS):
+        table = compute_group(frames[i:i + GROUP_TICKERS], names, spec, need).table
+        if not table.num_rows:
+            continue
+        rows = table.to_pandas()
+        rows["date"] = rows["date"].astype("datetime64[ns]")
+        rows["label_end"] = rows["label_end"].astype("datetime64[ns]")
+        cut = rows["ticker"].map(keep_from)
+        out.append(rows[cut.isna() | (rows["date"] >= cut)])
+    if not out:
+        return pd.DataFrame()
+    return pd.concat(out, ignore_index=True)
+
+
+def _after_last_row(last_rows: dict[str, np.datetime64], tickers) -> dict[str, np.datetime64]:
+    """ticker -> the first instant after its last row (rows from there on are new)."""
+    return {t: last_rows[t] + np.timedelta64(1, "ns") for t in tickers if t in last_rows}
+
+
+def _cross_section(rows: pd.DataFrame, names: list[str], spec, cfg, what: str) -> tuple[pd.DataFrame, dict]:
+    """The per-date pass of the build over ``rows`` (whole dates): the same transforms, the same drop of
+    dates with fewer than ``features.min_cross_section`` stocks."""
+    from alchemetric_ray.data.cross_section import apply_cross_section, plan_ops
+
+    ops = plan_ops(names, spec, cfg.features.cs_normalize)
+    if not ops or rows.empty:
+        return rows, {}
+    with tempfile.TemporaryDirectory(prefix="alchemetric-append-") as tmp:
+        files = []
+        for ticker, part in rows.groupby("ticker", sort=True):
+            path = Path(tmp) / f"{ticker}.parquet"
+            part.to_parquet(path, index=False)
+            files.append(path)
+        try:
+            report = apply_cross_section(files, ops, min_names=cfg.features.min_cross_section, what=what)
+        except CrossSectionError:  # no new date has enough stocks: all dropped, as a build drops them
+            return rows.iloc[:0], {"dates_kept": 0, "dates_dropped": int(rows["date"].nunique()),
+                                   "rows_dropped": len(rows), "max_names": int(rows.groupby("date").size().max())}
+        done = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    return done, report.as_dict()
+
+
+# ---- the append --------------------------------------------------------------------------------
+
+
+def _new_rows(job: _Job, kept: dict[str, pd.DataFrame], added: dict[str, pd.DataFrame],
+              last_rows: dict[str, np.datetime64]) -> tuple[pd.DataFrame, Any, dict]:
+    """The rows to write (raw features, before normalization), the first date written again whole (with
+    a per-date pass; else None) and the per-date pass's counts."""
+    names = list(job.manifest.features)
+    spec = job.manifest.label_spec
+    tail = tail_bars(names)
+    need = min_history(job.cfg)
+    windows = _windows(sorted(added), kept, added, {t: _next(last_rows.get(t)) for t in added}, tail)
+    rows = _compute(windows, names, spec, need, _after_last_row(last_rows, added))
+    if not job.manifest.cross_section or rows.empty:
+        return rows, None, {}
+    # every row of the dates from the first new one on: a date's values depend on all its rows
+    a0 = rows["date"].min().to_datetime64()
+    before = a0 - np.timedelta64(1, "ns")
+    again = sorted(t for t, d in job.dates.items()
+                   if len(d) and (t not in added or last_rows.get(t, before) >= a0)
+                   and max(d[-1], added[t]["date"].to_numpy()[-1] if t in added else d[-1]) >= a0)
+    if again:
+        more = _compute(_windows(again, kept, added, {t: a0 for t in again}, tail), names, spec, need,
+                        {t: a0 for t in again})
+        rows = pd.concat([rows[~rows["ticker"].isin(again)], more], ignore_index=True)
+    rows, record = _cross_section(rows, names, spec, job.cfg, job.description)
+    return rows, a0, record
+
+
+def _next(last_row) -> Any:
+    return None if last_row is None else last_row + np.timedelta64(1, "ns")
+
+
+def _schema(names: list[str], regression: bool) -> pa.Schema:
+    """The shards' columns (data/shards.py writes the same)."""
+    return pa.schema([("date", pa.timestamp("ns")), ("ticker", pa.string()),
+                      *[(n, pa.float32()) for n in names],
+                      ("label", pa.float32() if regression else pa.int64()), ("fwd_ret", pa.float32()),
+                      ("label_end", pa.timestamp("ns"))])
+
+
+def _next_index(folder: Path) -> int:
+    """One past the highest part number in ``folder`` (listed or not): a new name never replaces a file."""
+    numbers = [int(m.group(1)) for p in folder.glob("part-*.parquet") if (m := _PART.search(p.name))]
+    return max(numbers, default=-1) + 1
+
+
+def _write(job: _Job, rows: pd.DataFrame, added: dict[str, pd.DataFrame], a0, cs_record: dict) -> AppendSummary:
+    """The test segment again with the new rows, the new bars, then the manifest; on any failure before
+    the manifest is written, every file written here is removed."""
+    manifest, folder = job.manifest, job.folder
+    plan = SplitPlan(**manifest.splits)
+    if not rows.empty:
+        rows = rows.sort_values(["ticker", "date"], kind="stable").reset_index(drop=True)
+        plan = dataclasses.replace(plan, test_end=max(plan.test_end, _day(rows["date"].max())))
+        rows = rows[_in_test(plan, rows) == 2].reset_index(drop=True)
+    writer = _TestWriter(folder / "split=test", _schema(list(manifest.features), manifest.regression),
+                         len(manifest.classes))
+    from alchemetric_ray.data.shards import split_files
+
+    old_files = [f.local for f in split_files(folder, "test", manifest)]
+    new_tables = _new_tables(rows, list(manifest.features), Normalizer.from_dict(manifest.normalization),
+                             writer.schema, manifest.regression)
+    try:
+        writer.rewrite(old_files, new_tables, a0)
+        bars_name = bars_store.write_part(folder, _next_index(folder / bars_store.BARS_DIR), sorted(added.items()))
+        writer.written.append(folder / bars_name)
+        entry = _entry(job, rows, added, bars_name, writer.rows - manifest.rows.get("test", 0), a0)
+        tickers = list(manifest.tickers) + sorted(set(rows["ticker"]) - set(manifest.tickers)) if len(rows) \
+            else list(manifest.tickers)
+        updated = dataclasses.replace(
+            manifest,
+            splits=plan.as_dict(),
+            rows={**manifest.rows, "test": writer.rows},
+            class_counts={**manifest.class_counts, "test": writer.classes} if writer.classes else
+            manifest.class_counts,
+            tickers=tickers,
+            skipped_tickers={t: why for t, why in manifest.skipped_tickers.items() if t not in set(tickers)},
+            files={**manifest.files, "test": writer.names(),
+                   bars_store.BARS_DIR: [str(p.relative_to(folder)) for p in job.parts] + [bars_name]},
+            cross_section=_cross_record(manifest.cross_section, cs_record, folder, manifest, a0),
+            appends=[*manifest.appends, entry],
+        )
+        updated.write(folder)
+    except OSError as exc:
+        writer.remove()
+        if isinstance(exc, UserError):  # already one line (a full disk)
+            raise
+        where = exc.filename or folder
+        raise ShardError(f"{where}: cannot write the append ({exc.strerror or exc}); {job.where} is as it was") \
+            from None
+    except BaseException:
+        writer.remove()
+        raise
+    for path in old_files:  # no longer listed: their rows are in the new files
+        if path not in writer.written:
+            path.unlink(missing_ok=True)
+    dates = f"dates {entry['first_date']}..{entry['last_date']}" if entry["first_date"] else \
+        f"bars {entry['bars']['first_date']}..{entry['bars']['last_date']} kept, no label yet"
+    line = (f"appended {entry['rows']['test']} rows for {entry['tickers']} tickers ({dates}) to {job.where}; "
+            f"test segment now {writer.rows} rows")
+    return job.summary(updated, line)
+
+
+def _in_test(plan: SplitPlan, rows: pd.DataFrame) -> np.ndarray:
+    """The split of each row (:meth:`SplitPlan.assign`); a row that would land in train or val is refused."""
+    split = plan.assign(rows["date"].to_numpy(), rows["label_end"].to_numpy())
+    early = np.flatnonzero((split == 0) | (split == 1))
+    if len(early):
+        row = rows.iloc[early[0]]
+        raise ShardError(f"{row['ticker']} {_day(row['date'])}: the append would add a row before the test segment "
+                         f"(from {plan.test_start}), which would change the train/val segments and the normalization "
+                         f"fitted on train; rebuild instead: --append --rebuild")
+    return split
+
+
+def _entry(job: _Job, rows: pd.DataFrame, added: dict[str, pd.DataFrame], bars_name: str, added_rows: int,
+           a0) -> dict[str, Any]:
+    """The manifest's record of this append (``appends``)."""
+    return {
+        "kind": "append",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "source": job.description,
+        "input_hash": _digest(added),
+        "bars": {"file": bars_name, "tickers": len(added), "rows": int(sum(len(f) for f in added.values())),
+                 "first_date": _day(min(f["date"].min() for f in added.values())),
+                 "last_date": _day(max(f["date"].max() for f in added.values()))},
+        "first_date": _day(rows["date"].min()) if len(rows) else None,
+        "last_date": _day(rows["date"].max()) if len(rows) else None,
+        "rows": {"train": 0, "val": 0, "test": added_rows},
+        "tickers": int(rows["ticker"].nunique()) if len(rows) else 0,
+        "rewritten_from": _day(a0) if a0 is not None else None,
+    }
+
+
+class _TestWriter:
+    """The test segment's new part files: each ticker's kept rows then its new ones, a ticker never in
+    two files, up to ROWS_PER_FILE rows a file (as data/shards.py writes them), under names no file has."""
+
+    def __init__(self, folder: Path, schema: pa.Schema, n_classes: int):
+        self.folder, self.schema = folder, schema
+        self.written: list[Path] = []
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
+        self.rows = 0
+        self.classes = [0] * n_classes
+        self.index = 0
+
+    def rewrite(self, old_files: list[Path], new_tables: dict[str, pa.Table], a0) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.index = _next_index(self.folder)
+        for path in old_files:
+            table = pq.read_table(path)
+            if table.schema != self.schema:
+                table = table.cast(self.schema)
+            if a0 is not None:  # the dates from the first new row on are written again, whole
+                table = table.filter(pc.less(table.column("date"), pa.scalar(a0, pa.timestamp("ns"))))
+            for ticker, lo, hi in _ticker_runs(table):
+                extra = [new_tables.pop(ticker)] if ticker in new_tables else []
+                self.emit(pa.concat_tables([table.slice(lo, hi - lo), *extra]))
+        for ticker in sorted(new_tables):
+            self.emit(new_tables[ticker])
+        self.flush()
+
+    def emit(self, table: pa.Table) -> None:
+        """All the rows of one ticker."""
+        from alchemetric_ray.data.shards import ROWS_PER_FILE
+
+        if not table.num_rows:
+            return
+        if self.pending_rows and self.pending_rows + table.num_rows > ROWS_PER_FILE:
+            self.flush()
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        self.rows += table.num_rows
+        if self.classes:
+            labels, counts = np.unique(table.column("label").to_numpy(), return_counts=True)
+            for c, n in zip(labels, counts):
+                self.classes[int(c)] += int(n)
+
+    def flush(self) -> None:
+        from alchemetric_ray.data.shards import ROWS_PER_ROW_GROUP
+
+        if not self.pending:
+            return
+        path = self.folder / f"part-{self.index:05d}.parquet"
+        self.written.append(path)
+        pq.write_table(pa.concat_tables(self.pending).combine_chunks(), path, row_group_size=ROWS_PER_ROW_GROUP)
+        self.index += 1
+        self.pending, self.pending_rows = [], 0
+
+    def names(self) -> list[str]:
+        return [f"{self.folder.name}/{p.name}" for p in self.written if p.parent == self.folder]
+
+    def remove(self) -> None:
+        for path in self.written:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:  # never made (its folder refused it)
+                pass
+
+
+def _cross_record(record: dict, new: dict, folder: Path, manifest: Manifest, a0) -> dict:
+    """The manifest's record of the per-date pass, its counts brought up to date: the dates the append
+    wrote again (from ``a0`` on) are counted as this pass counted them."""
+    if not record or not new:
+        return record
+    before = 0
+    if a0 is not None:
+        from alchemetric_ray.data.shards import split_files
+
+        seen = set()
+        for file in split_files(folder, "test", manifest):
+            d = pq.read_table(file.local, columns=["date"]).column("date").to_numpy()
+            seen.update(d[d >= np.datetime64(a0, "ns")].tolist())
+        before = len(seen)
+    out = dict(record)
+    out["dates_kept"] = int(record.get("dates_kept", 0)) - before + int(new.get("dates_kept", 0))
+    out["dates_dropped"] = int(record.get("dates_dropped", 0)) + int(new.get("dates_dropped", 0))
+    out["rows_dropped"] = int(record.get("rows_dropped", 0)) + int(new.get("rows_dropped", 0))
+    out["max_names"] = max(int(record.get("max_names", 0)), int(new.get("max_names", 0)))
+    return out
+
+
+def _new_tables(rows: pd.DataFrame, names: list[str], normalizer: Normalizer, schema: pa.Schema,
+                regression: bool) -> dict[str, pa.Table]:
+    """ticker -> its new rows as the shards hold them: normalized float32 features, the label's type."""
+    if rows.empty:
+        return {}
+    normed = normalizer.apply(rows[names].to_numpy())
+    cols: dict[str, Any] = {"date": rows["date"].to_numpy(), "ticker": rows["ticker"].to_numpy()}
+    cols.update({n: normed[:, j] for j, n in enumerate(names)})
+    cols.update({"label": rows["label"].to_numpy().astype(np.float32 if regression else np.int64),
+                 "fwd_ret": rows["fwd_ret"].to_numpy().astype(np.float32),
+                 "label_end": rows["label_end"].to_numpy()})
+    table = pa.Table.from_pydict(cols, schema=schema)
+    return {str(t): table.slice(lo, hi - lo) for t, lo, hi in _ticker_runs(table)}
+
+
+def _ticker_runs(table: pa.Table) -> list[tuple[str, int, int]]:
+    """(ticker, first row, end row) of each run of one ticker in ``table``."""
+    if not table.num_rows:
+        return []
+    tickers = table.column("ticker").to_numpy(zero_copy_only=False)
+    cuts = np.flatnonzero(tickers[1:] != tickers[:-1]) + 1
+    bounds = [0, *cuts.tolist(), len(tickers)]
+    return [(str(tickers[lo]), lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+# ---- --rebuild ---------------------------------------------------------------------------------
+
+
+def _rebuild(job: _Job, progress: bool) -> AppendSummary:
+    """The folder rebuilt from its kept bars merged with the new ones (a new bar replaces the kept one of
+    its date), with the shards' own settings; the manifest keeps its appends and records this one."""
+    from alchemetric_ray.data.shards import build_shards
+
+    folder, manifest, kept_last = job.folder, job.manifest, job.kept_last
+    kept = _load_kept(job.parts, {t: np.datetime64(0, "ns") for t in kept_last})
+    revisions = _revisions(job.new, kept, kept_last)
+    fresh = {t: f[f["date"].to_numpy() > kept_last[t]] if t in kept_last else f for t, f in job.new.items()}
+    fresh = {t: f for t, f in fresh.items() if len(f)}
+    if not revisions and not fresh:
+        return job.nothing()
+    merged: dict[str, pd.DataFrame] = {}
+    for ticker in sorted(set(kept) | set(job.new)):
+        frames = [f for f in (kept.get(ticker), job.new.get(ticker)) if f is not None]
+        both = pd.concat(frames, ignore_index=True).drop_duplicates("date", keep="last")
+        merged[ticker] = both.sort_values("date", kind="stable").reset_index(drop=True)
+    del kept
+    summary = build_shards(job.cfg, job.where, bars=iter(merged.items()), source_description=manifest.source,
+                           progress=progress)
+    built = summary.manifest
+    revised_tickers = sorted({r.ticker for r in revisions})
+    entry: dict[str, Any] = {
+        "kind": "rebuild",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "source": job.description,
+        "input_hash": _digest(job.new),
+        "revised": {"bars": len(revisions), "tickers": revised_tickers,
+                    "dates": [f"{r.ticker} {r.date}" for r in revisions[:100]]},
+        "first_date": _day(min(f["date"].min() for f in fresh.values())) if fresh else None,
+        "last_date": _day(max(f["date"].max() for f in fresh.values())) if fresh else None,
+        "rows": {s: int(built.rows.get(s, 0)) - int(manifest.rows.get(s, 0)) for s in SPLITS},
+        "tickers": len(fresh),
+    }
+    updated = dataclasses.replace(built, appends=[*manifest.appends, entry])
+    updated.write(folder)
+    revised = (f"{len(revisions)} revised bar(s) of {len(revised_tickers)} ticker(s), first "
+               f"{revisions[0].ticker} {revisions[0].date}" if revisions else "no revised bar")
+    dates = f"; new dates {entry['first_date']}..{entry['last_date']}" if fresh else ""
+    line = (f"rebuilt {job.where} from its kept bars and the new ones ({revised}{dates}); rows train/val/test = "
+            f"{built.rows.get('train')}/{built.rows.get('val')}/{built.rows.get('test')}")
+    return job.summary(updated, line)

@@ -1,0 +1,251 @@
+"""``features --append`` (issue 41 item 3): an append of the last month equals a fresh build of the
+whole range, row for row, for every row the fresh build labels; revisions are refused in one line and
+``--rebuild`` rebuilds; nothing new writes nothing; a failure leaves the folder as it was.
+
+Real files and the real ingest: a 12-ticker synthetic market written as one Parquet file per ticker,
+cut into the bars before the last 21 dates and the last 21 dates (with a few dates of overlap)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+import alchemetric_ray as ar
+from alchemetric_ray.bars.synthetic import SyntheticMarket, synthetic_bars
+from alchemetric_ray.data import bars_store
+from alchemetric_ray.data.append import EMA_BARS, tail_bars
+from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.errors import DataError, ShardError
+
+REPO = Path(__file__).resolve().parents[1]
+TICKERS, DAYS, MONTH, OVERLAP, LAG = 12, 700, 21, 5, 3
+LAGGING = "SYN0007"
+
+
+@pytest.fixture(scope="module")
+def market(tmp_path_factory):
+    """Folders of per-ticker Parquet files: ``all`` (every bar), ``head`` (all but the last MONTH dates),
+    ``tail`` (the last MONTH dates and the OVERLAP before them); and the split dates to build with."""
+    root = tmp_path_factory.mktemp("market")
+    frames = dict(synthetic_bars(SyntheticMarket(n_tickers=TICKERS, n_days=DAYS, seed=11)))
+    calendar = np.unique(np.concatenate([f["date"].to_numpy() for f in frames.values()]))
+    cut = calendar[-MONTH]
+    for name in ("all", "head", "tail"):
+        (root / name).mkdir()
+    for ticker, frame in frames.items():
+        frame.to_parquet(root / "all" / f"{ticker}.parquet", index=False)
+        # one ticker's bars end LAG dates before the others' in the folder appended to: its rows of those
+        # dates join dates other tickers already have rows on (the per-date pass writes them again)
+        end = calendar[-MONTH - LAG] if ticker == LAGGING else cut
+        frame[frame["date"] < end].to_parquet(root / "head" / f"{ticker}.parquet", index=False)
+        frame[frame["date"] >= calendar[-MONTH - OVERLAP]].to_parquet(root / "tail" / f"{ticker}.parquet",
+                                                                      index=False)
+    day = lambda i: str(np.datetime64(calendar[i], "D"))  # noqa: E731
+    return {"root": root, "frames": frames, "calendar": calendar,
+            "splits": [f"features.train_end={day(350)}", f"features.val_end={day(520)}"]}
+
+
+def build(data: Path, out: Path, *overrides: str) -> ar.Shards:
+    shards = ar.features(ar.load_config(None, *overrides), data=str(data), out=out)
+    assert (out / bars_store.BARS_DIR).is_dir()  # the build keeps its input bars
+    return shards
+
+
+def rows(folder: Path) -> pd.DataFrame:
+    """Every row the manifest lists, with its split, by ticker then date."""
+    manifest = Manifest.read(folder)
+    parts = []
+    for split in ("train", "val", "test"):
+        for name in manifest.files[split]:
+            frame = pq.read_table(folder / name).to_pandas()
+            frame["split"] = split
+            parts.append(frame)
+    return pd.concat(parts, ignore_index=True).sort_values(["ticker", "date"], kind="stable").reset_index(drop=True)
+
+
+def assert_same_rows(appended: Path, fresh: Path) -> None:
+    a, f = rows(appended), rows(fresh)
+    assert len(a) == len(f), (len(a), len(f))
+    for column in ("ticker", "date", "split", "label_end"):
+        assert (a[column].to_numpy() == f[column].to_numpy()).all(), column
+    names = Manifest.read(fresh).features
+    np.testing.assert_allclose(a[names].to_numpy(), f[names].to_numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(a["fwd_ret"].to_numpy(), f["fwd_ret"].to_numpy(), rtol=1e-6, atol=1e-7)
+    if a["label"].dtype.kind == "i":
+        assert (a["label"].to_numpy() == f["label"].to_numpy()).all()
+    else:
+        np.testing.assert_allclose(a["label"].to_numpy(), f["label"].to_numpy(), rtol=1e-5, atol=1e-6)
+    ma, mf = Manifest.read(appended), Manifest.read(fresh)
+    assert ma.rows == mf.rows and ma.class_counts == mf.class_counts and ma.splits == mf.splits
+    assert sorted(ma.tickers) == sorted(mf.tickers)
+    if mf.cross_section:
+        for key in ("dates_kept", "dates_dropped", "rows_dropped", "max_names"):
+            assert ma.cross_section[key] == mf.cross_section[key], key
+    # a ticker is never in two files of a split (sequence windows are built a file at a time)
+    for split in ("train", "val", "test"):
+        seen: set[str] = set()
+        for name in ma.files[split]:
+            tickers = set(pq.read_table(appended / name, columns=["ticker"]).column(0).to_pylist())
+            assert not tickers & seen, (split, tickers & seen)
+            seen |= tickers
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_tail_is_derived_from_the_slowest_ema():
+    assert (1 - 1 / 14) ** EMA_BARS < 1e-12 <= (1 - 1 / 14) ** (EMA_BARS - 1)
+    assert tail_bars(["ret_1", "vol_60"]) == 60 + EMA_BARS
+
+
+@pytest.mark.parametrize("settings", [
+    [],
+    ["features.label=cs_rank", "features.names=[ret_1,ret_5_rel,vol_20]"],
+], ids=["three_class", "cs_rank-relative"])
+def test_an_appended_month_equals_a_fresh_build_row_for_row(market, tmp_path, settings):
+    root, overrides = market["root"], [*market["splits"], *settings]
+    build(root / "head", tmp_path / "appended", *overrides)
+    before = Manifest.read(tmp_path / "appended")
+    assert DAYS - MONTH > tail_bars(before.features) + 50  # the tail is a true tail, not the whole history
+    result = ar.features(data=str(root / "tail"), out=tmp_path / "appended", append=True)
+    build(root / "all", tmp_path / "fresh", *overrides)
+    assert_same_rows(tmp_path / "appended", tmp_path / "fresh")
+
+    manifest = Manifest.read(tmp_path / "appended")
+    added = manifest.rows["test"] - before.rows["test"]
+    assert added > MONTH * TICKERS * 0.8
+    (entry,) = manifest.appends
+    assert entry["kind"] == "append" and entry["rows"] == {"train": 0, "val": 0, "test": added}
+    assert entry["bars"]["first_date"] == str(np.datetime64(market["calendar"][-MONTH - LAG], "D"))  # LAGGING's
+    assert entry["last_date"] == manifest.splits["test_end"] and len(entry["input_hash"]) == 64
+    assert result.notes[0].startswith(f"appended {added} rows for {TICKERS} tickers (dates {entry['first_date']}..")
+    assert result.notes[0].endswith(f"; test segment now {manifest.rows['test']} rows")
+    assert json.loads((tmp_path / "appended" / "result.json").read_text())["result"]["rows"] == manifest.rows
+    listed = {name for names in manifest.files.values() for name in names}
+    on_disk = {str(p.relative_to(tmp_path / "appended")) for p in (tmp_path / "appended").rglob("*.parquet")}
+    assert listed == on_disk  # the test files it replaced are gone; the new bars are listed
+
+    # the same bars again: nothing new, nothing written, one line, exit code 0 from the command line
+    unchanged = digest(tmp_path / "appended")
+    again = ar.features(data=str(root / "tail"), out=tmp_path / "appended", append=True)
+    assert again.notes[0].startswith("nothing to append: ")
+    assert again.notes[0].endswith(f"last date {np.datetime64(market['calendar'][-1], 'D')}")
+    assert digest(tmp_path / "appended") == unchanged
+
+
+def test_a_revised_close_is_refused_in_one_line_and_rebuild_equals_a_fresh_build(market, tmp_path):
+    root = market["root"]
+    build(root / "head", tmp_path / "shards", *market["splits"])
+    revised = tmp_path / "revised"
+    shutil.copytree(root / "tail", revised)
+    ticker = "SYN0003"
+    frame = pd.read_parquet(revised / f"{ticker}.parquet")
+    date = frame["date"].iloc[2]  # one of the OVERLAP dates the shards keep
+    kept_close = frame.loc[2, "close"]
+    frame.loc[2, "close"] = kept_close * 1.01
+    frame.loc[2, "high"] = max(frame.loc[2, "high"], frame.loc[2, "close"])
+    frame.to_parquet(revised / f"{ticker}.parquet", index=False)
+    unchanged = digest(tmp_path / "shards")
+    with pytest.raises(ShardError) as refused:
+        ar.features(data=str(revised), out=tmp_path / "shards", append=True)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(f"{ticker} {np.datetime64(date, 'D')}: ")
+    assert f"close {kept_close * 1.01:.10g} in the new bars, {kept_close:.10g} in" in line and "--rebuild" in line
+    assert digest(tmp_path / "shards") == unchanged
+
+    result = ar.features(data=str(revised), out=tmp_path / "shards", append=True, rebuild=True)
+    assert result.notes[0].startswith(f"rebuilt {tmp_path / 'shards'} from its kept bars and the new ones "
+                                      f"(1 revised bar(s) of 1 ticker(s), first {ticker} ")
+    fresh_data = tmp_path / "fresh-data"
+    shutil.copytree(root / "all", fresh_data)
+    whole = pd.read_parquet(fresh_data / f"{ticker}.parquet")
+    whole.loc[whole["date"] == date, ["close", "high"]] = frame.loc[2, ["close", "high"]].to_numpy()
+    whole.to_parquet(fresh_data / f"{ticker}.parquet", index=False)
+    build(fresh_data, tmp_path / "fresh", *market["splits"])
+    assert_same_rows(tmp_path / "shards", tmp_path / "fresh")
+    (entry,) = Manifest.read(tmp_path / "shards").appends
+    assert entry["kind"] == "rebuild" and entry["revised"]["dates"] == [f"{ticker} {np.datetime64(date, 'D')}"]
+    # the rebuilt folder keeps its bars: the next append works
+    assert ar.features(data=str(revised), out=tmp_path / "shards", append=True).notes[0].startswith(
+        "nothing to append: ")
+
+
+def test_a_folder_without_bars_and_rebuild_alone_are_refused_in_one_line(market, tmp_path):
+    root = market["root"]
+    build(root / "head", tmp_path / "shards", *market["splits"])
+    shutil.rmtree(tmp_path / "shards" / bars_store.BARS_DIR)
+    with pytest.raises(ShardError, match=r"cannot be appended to \(it keeps no bars \(bars/\).*rebuild it"):
+        ar.features(data=str(root / "tail"), out=tmp_path / "shards", append=True)
+    with pytest.raises(ShardError, match="--rebuild goes with --append"):
+        ar.features(data=str(root / "tail"), out=tmp_path / "shards", rebuild=True)
+    with pytest.raises(ShardError, match="holds no feature shards"):
+        ar.features(data=str(root / "tail"), out=tmp_path / "none", append=True)
+    assert not (tmp_path / "none").exists()
+
+
+def test_an_override_that_conflicts_with_the_shards_is_refused(market, tmp_path):
+    root = market["root"]
+    build(root / "head", tmp_path / "shards", *market["splits"])
+    with pytest.raises(ShardError, match=r"built with features.horizon=1, but this append asks for "
+                                         r"features.horizon=5: drop the override"):
+        ar.features(ar.load_config(None, "features.horizon=5"), data=str(root / "tail"), out=tmp_path / "shards",
+                    append=True)
+
+
+def test_a_failed_append_leaves_the_folder_as_it_was(market, tmp_path):
+    root = market["root"]
+    out = tmp_path / "shards"
+    build(root / "head", out, *market["splits"])
+    unchanged = digest(out)
+    bad = tmp_path / "bad"
+    shutil.copytree(root / "tail", bad)
+    (bad / "SYN0005.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(DataError, match="SYN0005.parquet"):
+        ar.features(data=str(bad), out=out, append=True)
+    assert digest(out) == unchanged
+
+    # a split folder that cannot be written (a read-only bind mount): the new bars written first are removed
+    test_dir = out / "split=test"
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("a read-only bind mount needs root")
+    if subprocess.run(["mount", "--bind", str(test_dir), str(test_dir)], capture_output=True).returncode:
+        pytest.skip("no bind mount here")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(test_dir)], check=True, capture_output=True)
+        with pytest.raises(ShardError, match=r"split=test.*(read-only|Read-only)") as failed:
+            ar.features(data=str(root / "tail"), out=out, append=True)
+        assert "\n" not in str(failed.value)
+    finally:
+        subprocess.run(["umount", str(test_dir)], capture_output=True)
+    assert digest(out) == unchanged
+
+
+def test_the_command_line_appends_and_says_so_in_one_line(market, tmp_path):
+    root = market["root"]
+    build(root / "head", tmp_path / "shards", *market["splits"])
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "alchemetric_ray.cli", "features", *args], capture_output=True,
+                              text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    done = cli("--data", str(root / "tail"), "--out", "shards", "--append", "--quiet")
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    assert line.startswith("appended ") and " to shards; test segment now " in line, line
+    again = cli("--data", str(root / "tail"), "--out", "shards", "--append")
+    assert again.returncode == 0 and again.stdout.startswith("nothing to append: "), again.stderr
+    assert len(again.stdout.splitlines()) == 1
+    alone = cli("--data", str(root / "tail"), "--out", "shards", "--rebuild")
+    assert alone.returncode == 2 and alone.stderr.count("\n") == 1 and "--rebuild goes with --append" in alone.stderr
