@@ -3,7 +3,8 @@ whole range, row for row, for every row the fresh build labels; revisions are re
 ``--rebuild`` rebuilds; nothing new writes nothing; a failure leaves the folder as it was.
 
 Real files and the real ingest: a 12-ticker synthetic market written as one Parquet file per ticker,
-cut into the bars before the last 21 dates and the last 21 dates (with a few dates of overlap)."""
+and the packaged stocknet CSVs, each cut into the bars before the last 21 dates and the last 21
+dates (with a few dates of overlap, which must equal the kept bars)."""
 
 from __future__ import annotations
 
@@ -249,3 +250,25 @@ def test_the_command_line_appends_and_says_so_in_one_line(market, tmp_path):
     assert len(again.stdout.splitlines()) == 1
     alone = cli("--data", str(root / "tail"), "--out", "shards", "--rebuild")
     assert alone.returncode == 2 and alone.stderr.count("\n") == 1 and "--rebuild goes with --append" in alone.stderr
+
+
+@pytest.mark.parametrize("settings", [
+    [],
+    ["features.label=cs_rank", "features.names=[ret_1,ret_5_rel,vol_20]"],
+], ids=["three_class", "cs_rank-relative"])
+def test_the_packaged_data_s_last_month_appended_equals_a_fresh_build(stocknet_dir, tmp_path, settings):
+    """The stocknet CSVs as their source wrote them (adjusted closes, empty cells, zero-volume days):
+    cut by date into all but the last 21 dates and the last 21 (with 5 before them), read by ingest."""
+    files = sorted(stocknet_dir.glob("*.csv"))
+    dates = sorted({d for f in files for d in pd.read_csv(f, usecols=["Date"])["Date"]})
+    for name, keep in (("head", lambda d: d < dates[-MONTH]), ("tail", lambda d: d >= dates[-MONTH - OVERLAP])):
+        (tmp_path / name).mkdir()
+        for f in files:
+            header, *body = f.read_text().splitlines(keepends=True)
+            (tmp_path / name / f.name).write_text(header + "".join(ln for ln in body if keep(ln.split(",")[0])))
+    overrides = ["features.train_end=2015-12-31", "features.val_end=2016-11-30", *settings]
+    build(tmp_path / "head", tmp_path / "appended", *overrides)
+    result = ar.features(data=str(tmp_path / "tail"), out=tmp_path / "appended", append=True)
+    assert result.notes[0].startswith("appended 1848 rows for 88 tickers (dates 2017-08-02..2017-08-30)")
+    build(stocknet_dir, tmp_path / "fresh", *overrides)
+    assert_same_rows(tmp_path / "appended", tmp_path / "fresh")

@@ -158,29 +158,30 @@ class Revision:
 
 def _revisions(new: dict[str, pd.DataFrame], kept: dict[str, pd.DataFrame],
                kept_last: dict[str, np.datetime64]) -> list[Revision]:
-    """Every new bar for a date up to its ticker's last kept bar that is not the kept bar of that date."""
+    """Every new bar for a date up to its ticker's last kept bar that is not the kept bar of that date
+    (by ticker, then date)."""
+    old = [f[f["date"].to_numpy() <= kept_last[t]].assign(ticker=t) for t, f in new.items() if t in kept_last]
+    old = [f for f in old if len(f)]
+    if not old:
+        return []
+    have = [f.assign(ticker=t) for t, f in kept.items() if len(f)]
+    columns = ["ticker", "date", *bars_store.PRICE_COLUMNS]
+    both = pd.concat(old, ignore_index=True).merge(
+        pd.concat(have, ignore_index=True)[columns] if have else pd.DataFrame(columns=columns),
+        on=["ticker", "date"], how="left", suffixes=("", "_kept"))
+    lacking = both["close_kept"].isna().to_numpy()
+    same = {c: np.isclose(both[c].to_numpy(dtype=float), both[f"{c}_kept"].to_numpy(dtype=float),
+                          rtol=REVISION_RTOL, atol=0.0) for c in bars_store.PRICE_COLUMNS}
+    differs = np.flatnonzero(lacking | ~np.logical_and.reduce(list(same.values())))
     found = []
-    for ticker, frame in new.items():
-        if ticker not in kept_last:
+    for i in differs[np.lexsort((both["date"].to_numpy()[differs], both["ticker"].to_numpy()[differs]))]:
+        row = both.iloc[i]
+        if lacking[i]:
+            found.append(Revision(row["ticker"], _day(row["date"]), "", float(row["close"]), None))
             continue
-        old = frame[frame["date"].to_numpy() <= kept_last[ticker]]
-        if old.empty:
-            continue
-        have = kept.get(ticker, pd.DataFrame(columns=["date", *bars_store.PRICE_COLUMNS]))
-        both = old.merge(have, on="date", how="left", suffixes=("", "_kept"), indicator=True)
-        lacking = (both["_merge"] != "both").to_numpy()
-        same = {c: np.isclose(both[c].to_numpy(dtype=float), both[f"{c}_kept"].to_numpy(dtype=float),
-                              rtol=REVISION_RTOL, atol=0.0) for c in bars_store.PRICE_COLUMNS}
-        differs = lacking | ~np.logical_and.reduce(list(same.values()))
-        for i in np.flatnonzero(differs):
-            row = both.iloc[i]
-            date = _day(row["date"])
-            if lacking[i]:
-                found.append(Revision(ticker, date, "", float(row["close"]), None))
-                continue
-            columns = [c for c in bars_store.PRICE_COLUMNS if not same[c][i]]
-            column = "close" if "close" in columns else columns[0]
-            found.append(Revision(ticker, date, column, float(row["close"]), float(row["close_kept"])))
+        columns = [c for c in bars_store.PRICE_COLUMNS if not same[c][i]]
+        found.append(Revision(row["ticker"], _day(row["date"]), "close" if "close" in columns else columns[0],
+                              float(row["close"]), float(row["close_kept"])))
     return found
 
 
@@ -387,11 +388,8 @@ def _cross_section(rows: pd.DataFrame, names: list[str], spec, cfg, what: str) -
     if not ops or rows.empty:
         return rows, {}
     with tempfile.TemporaryDirectory(prefix="alchemetric-append-") as tmp:
-        files = []
-        for ticker, part in rows.groupby("ticker", sort=True):
-            path = Path(tmp) / f"{ticker}.parquet"
-            part.to_parquet(path, index=False)
-            files.append(path)
+        files = [Path(tmp) / "rows.parquet"]  # one staged file, rows by ticker then date
+        rows.sort_values(["ticker", "date"], kind="stable").to_parquet(files[0], index=False)
         try:
             report = apply_cross_section(files, ops, min_names=cfg.features.min_cross_section, what=what)
         except CrossSectionError:  # no new date has enough stocks: all dropped, as a build drops them
