@@ -104,10 +104,10 @@ def _kept_dates(parts: list[Path]) -> dict[str, np.ndarray]:
     """ticker -> its kept bars' dates, sorted (datetime64[ns])."""
     pieces: dict[str, list[np.ndarray]] = {}
     for part in parts:
-        table = pq.read_table(part, columns=["ticker", "date"]).to_pandas()
-        for ticker, dates in table.groupby("ticker", sort=False)["date"]:
-            pieces.setdefault(str(ticker), []).append(dates.to_numpy().astype("datetime64[ns]"))
-    return {t: np.sort(np.concatenate(p)) for t, p in pieces.items()}
+        table = pq.read_table(part, columns=["ticker", "date"], read_dictionary=["ticker"])
+        for ticker, lo, hi in _ticker_runs(table):
+            pieces.setdefault(ticker, []).append(table.column("date").slice(lo, hi - lo).to_numpy())
+    return {t: np.sort(np.concatenate(p).astype("datetime64[ns]")) for t, p in pieces.items()}
 
 
 def _load_kept(parts: list[Path], since: dict[str, np.datetime64]) -> dict[str, pd.DataFrame]:
@@ -115,9 +115,15 @@ def _load_kept(parts: list[Path], since: dict[str, np.datetime64]) -> dict[str, 
     read at a time; tickers not in ``since`` are not loaded."""
     pieces: dict[str, list[pd.DataFrame]] = {}
     for part in parts:
-        frame = pq.read_table(part).to_pandas()
-        cut = frame["ticker"].map(since)
-        frame = frame[cut.notna() & (frame["date"] >= cut)]
+        table = pq.read_table(part)
+        keep = np.zeros(table.num_rows, dtype=bool)
+        runs = [(t, lo, hi) for t, lo, hi in _ticker_runs(table) if t in since]
+        dates = table.column("date").to_numpy().astype("datetime64[ns]")
+        for ticker, lo, hi in runs:
+            keep[lo:hi] = dates[lo:hi] >= since[ticker]
+        if not keep.any():
+            continue
+        frame = table.filter(pa.array(keep)).to_pandas()
         for ticker, rows in frame.groupby("ticker", sort=False):
             pieces.setdefault(str(ticker), []).append(rows.drop(columns="ticker"))
     return {t: pd.concat(p).sort_values("date", kind="stable").reset_index(drop=True) for t, p in pieces.items()}
@@ -160,15 +166,10 @@ def _revisions(new: dict[str, pd.DataFrame], kept: dict[str, pd.DataFrame],
                kept_last: dict[str, np.datetime64]) -> list[Revision]:
     """Every new bar for a date up to its ticker's last kept bar that is not the kept bar of that date
     (by ticker, then date)."""
-    old = [f[f["date"].to_numpy() <= kept_last[t]].assign(ticker=t) for t, f in new.items() if t in kept_last]
-    old = [f for f in old if len(f)]
-    if not old:
+    old = _stack({t: f[f["date"].to_numpy() <= kept_last[t]] for t, f in new.items() if t in kept_last})
+    if old.empty:
         return []
-    have = [f.assign(ticker=t) for t, f in kept.items() if len(f)]
-    columns = ["ticker", "date", *bars_store.PRICE_COLUMNS]
-    both = pd.concat(old, ignore_index=True).merge(
-        pd.concat(have, ignore_index=True)[columns] if have else pd.DataFrame(columns=columns),
-        on=["ticker", "date"], how="left", suffixes=("", "_kept"))
+    both = old.merge(_stack(kept), on=["ticker", "date"], how="left", suffixes=("", "_kept"))
     lacking = both["close_kept"].isna().to_numpy()
     same = {c: np.isclose(both[c].to_numpy(dtype=float), both[f"{c}_kept"].to_numpy(dtype=float),
                           rtol=REVISION_RTOL, atol=0.0) for c in bars_store.PRICE_COLUMNS}
@@ -204,13 +205,21 @@ def _revision_line(revisions: list[Revision], out: str, new: dict[str, pd.DataFr
             f"rebuild {out} from its kept bars merged with the new ones")
 
 
+def _stack(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One frame of ticker, date, open, high, low, close, volume: ``frames``' bars, by ticker."""
+    columns = ["date", *bars_store.PRICE_COLUMNS]
+    tickers = sorted(t for t, f in frames.items() if len(f))
+    if not tickers:
+        return pd.DataFrame({"ticker": pd.Series([], dtype=object), "date": pd.Series([], dtype="datetime64[ns]"),
+                             **{c: pd.Series([], dtype=float) for c in bars_store.PRICE_COLUMNS}})
+    stacked = pd.concat([frames[t][columns] for t in tickers], ignore_index=True)
+    stacked.insert(0, "ticker", np.repeat(np.array(tickers, dtype=object), [len(frames[t]) for t in tickers]))
+    return stacked
+
+
 def _digest(frames: dict[str, pd.DataFrame]) -> str:
-    """The input hash of bars, as a build hashes its input: each ticker's name, then its bars."""
-    digest = hashlib.sha256()
-    for ticker in sorted(frames):
-        digest.update(ticker.encode())
-        digest.update(pd.util.hash_pandas_object(frames[ticker], index=False).to_numpy().tobytes())
-    return digest.hexdigest()
+    """The input hash of bars: sha256 of their rows (ticker, date, prices, volume), by ticker then date."""
+    return hashlib.sha256(pd.util.hash_pandas_object(_stack(frames), index=False).to_numpy().tobytes()).hexdigest()
 
 
 def _day(value) -> str:
