@@ -16,7 +16,7 @@ from alchemetric_ray.bars.sources import open_source
 from alchemetric_ray.config import DataConfig
 from alchemetric_ray.data import features as feat
 from alchemetric_ray.data.labels import LabelSpec
-from alchemetric_ray.data.panel import compute_group, feature_table
+from alchemetric_ray.data.panel import bars_digest, compute_group, feature_table
 
 ALL = list(feat.FEATURES)
 SPECS = {
@@ -60,7 +60,7 @@ def assert_group_matches(frames, names, spec, need) -> None:
     assert result.skipped == skipped and list(result.skipped) == list(skipped)
     assert result.nonfinite == nonfinite
     assert result.rows_in == sum(len(f) for _, f in frames)
-    assert set(result.digests) == {t for t, _ in frames}
+    assert result.digests == {t: bars_digest(f) for t, f in frames}  # each ticker's own bars, hashed alone
     if not kept:
         assert result.table.num_rows == 0
         return
@@ -151,6 +151,14 @@ def test_a_single_ticker_group_and_the_one_ticker_table():
             old, old_late = ref.feature_table(ticker, frame, ALL, spec)
             assert late == old_late
             assert_same_values(new, old)  # every bar, next_date and has_features included
+
+
+def test_digests_of_frames_that_differ_in_their_columns():
+    frames = edge_market()[:3]
+    frames[1] = (frames[1][0], frames[1][1].assign(volume=frames[1][1]["volume"].astype("int64")))
+    frames[2] = (frames[2][0], frames[2][1].assign(extra="x"))
+    result = compute_group(frames, ["ret_1"], SPECS["binary"], 0)
+    assert result.digests == {t: bars_digest(f) for t, f in frames}
 
 
 def test_an_empty_group():

@@ -28,12 +28,9 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
-from numpy.lib.stride_tricks import sliding_window_view
 from scipy.signal import lfilter
 
 from alchemetric_ray.errors import FeatureError
-
-_CHUNK = 32_768  # rows per block of a rolling window's two-pass variance (bounds its temporary)
 
 
 class Panel:
@@ -99,18 +96,22 @@ class Panel:
         if self.n == 0:
             return np.empty(0), np.empty(0)
         x = np.where(np.isfinite(x), x, np.nan)
-        view = sliding_window_view(np.concatenate([np.full(w - 1, np.nan), x]), w)  # row i: bars i-w+1..i
-        mean = view.sum(axis=1) / w
+        pad = np.concatenate([np.full(w - 1, np.nan), x])  # pad[k: k + n] is x k - w + 1 bars back
+        total = x.copy()
+        for k in range(w - 1):  # a window's bars, one lag at a time: contiguous adds, no n x w temporary
+            total += pad[k: k + self.n]
+        mean = total / w
         changes = np.concatenate([[0], np.cumsum(x[1:] != x[:-1])])
         flat = np.zeros(self.n, dtype=bool)
         flat[w - 1:] = changes[w - 1:] == changes[: self.n - w + 1]  # no change inside the window
         mean[flat] = x[flat]
         std = np.empty(0)
         if ddof is not None:
-            sq = np.empty(self.n)
-            for lo in range(0, self.n, _CHUNK):
-                dev = view[lo: lo + _CHUNK] - mean[lo: lo + _CHUNK, None]
-                sq[lo: lo + _CHUNK] = np.einsum("ij,ij->i", dev, dev)
+            sq, dev = np.zeros(self.n), np.empty(self.n)
+            for k in range(w):
+                np.subtract(pad[k: k + self.n], mean, out=dev)
+                dev *= dev
+                sq += dev
             sq[flat] = 0.0
             std = np.sqrt(sq / (w - ddof))
             std[self.pos < w - 1] = np.nan
@@ -334,7 +335,7 @@ def feature_matrix(panel: Panel, names: list[str]) -> tuple[np.ndarray, np.ndarr
     """The features of every row of ``panel`` (float64, one column per name, NaN where not defined)
     and, per ticker, the rows after the longest warm-up with a value that was not finite (set to
     NaN here; the caller drops those rows)."""
-    values = np.empty((panel.n, len(names)))
+    values = np.empty((panel.n, len(names)), order="F")  # a column at a time
     for j, name in enumerate(names):
         values[:, j] = FEATURES[name].fn(panel)
     bad = ~np.isfinite(values)

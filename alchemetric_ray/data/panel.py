@@ -11,12 +11,34 @@ columnar arrays (``features.Panel``: rows by ticker then date; windows, EMAs and
 at each ticker's first bar); there is no per-ticker loop.  The values equal those of the per-ticker
 pandas implementation it replaced (``tests/reference_features.py``; ``tests/test_panel.py``
 compares them on the packaged data and on a synthetic market with edge cases).
+
+**Why numpy, not polars** (measured 2026-12-05 on this 2-core machine, shared, load average 4-6;
+``.venv/bin/python -m alchemetric_ray.data.panel`` prints them: best of 5, the 16 default features
+and the three-class label; polars 2.1.0 as a plain ``.over("ticker")`` prototype that skips the
+neutral values and pandas' EMA start, i.e. does less):
+
+  ==================================  ===============  ===============  ============================
+  seconds (rows/s)                    stocknet, 88 x   synthetic 500 x  same, ``POLARS_MAX_THREADS=1``
+                                      ~1,233 (108.5k)  1,259 (629.5k)   (stocknet / synthetic)
+  ==================================  ===============  ===============  ============================
+  numpy panel, features + label       0.126 (858k)     0.535 (1.18M)    0.067 / 0.543
+  polars prototype, features + label  0.152 (714k)     0.752 (837k)     0.077 / 1.145
+  compute_group (numpy, whole)        0.264 (411k)     0.619 (1.02M)    0.111 / 0.625
+  per-ticker pandas (before)          3.625 (30k)      10.667 (59k)     2.193 / 10.765
+  ==================================  ===============  ===============  ============================
+
+numpy was as fast or faster at both sizes, with polars on both cores or on one (a Ray task holds
+one CPU; polars' own thread pool would compete with the other tasks); it keeps pandas' semantics
+exactly where polars needs care (NaN is not null there; the EMA's start and missing values), and
+adds no dependency.  The rolling windows are summed a lag at a time (contiguous adds), the EMAs are
+one IIR filter (``scipy.signal.lfilter``) over a [ticker, bar] matrix.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -85,12 +107,28 @@ def feature_table(ticker: str, frame: pd.DataFrame, names: list[str], spec: Labe
     return table, int(late_bad.sum())
 
 
+def _digests(frames: list[tuple[str, pd.DataFrame]]) -> dict[str, str]:
+    """:func:`bars_digest` of every frame.  pandas hashes a frame row by row, so where the frames
+    share their columns and numpy dtypes the rows are hashed once, all together, and cut by ticker."""
+    if not frames:
+        return {}
+    first = frames[0][1]
+    same = all(list(f.columns) == list(first.columns) and all(f.dtypes == first.dtypes) for _, f in frames)
+    if not same or any(isinstance(t, pd.api.extensions.ExtensionDtype) for t in first.dtypes):
+        return {ticker: bars_digest(frame) for ticker, frame in frames}
+    together = pd.DataFrame({c: np.concatenate([f[c].to_numpy() for _, f in frames]) for c in first.columns})
+    hashes = pd.util.hash_pandas_object(together, index=False).to_numpy()
+    ends = np.cumsum([len(f) for _, f in frames])
+    return {ticker: hashlib.sha256(hashes[end - len(frame): end].tobytes()).hexdigest()
+            for (ticker, frame), end in zip(frames, ends)}
+
+
 def compute_group(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec: LabelSpec,
                   need: int) -> GroupResult:
     """Features and labels of every ticker in ``frames``; a ticker with fewer than ``need`` bars, or
     no labelled row with complete features, is skipped with its reason."""
     rows = sum(len(frame) for _, frame in frames)
-    digests = {ticker: bars_digest(frame) for ticker, frame in frames}
+    digests = _digests(frames)
     short = {ticker: f"{len(frame)} bars, fewer than the {need} the features and labels need"
              for ticker, frame in frames if len(frame) < need}
     inside = [(ticker, frame) for ticker, frame in frames if ticker not in short and len(frame)]
@@ -105,9 +143,126 @@ def compute_group(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec
     kept = [ticker for ticker, _ in frames if ticker in labelled]
     if not kept:
         return GroupResult(pa.table({}), kept, skipped, int(late_bad.sum()), rows, digests)
-    ticker_of = np.array([ticker for ticker, _ in inside], dtype=object)
-    table = pd.DataFrame({"date": dates[keep], "ticker": ticker_of[panel.tid[keep]]})
-    for name in [*names, "label", "fwd_ret", "label_end"]:
-        table[name] = cols[name][keep]
-    return GroupResult(pa.Table.from_pandas(table, preserve_index=False), kept, skipped, int(late_bad.sum()), rows,
-                       digests)
+    rows_kept = np.flatnonzero(keep)
+    names_of = [ticker for ticker, _ in inside]
+    columns = {"date": dates[rows_kept], "ticker": names_of, **{n: cols[n][rows_kept] for n in names},
+               "label": cols["label"][rows_kept], "fwd_ret": cols["fwd_ret"][rows_kept],
+               "label_end": cols["label_end"][rows_kept]}
+    return GroupResult(_arrow(columns, panel.tid[rows_kept]), kept, skipped, int(late_bad.sum()), rows, digests)
+
+
+def _arrow(columns: dict, tid: np.ndarray) -> pa.Table:
+    """The rows as the Arrow table pandas would give (``pa.Table.from_pandas``: the same types and
+    pandas metadata, NaN as null), built from the arrays without a DataFrame of every row: the
+    schema from the first row, the ticker column by index into the group's ticker names."""
+    first = pd.DataFrame({"date": columns["date"][:1], "ticker": np.array(columns["ticker"], dtype=object)[tid[:1]]})
+    for name, values in list(columns.items())[2:]:
+        first[name] = values[:1]
+    schema = pa.Table.from_pandas(first, preserve_index=False).schema
+    arrays = [pa.array(values, type=field.type, from_pandas=True) for field, values in
+              zip(schema, columns.values()) if field.name != "ticker"]
+    ticker = pa.array(columns["ticker"], type=schema.field("ticker").type).take(pa.array(tid))
+    return pa.Table.from_arrays([arrays[0], ticker, *arrays[1:]], schema=schema)
+
+
+# ---- the engine, chosen by measurement: `python -m alchemetric_ray.data.panel` -----------------
+def _polars_prototype(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec: LabelSpec) -> int:
+    """The default features and the three-class label of ``frames`` as plain polars window
+    expressions over one long table (``.over("ticker")``): the engine numpy was measured against.
+    A timing prototype only (no neutral values for flat windows, no exact pandas EMA start); rows out."""
+    import polars as pl
+
+    lengths = [len(f) for _, f in frames]
+    df = pl.DataFrame({"ticker": np.repeat([t for t, _ in frames], lengths),
+                       **{c: np.concatenate([f[c].to_numpy(np.float64) for _, f in frames])
+                          for c in ("open", "high", "low", "close", "volume")}})
+    c, h, lo, o = pl.col("close"), pl.col("high"), pl.col("low"), pl.col("open")
+    lr = c.log().diff()
+    delta = c.diff()
+
+    def ema(e: pl.Expr, **kw) -> pl.Expr:
+        return e.ewm_mean(adjust=False, **kw)
+
+    gain, loss = ema(delta.clip(lower_bound=0), alpha=1 / 14, min_samples=14), \
+        ema((-delta).clip(lower_bound=0), alpha=1 / 14, min_samples=14)
+    line = (ema(c, span=12, min_samples=12) - ema(c, span=26, min_samples=26)) / c
+    mid, sd = c.rolling_mean(20), c.rolling_std(20, ddof=0)
+    prev = c.shift(1)
+    tr = pl.max_horizontal(h - lo, (h - prev).abs(), (lo - prev).abs())
+    logv = (pl.col("volume") + 1).log()
+    vol20 = lr.rolling_std(20)
+    fwd = o.log().shift(-1 - spec.horizon) - o.log().shift(-1)
+    band = spec.vol_multiple * vol20 * np.sqrt(spec.horizon)
+    exprs = {**{f"ret_{k}": c.log().diff(k) for k in (1, 5, 10, 20)},
+             **{f"vol_{w}": lr.rolling_std(w) for w in (5, 20, 60)},
+             "rsi_14": gain / (gain + loss) - 0.5, "macd": line, "macd_hist": line - ema(line, span=9, min_samples=9),
+             "bb_pctb_20": (c - (mid - 2 * sd)) / (4 * sd), "atr_14": ema(tr, alpha=1 / 14, min_samples=14) / c,
+             "volume_z_20": (logv - logv.rolling_mean(20)) / logv.rolling_std(20), "hl_range": (h - lo) / c,
+             "close_sma_10": c / c.rolling_mean(10) - 1, "close_sma_50": c / c.rolling_mean(50) - 1,
+             "fwd_ret": fwd, "label": pl.when(fwd > band).then(2.0).when(fwd < -band).then(0.0).otherwise(1.0)}
+    out = df.select(pl.col("ticker"), *[e.over("ticker").alias(k) for k, e in exprs.items() if k in names or
+                                         k in ("fwd_ret", "label")])
+    return out.drop_nulls().height
+
+
+def _numpy_only(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec: LabelSpec) -> int:
+    """The same work as :func:`_polars_prototype` with the numpy panel: features and label, no table."""
+    panel = Panel.from_frames([f for _, f in frames])
+    values, _ = feat.feature_matrix(panel, names)
+    label, _ = panel_labels(panel, spec)
+    return int((np.isfinite(values).all(axis=1) & np.isfinite(label)).sum())
+
+
+def _measure() -> None:
+    """Print the timings that chose the engine: compute_group (numpy), the polars prototype and the
+    per-ticker pandas implementation it replaced (tests/reference_features.py, from a checkout)."""
+    import sys
+    import time
+    from pathlib import Path
+
+    from alchemetric_ray.bars.sources import open_source
+    from alchemetric_ray.bars.synthetic import SyntheticMarket, synthetic_bars
+    from alchemetric_ray.config import DataConfig
+
+    tests = Path(__file__).resolve().parents[2] / "tests"
+    sys.path.insert(0, str(tests))
+    try:
+        import reference_features as reference  # type: ignore[import-not-found]
+    except ImportError:
+        reference = None
+    try:
+        import polars  # noqa: F401
+        has_polars = True
+    except ImportError:
+        has_polars = False
+    names, spec = list(feat.DEFAULT_FEATURES), LabelSpec()
+    need = feat.warmup_bars(names) + spec.reach + 20
+    data = {"stocknet (packaged)": list(open_source(DataConfig(source="stocknet")).bars),
+            "synthetic 500 x 1,259": list(synthetic_bars(SyntheticMarket(n_tickers=500, n_days=1259, seed=41)))}
+
+    def best(fn: Callable[[], object], repeat: int) -> float:
+        fn()  # warm: imports, caches
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    for label, frames in data.items():
+        rows = sum(len(f) for _, f in frames)
+        print(f"{label}: {len(frames)} tickers, {rows:,} bars, the 16 default features + three_class label")
+        runs: dict[str, tuple[Callable[[], object], int]] = {
+            "compute_group (numpy panel)": (lambda: compute_group(frames, names, spec, need), 5),
+            "numpy panel (features + label only)": (lambda: _numpy_only(frames, names, spec), 5)}
+        if has_polars:
+            runs["polars prototype (features + label only)"] = (lambda: _polars_prototype(frames, names, spec), 5)
+        if reference is not None:
+            runs["per-ticker pandas (before)"] = (lambda: reference.reference_group(frames, names, spec, need), 1)
+        for what, (fn, repeat) in runs.items():
+            seconds = best(fn, repeat)
+            print(f"  {what:42s} {seconds:7.3f} s  {rows / seconds:12,.0f} rows/s")
+
+
+if __name__ == "__main__":
+    _measure()
