@@ -78,8 +78,9 @@ def _features_args(p: argparse.ArgumentParser) -> None:
                    help="add the bars of --data after the last date of the shards in --out (a local folder built "
                         "by this command), computing only the rows that change; nothing new: nothing written")
     p.add_argument("--rebuild", action="store_true",
-                   help="with --append: where the new bars revise kept ones, rebuild --out from its kept bars "
-                        "merged with the new ones")
+                   help="with --append: rebuild --out from its kept bars merged with the new ones (a new bar "
+                        "replaces the kept one of its date) instead of appending; what an append that finds "
+                        "revised bars asks for")
 
 
 @command("features", "market data -> labelled, normalized Parquet feature shards + manifest", _features_args)

@@ -194,6 +194,8 @@ def test_a_folder_without_bars_and_rebuild_alone_are_refused_in_one_line(market,
     with pytest.raises(ShardError, match="holds no feature shards"):
         ar.features(data=str(root / "tail"), out=tmp_path / "none", append=True)
     assert not (tmp_path / "none").exists()
+    with pytest.raises(ShardError, match=r"^--out s3://bucket/shards: --append works on a local shard folder only"):
+        ar.features(data=str(root / "tail"), out="s3://bucket/shards", append=True)
 
 
 def test_an_override_that_conflicts_with_the_shards_is_refused(market, tmp_path):
