@@ -146,6 +146,18 @@ def test_an_appended_month_equals_a_fresh_build_row_for_row(market, tmp_path, se
     assert digest(tmp_path / "appended") == unchanged
 
 
+def test_new_bars_as_a_dataframe_go_through_the_same_ingest(market, tmp_path):
+    root = market["root"]
+    build(root / "head", tmp_path / "appended", *market["splits"])
+    tail = pd.concat([pd.read_parquet(f).assign(ticker=f.stem) for f in sorted((root / "tail").glob("*.parquet"))])
+    with pytest.raises(DataError, match="volume"):  # validated as a file is
+        ar.features(data=tail.drop(columns=["volume"]), out=tmp_path / "appended", append=True)
+    result = ar.features(data=tail, out=tmp_path / "appended", append=True)
+    assert result.notes[0].startswith("appended ")
+    build(root / "all", tmp_path / "fresh", *market["splits"])
+    assert_same_rows(tmp_path / "appended", tmp_path / "fresh")
+
+
 def test_a_revised_close_is_refused_in_one_line_and_rebuild_equals_a_fresh_build(market, tmp_path):
     root = market["root"]
     build(root / "head", tmp_path / "shards", *market["splits"])

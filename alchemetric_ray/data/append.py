@@ -493,6 +493,8 @@ def _write(job: _Job, rows: pd.DataFrame, added: dict[str, pd.DataFrame], a0, cs
         )
         updated.write(folder)
     except OSError as exc:
+        if _committed(folder, len(manifest.appends) + 1):  # written; what failed came after (a folder's sync)
+            raise
         writer.remove()
         if isinstance(exc, UserError):  # already one line (a full disk)
             raise
@@ -500,7 +502,8 @@ def _write(job: _Job, rows: pd.DataFrame, added: dict[str, pd.DataFrame], a0, cs
         raise ShardError(f"{where}: cannot write the append ({exc.strerror or exc}); {job.where} is as it was") \
             from None
     except BaseException:
-        writer.remove()
+        if not _committed(folder, len(manifest.appends) + 1):  # an interrupt just after the manifest's rename
+            writer.remove()
         raise
     for path in old_files:  # no longer listed: their rows are in the new files
         if path not in writer.written:
@@ -510,6 +513,14 @@ def _write(job: _Job, rows: pd.DataFrame, added: dict[str, pd.DataFrame], a0, cs
     line = (f"appended {entry['rows']['test']} rows for {entry['tickers']} tickers ({dates}) to {job.where}; "
             f"test segment now {writer.rows} rows")
     return job.summary(updated, line)
+
+
+def _committed(folder: Path, appends: int) -> bool:
+    """Whether the manifest in ``folder`` is the one that records this append (its ``appends`` count)."""
+    try:
+        return len(Manifest.read(folder).appends) == appends
+    except (ShardError, OSError):
+        return False
 
 
 def _in_test(plan: SplitPlan, rows: pd.DataFrame) -> np.ndarray:
