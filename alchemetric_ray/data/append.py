@@ -494,7 +494,7 @@ def _write(job: _Job, rows: pd.DataFrame, added: dict[str, pd.DataFrame], a0, cs
         updated.write(folder)
     except OSError as exc:
         if _committed(folder, len(manifest.appends) + 1):  # written; what failed came after (a folder's sync)
-            raise
+            raise ShardError(f"{folder}: the append was written, but then: {exc.strerror or exc}") from None
         writer.remove()
         if isinstance(exc, UserError):  # already one line (a full disk)
             raise
