@@ -146,6 +146,24 @@ def test_an_appended_month_equals_a_fresh_build_row_for_row(market, tmp_path, se
     assert digest(tmp_path / "appended") == unchanged
 
 
+def test_two_appends_in_a_row_equal_one_fresh_build(market, tmp_path):
+    """The rows the first append could not label yet (its newest bars) join at the second."""
+    root, calendar = market["root"], market["calendar"]
+    overrides = [*market["splits"], "features.label=cs_rank", "features.names=[ret_1,ret_5_rel,vol_20]"]
+    build(root / "head", tmp_path / "appended", *overrides)
+    for name, keep in (("first", lambda d: d < calendar[-10]), ("second", lambda d: d >= calendar[-12])):
+        (tmp_path / name).mkdir()
+        for f in sorted((root / "tail").glob("*.parquet")):
+            frame = pd.read_parquet(f)
+            frame[keep(frame["date"].to_numpy())].to_parquet(tmp_path / name / f.name, index=False)
+        ar.features(data=str(tmp_path / name), out=tmp_path / "appended", append=True)
+    build(root / "all", tmp_path / "fresh", *overrides)
+    assert_same_rows(tmp_path / "appended", tmp_path / "fresh")
+    manifest = Manifest.read(tmp_path / "appended")
+    assert [a["bars"]["file"] for a in manifest.appends] == ["bars/part-00001.parquet", "bars/part-00002.parquet"]
+    assert manifest.files["bars"] == ["bars/part-00000.parquet", *[a["bars"]["file"] for a in manifest.appends]]
+
+
 def test_new_bars_as_a_dataframe_go_through_the_same_ingest(market, tmp_path):
     root = market["root"]
     build(root / "head", tmp_path / "appended", *market["splits"])
