@@ -2,6 +2,7 @@
 run whose workers land on different nodes; the refusal of node-local storage there; and jobs
 submitted to a cold autoscaling head (tests/fake_cluster.py) that must add nodes for them."""
 
+import io
 import json
 import re
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +34,14 @@ def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
         ray.init(address=cluster.address, log_to_driver=False)
         out = {{}}
         try:
+            # the features as Ray tasks over small groups (several per node), and in this process
+            from alchemetric_ray.data.shards import build_shards
+            feats = ["data.path={stocknet_dir}", "data.source=files", "features.group_rows=5000",
+                     "features.label=cs_rank", "features.names=[ret_1, ret_5_rel, vol_20]",
+                     "features.cs_normalize=rank"]
+            out["features"] = build_shards(load_config(None, feats + ["features.distributed=true"]),
+                                           "{tmp_path / 'features-ray'}").manifest.build
+            build_shards(load_config(None, feats + ["features.distributed=false"]), "{tmp_path / 'features-here'}")
             base = ["data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT",
                     "storage.path={tmp_path / 'nfs'}", "storage.models_dir={tmp_path / 'models'}",
                     "storage.name=multi", "train.epochs=2", "model.hidden=16", "scaling.workers=2",
@@ -56,6 +66,12 @@ def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     out = json.loads(lines[-1][len("RESULT:"):])
     assert out["nodes"] == 2
+    # the features: tasks on both nodes, the same shards as a build in one process
+    assert out["features"]["mode"] == "ray" and out["features"]["nodes"] == 2, out["features"]
+    assert out["features"]["groups"] > 4
+    for split in ("train", "val", "test"):
+        here, there = (pd.read_parquet(tmp_path / f"features-{where}" / f"split={split}") for where in ("here", "ray"))
+        pd.testing.assert_frame_equal(there, here, check_exact=True)
     assert "is a local folder but the Ray cluster has 2 nodes" in out["refused"]
     assert len(out["node_ids"]) == 2 and out["node_ids"][0] != out["node_ids"][1]
     checkpoints = sorted(Path(out["run_path"]).glob("epoch-*/state.pt"))
@@ -90,7 +106,7 @@ def shards_on(s3, bucket_name: str, stocknet_dir) -> str:
 
     bucket = s3.bucket(bucket_name)
     assert main(["features", "--data", str(stocknet_dir), "--out", f"{bucket}/shards", "--quiet",
-                 f"data.tickers={TICKERS}"]) == 0
+                 f"data.tickers={TICKERS}", "features.group_rows=1000"]) == 0  # a group per ticker
     return bucket
 
 
@@ -151,6 +167,19 @@ def test_ray_job_submit_train_tune_and_a_failing_job(cold_head, s3, stocknet_dir
     nodes = cold_head.nodes()
     assert len(nodes) == 2 and any(n["resources"].get("CPU") == 4 for n in nodes), nodes
     _cleared(cold_head, {"CPU": 3.0})
+
+    # the features as a job, as Ray tasks on the node the autoscaler added: the shards built here
+    rc, out = _submit(cold_head, "-m", "alchemetric_ray.cli", "features", "--data", str(stocknet_dir), "--out",
+                      f"{bucket}/shards-ray", "--quiet", f"data.tickers={TICKERS}", "features.group_rows=1000",
+                      "features.distributed=true")
+    assert rc == 0 and "succeeded" in out.lower(), out[-3000:]
+    built = {name: json.loads(s3.read("ar-jobs", f"{name}/manifest.json")) for name in ("shards", "shards-ray")}
+    assert built["shards-ray"]["build"]["mode"] == "ray" and built["shards-ray"]["build"]["groups"] == 3
+    assert built["shards-ray"]["build"]["tasks"] >= 3
+    for split in built["shards"]["files"]:
+        here, there = (pd.concat([pd.read_parquet(io.BytesIO(s3.read("ar-jobs", f"{name}/{file}")))
+                                  for file in built[name]["files"][split]]) for name in ("shards", "shards-ray"))
+        pd.testing.assert_frame_equal(there, here, check_exact=True)
 
     rc, out = _submit(cold_head, "jobs/tune.py", *data, *common, "storage.name=job-tune", "tune.search=grid",
                       "tune.space={train.lr: [0.01, 0.001]}", "tune.max_concurrent_trials=2",

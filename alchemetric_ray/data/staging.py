@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data import features as feat
+from alchemetric_ray.data.bars_store import bars_table, write_part
 from alchemetric_ray.data.cross_section import (
     apply_cross_section,
     date_buckets,
@@ -111,7 +112,9 @@ class StagedFeatures:
     cross_section: dict
     report: object | None  # ingest's IngestReport, where files were read
     source_description: str | None
-    build: dict = field(default_factory=dict)  # the manifest's `build`: where and how it ran
+    # the manifest's `build`: mode (driver or ray), tasks (Ray tasks of both passes), groups, nodes (that ran
+    # tasks), rows_per_group, seconds (features: pass 1 with Ray's start; ray_start; cross_section)
+    build: dict = field(default_factory=dict)
 
 
 def stage_features(cfg: RunConfig, folder: Path, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
@@ -193,7 +196,7 @@ class _Runner:
             return transform_column(kind, values, code, n_dates)
         order = np.argsort(code, kind="stable")  # a date's rows keep their order: the same sums, bit for bit
         sorted_code = code[order]
-        task = ray.remote(num_cpus=1)(_date_task)
+        task = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(_date_task)
         refs, spans = [], []
         for lo, hi in buckets:
             a, b = np.searchsorted(sorted_code, [lo, hi])
@@ -297,8 +300,6 @@ def _one_line(exc: BaseException) -> str:
 
 def _keep(folder: Path | None, index: int, frames: list[tuple[str, pd.DataFrame]]) -> None:
     """The group's bars kept in ``folder/bars`` (for appends); a ticker whose bars cannot be is named."""
-    from alchemetric_ray.data.bars_store import bars_table, write_part
-
     if folder is None:
         return
     try:
@@ -343,8 +344,8 @@ def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
         return
     import ray
 
-    task = ray.remote(num_cpus=1)(_group_task)
-    limit = IN_FLIGHT_PER_CPU * runner.cpus()
+    # SPREAD: a group's inputs come from the driver wherever it runs, so no node is nearer its data
+    task = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(_group_task)
     pending: dict[Any, int] = {}
     try:
         for index, frames in enumerate(every()):
@@ -353,7 +354,7 @@ def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
             runner.groups += 1
             runner.tasks += 1
             del frames
-            while len(pending) >= max(limit, 1):
+            while len(pending) >= IN_FLIGHT_PER_CPU * runner.cpus():  # re-read: an autoscaler adds nodes
                 yield from _finished(pending, runner, wait_for=1)
         while pending:
             yield from _finished(pending, runner, wait_for=1)
