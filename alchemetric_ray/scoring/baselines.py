@@ -5,8 +5,8 @@ Regression (cross-sectional) targets: the mean, ridge regression and HistGradien
 (regressor).  A deep model is only worth its cost if it beats these; the export reports them side
 by side, with the same metrics as the model (the target's own and the signal metrics).  They use
 each row's own features (no windows) and at most ``MAX_TRAIN_ROWS`` train rows.  ``evaluate`` adds
-LightGBM (:func:`lightgbm_model`, :func:`fit_lightgbm`), Qlib's strongest tabular baseline, with
-early stopping on the validation segment.
+LightGBM (:func:`lightgbm_model`, :func:`fit_lightgbm`), the gradient-boosting baseline Qlib
+publishes, with early stopping on the validation segment.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ ONE_THREAD_BELOW_ROWS = 50_000
 # has not improved for LIGHTGBM_STOPPING_ROUNDS rounds.
 LIGHTGBM_MAX_ROUNDS = 500
 LIGHTGBM_STOPPING_ROUNDS = 50
+# LightGBM runs on one thread up to this many train rows, all the evaluation fits (MAX_TRAIN_ROWS):
+# its threads meet at a barrier every round, so one thread that the OS deschedules stalls the rest.
+# 55,000 x 19 rows, 51 rounds, on this 2-core machine while other processes were busy: 0.9 s on one
+# thread, 0.8 s to 24.6 s on two (19.5 and 30.7 s on all of them); 200,000 rows on one thread: 5.8 s.
+LIGHTGBM_ONE_THREAD_UP_TO_ROWS = MAX_TRAIN_ROWS
 
 
 def baseline_models(seed: int, regression: bool = False) -> dict[str, BaseEstimator]:
@@ -62,11 +67,12 @@ def lightgbm_model(seed: int, regression: bool, rows: int) -> lgb.LGBMClassifier
     and at most 500 rounds, stopped after 50 rounds without a better validation loss.  On a market
     with little to learn it stops within its first rounds, so its cost stays near HistGradientBoosting's
     (100 fixed iterations); where there is more to learn it uses more rounds, up to the cap.  The
-    fit is deterministic (``seed``, ``deterministic=True``, row-wise histograms) and, below
-    ``ONE_THREAD_BELOW_ROWS`` train rows, runs on one thread as HistGradientBoosting does here."""
+    fit is deterministic (``seed``, ``deterministic=True``, row-wise histograms) and runs on one
+    thread up to ``LIGHTGBM_ONE_THREAD_UP_TO_ROWS`` train rows (HistGradientBoosting up to
+    ``ONE_THREAD_BELOW_ROWS``; LightGBM's threads cost more on a busy machine, see the constant)."""
     params: dict = dict(n_estimators=LIGHTGBM_MAX_ROUNDS, learning_rate=0.05, num_leaves=31, random_state=seed,
                         deterministic=True, force_row_wise=True, verbose=-1,
-                        n_jobs=1 if rows < ONE_THREAD_BELOW_ROWS else None)
+                        n_jobs=1 if rows <= LIGHTGBM_ONE_THREAD_UP_TO_ROWS else None)
     return lgb.LGBMRegressor(**params) if regression else lgb.LGBMClassifier(**params)
 
 
@@ -84,7 +90,7 @@ def fit_lightgbm(model: lgb.LGBMClassifier | lgb.LGBMRegressor, x: np.ndarray, y
     # LightGBM 4.7 names the validation rows eval_X/eval_y and deprecates eval_set, which 4.3-4.6 take
     val = ({"eval_X": x_val, "eval_y": y_val} if "eval_X" in inspect.signature(model.fit).parameters
            else {"eval_set": [(x_val, y_val)]})
-    with threadpool_limits(1 if len(x) < ONE_THREAD_BELOW_ROWS else None, user_api="openmp"):
+    with threadpool_limits(1 if len(x) <= LIGHTGBM_ONE_THREAD_UP_TO_ROWS else None, user_api="openmp"):
         model.fit(x, y, **val,
                   callbacks=[lgb.early_stopping(LIGHTGBM_STOPPING_ROUNDS, first_metric_only=True, verbose=False)])
     (losses,) = next(iter(model.evals_result_.values())).values()  # the validation loss, one per round run
