@@ -142,8 +142,8 @@ class Panel:
             out[smooth] = _ema_smooth(x[smooth], self.tid[smooth], since[smooth], a)
             out[smooth & (since < min_periods - 1)] = np.nan
         if gaps.any():
-            rows = gaps[self.tid]
-            out[rows] = _ema_exact(x[rows], self.tid[rows], self.pos[rows], a, min_periods)
+            exact = gaps[self.tid]
+            out[exact] = _ema_exact(x[exact], self.tid[exact], self.pos[exact], a, min_periods)
         return out
 
 

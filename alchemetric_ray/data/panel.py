@@ -12,26 +12,32 @@ at each ticker's first bar); there is no per-ticker loop.  The values equal thos
 pandas implementation it replaced (``tests/reference_features.py``; ``tests/test_panel.py``
 compares them on the packaged data and on a synthetic market with edge cases).
 
-**Why numpy, not polars** (measured 2026-12-05 on this 2-core machine, shared, load average 4-6;
-``.venv/bin/python -m alchemetric_ray.data.panel`` prints them: best of 5, the 16 default features
-and the three-class label; polars 2.1.0 as a plain ``.over("ticker")`` prototype that skips the
-neutral values and pandas' EMA start, i.e. does less):
+**Why numpy, not polars** (measured 2026-12-05 on this 2-core machine, shared with other work:
+load average 5-6; ``.venv/bin/python -m alchemetric_ray.data.panel`` prints them, and
+``POLARS_MAX_THREADS=1 .venv/bin/python -m alchemetric_ray.data.panel`` the one-thread column: best
+of 7 runs taken in turn, the reference 1 run; the 16 default features and the three-class label;
+polars 2.1.0 as a plain ``.over("ticker")`` prototype that skips the neutral values and pandas' EMA
+start, i.e. does a little less):
 
-  ==================================  ===============  ===============  ============================
-  seconds (rows/s)                    stocknet, 88 x   synthetic 500 x  same, ``POLARS_MAX_THREADS=1``
-                                      ~1,233 (108.5k)  1,259 (629.5k)   (stocknet / synthetic)
-  ==================================  ===============  ===============  ============================
-  numpy panel, features + label       0.126 (858k)     0.535 (1.18M)    0.067 / 0.543
-  polars prototype, features + label  0.152 (714k)     0.752 (837k)     0.077 / 1.145
-  compute_group (numpy, whole)        0.264 (411k)     0.619 (1.02M)    0.111 / 0.625
-  per-ticker pandas (before)          3.625 (30k)      10.667 (59k)     2.193 / 10.765
-  ==================================  ===============  ===============  ============================
+  ==================================  ===============  ===============  ==============================
+  seconds (rows/s)                    stocknet, 88     synthetic 500 x  polars on one thread (another
+                                      tickers, 108.5k  1,259, 629.5k    run): stocknet / synthetic
+  ==================================  ===============  ===============  ==============================
+  numpy panel, features + label       0.142 (765k)     0.473 (1.33M)    0.082 / 0.380
+  polars prototype, features + label  0.191 (568k)     0.590 (1.07M)    0.132 / 0.599
+  compute_group (numpy, whole)        0.222 (489k)     0.639 (985k)     0.166 / 0.772
+  per-ticker pandas (before)          2.760 (39k)      9.315 (68k)      2.086 / 13.725
+  ==================================  ===============  ===============  ==============================
 
-numpy was as fast or faster at both sizes, with polars on both cores or on one (a Ray task holds
-one CPU; polars' own thread pool would compete with the other tasks); it keeps pandas' semantics
-exactly where polars needs care (NaN is not null there; the EMA's start and missing values), and
-adds no dependency.  The rolling windows are summed a lag at a time (contiguous adds), the EMAs are
-one IIR filter (``scipy.signal.lfilter``) over a [ticker, bar] matrix.
+Taken in turn, numpy was faster at both sizes, with polars on both cores or on one (and a Ray
+task holds one CPU, where polars' own thread pool would compete with the other tasks).  Timed one
+engine after the other instead, the load moved the figures by up to 2x between runs, and polars on
+two threads once came out ahead on the synthetic table (0.315 s against 0.383 s): the two are close,
+and the rest decided.  numpy keeps pandas' semantics exactly where polars needs care (NaN is not
+null there; the EMA's start and its missing values), and adds no package (scipy came with
+scikit-learn; pyproject.toml now names it).  The rolling windows are summed a lag at a time
+(contiguous adds, each window in two passes), the EMAs are one IIR filter
+(``scipy.signal.lfilter``) over a [ticker, bar] matrix.
 """
 
 from __future__ import annotations
@@ -215,7 +221,8 @@ def _numpy_only(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec: 
 
 def _measure() -> None:
     """Print the timings that chose the engine: compute_group (numpy), the polars prototype and the
-    per-ticker pandas implementation it replaced (tests/reference_features.py, from a checkout)."""
+    per-ticker pandas implementation it replaced (tests/reference_features.py, from a checkout), best
+    of 7 runs taken in turn (the reference: of 1)."""
     import sys
     import time
     from pathlib import Path
@@ -240,29 +247,27 @@ def _measure() -> None:
     data = {"stocknet (packaged)": list(open_source(DataConfig(source="stocknet")).bars),
             "synthetic 500 x 1,259": list(synthetic_bars(SyntheticMarket(n_tickers=500, n_days=1259, seed=41)))}
 
-    def best(fn: Callable[[], object], repeat: int) -> float:
-        fn()  # warm: imports, caches
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
     for label, frames in data.items():
         rows = sum(len(f) for _, f in frames)
         print(f"{label}: {len(frames)} tickers, {rows:,} bars, the 16 default features + three_class label")
         runs: dict[str, tuple[Callable[[], object], int]] = {
-            "compute_group (numpy panel)": (lambda: compute_group(frames, names, spec, need), 5),
-            "numpy panel (features + label only)": (lambda: _numpy_only(frames, names, spec), 5)}
+            "compute_group (numpy panel)": (lambda: compute_group(frames, names, spec, need), 7),
+            "numpy panel (features + label only)": (lambda: _numpy_only(frames, names, spec), 7)}
         if has_polars:
-            runs["polars prototype (features + label only)"] = (lambda: _polars_prototype(frames, names, spec), 5)
+            runs["polars prototype (features + label only)"] = (lambda: _polars_prototype(frames, names, spec), 7)
         if reference is not None:
             runs["per-ticker pandas (before)"] = (lambda: reference.reference_group(frames, names, spec, need), 1)
-        for what, (fn, repeat) in runs.items():
-            seconds = best(fn, repeat)
+        for fn, _ in runs.values():
+            fn()  # warm: imports, caches
+        best = {what: float("inf") for what in runs}
+        for rep in range(7):  # interleaved, so that a shared machine's changing load falls on all of them
+            for what, (fn, repeat) in runs.items():
+                if rep < repeat:
+                    start = time.perf_counter()
+                    fn()
+                    best[what] = min(best[what], time.perf_counter() - start)
+        for what, seconds in best.items():
             print(f"  {what:42s} {seconds:7.3f} s  {rows / seconds:12,.0f} rows/s")
-
 
 if __name__ == "__main__":
     _measure()
