@@ -16,7 +16,7 @@ from alchemetric_ray.bars.sources import open_source
 from alchemetric_ray.config import DataConfig
 from alchemetric_ray.data import features as feat
 from alchemetric_ray.data.labels import LabelSpec
-from alchemetric_ray.data.panel import bars_digest, compute_group, feature_table
+from alchemetric_ray.data.panel import bars_digest, compute_group, feature_table, feature_tables
 
 ALL = list(feat.FEATURES)
 SPECS = {
@@ -151,6 +151,18 @@ def test_a_single_ticker_group_and_the_one_ticker_table():
             old, old_late = ref.feature_table(ticker, frame, ALL, spec)
             assert late == old_late
             assert_same_values(new, old)  # every bar, next_date and has_features included
+
+
+@pytest.mark.parametrize("batch_rows", [1, 500, 10_000])
+def test_feature_tables_in_batches_are_each_tickers_table(batch_rows):
+    """What predict stages: every ticker's table, whatever the batches the tickers were computed in."""
+    frames = edge_market()
+    spec = SPECS["cs_rank"]
+    got = list(feature_tables(iter(frames), ALL, spec, batch_rows=batch_rows))
+    assert [t for t, _, _ in got] == [t for t, _ in frames]
+    assert all(f is frame for (_, f, _), (_, frame) in zip(got, frames))
+    for (ticker, frame), (_, _, table) in zip(frames, got):
+        assert_same_values(table, ref.feature_table(ticker, frame, ALL, spec)[0])
 
 
 def test_digests_of_frames_that_differ_in_their_columns():

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -103,14 +103,39 @@ def feature_table(ticker: str, frame: pd.DataFrame, names: list[str], spec: Labe
     """Every bar of one ticker with its raw features, label, forward return, label end, the date of the
     next bar and ``has_features`` (:func:`panel_columns` of a one-ticker panel); and its count of rows
     after the warm-up dropped as non-finite."""
-    panel = Panel.from_frames([frame])
-    dates = _dates([frame])
+    ((_, _, table, late_bad),) = _tables([(ticker, frame)], names, spec)
+    return table, late_bad
+
+
+def feature_tables(bars: Iterable[tuple[str, pd.DataFrame]], names: list[str], spec: LabelSpec, *,
+                   batch_rows: int = 200_000) -> Iterator[tuple[str, pd.DataFrame, pd.DataFrame]]:
+    """(ticker, bars, :func:`feature_table`) for every ticker of ``bars``, in order, computed over one
+    panel for each batch of tickers of about ``batch_rows`` bars (memory: one batch)."""
+    batch: list[tuple[str, pd.DataFrame]] = []
+    rows = 0
+    for ticker, frame in bars:
+        batch.append((ticker, frame))
+        rows += len(frame)
+        if rows >= batch_rows:
+            yield from ((t, f, table) for t, f, table, _ in _tables(batch, names, spec))
+            batch, rows = [], 0
+    yield from ((t, f, table) for t, f, table, _ in _tables(batch, names, spec))
+
+
+def _tables(batch: list[tuple[str, pd.DataFrame]], names: list[str],
+            spec: LabelSpec) -> Iterator[tuple[str, pd.DataFrame, pd.DataFrame, int]]:
+    frames = [frame for _, frame in batch]
+    panel = Panel.from_frames(frames)
+    dates = _dates(frames)
     cols, late_bad = panel_columns(panel, dates, names, spec)
-    table = pd.DataFrame({"date": dates, "ticker": ticker})
-    table[names] = np.column_stack([cols[n] for n in names]) if names else np.empty((len(frame), 0))
-    for name in ("label", "fwd_ret", "label_end", "next_date", "has_features"):
-        table[name] = cols[name]
-    return table, int(late_bad.sum())
+    values = np.column_stack([cols[n] for n in names]) if names else np.empty((panel.n, 0))
+    for j, (ticker, frame) in enumerate(batch):
+        rows = slice(int(panel.starts[j]), int(panel.starts[j] + panel.lengths[j]))
+        table = pd.DataFrame({"date": dates[rows], "ticker": ticker})
+        table[names] = values[rows]
+        for name in ("label", "fwd_ret", "label_end", "next_date", "has_features"):
+            table[name] = cols[name][rows]
+        yield ticker, frame, table, int(late_bad[j])
 
 
 def _digests(frames: list[tuple[str, pd.DataFrame]]) -> dict[str, str]:

@@ -1,9 +1,10 @@
 """Batch prediction with Ray Data: a saved model over new OHLCV data -> a signals file.
 
 The model's own manifest decides everything about the inputs: its feature set, its label's
-horizon, its window and its training normalization.  Features are computed ticker by ticker into
-a staging folder, then ``read_parquet_folder(...).map_batches(ModelPredictor, compute=ActorPoolStrategy(size=N))``
-runs a pool of actors that each load the model once (on a GPU each when the cluster has them).
+horizon, its window and its training normalization.  Features are computed for batches of tickers
+at once (``data.panel.feature_tables``) and staged ticker by ticker into a folder, then
+``read_parquet_folder(...).map_batches(ModelPredictor, compute=ActorPoolStrategy(size=N))`` runs a
+pool of actors that each load the model once (on a GPU each when the cluster has them).
 
 One row per (date, ticker) with enough history: class probabilities, the predicted class, the
 score P(up) - P(down), a position (-1/0/+1) from the thresholds, the date the position takes
@@ -30,7 +31,7 @@ from alchemetric_ray.config import DataConfig, DuplicatePolicy, RunConfig
 from alchemetric_ray.data.cross_section import Op, apply_cross_section
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.normalize import Normalizer
-from alchemetric_ray.data.panel import feature_table
+from alchemetric_ray.data.panel import feature_tables
 from alchemetric_ray.errors import SignalError
 from alchemetric_ray.fsutil import is_uri
 from alchemetric_ray.outputs import claim_signals_file, signals_metadata
@@ -184,8 +185,7 @@ def _stage_inputs(loaded, data: str | None, staging: Path, on_duplicate: Duplica
     ops = [Op(**op) for op in (manifest.cross_section or {}).get("ops", [])]
     source = open_source(source_cfg)
     tickers = []
-    for ticker, bars in source.bars:
-        table, _ = feature_table(ticker, bars, names, spec)
+    for ticker, bars, table in feature_tables(source.bars, names, spec):  # a batch of tickers at a time
         table = table[table["has_features"]]
         if table.empty:
             continue
