@@ -56,9 +56,13 @@ class Panel:
     @classmethod
     def from_frames(cls, frames: list[pd.DataFrame]) -> "Panel":
         """One panel of ``frames`` (each one ticker's bars, sorted by date), in their order."""
-        cols = {c: np.concatenate([np.asarray(f[c], dtype=np.float64) for f in frames]) if frames else np.empty(0)
-                for c in ("open", "high", "low", "close", "volume")}
-        return cls(cols, np.array([len(f) for f in frames], dtype=np.int64))
+        return cls.from_table(stack(frames), np.array([len(f) for f in frames], dtype=np.int64))
+
+    @classmethod
+    def from_table(cls, table: pd.DataFrame, lengths: np.ndarray) -> "Panel":
+        """A panel of one table of every ticker's bars, ``lengths[j]`` rows of ticker j after ticker j-1's."""
+        return cls({c: table[c].to_numpy(dtype=np.float64) for c in ("open", "high", "low", "close", "volume")},
+                   lengths)
 
     def cached(self, key: object, make: Callable[[], np.ndarray]) -> np.ndarray:
         if key not in self._cache:
@@ -145,6 +149,13 @@ class Panel:
             exact = gaps[self.tid]
             out[exact] = _ema_exact(x[exact], self.tid[exact], self.pos[exact], a, min_periods)
         return out
+
+
+def stack(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The frames one below the other (one concatenation: cheaper than gathering their columns one by one)."""
+    if not frames:
+        return pd.DataFrame({c: np.empty(0) for c in ("date", "open", "high", "low", "close", "volume")})
+    return pd.concat(frames, ignore_index=True)
 
 
 def _columns(tid: np.ndarray) -> np.ndarray:

@@ -94,11 +94,6 @@ def _later_date(panel: Panel, dates: np.ndarray, reach: int) -> np.ndarray:
     return out
 
 
-def _dates(frames: list[pd.DataFrame]) -> np.ndarray:
-    parts = [f["date"].to_numpy().astype("datetime64[ns]") for f in frames]
-    return np.concatenate(parts) if parts else np.empty(0, dtype="datetime64[ns]")
-
-
 def feature_table(ticker: str, frame: pd.DataFrame, names: list[str], spec: LabelSpec) -> tuple[pd.DataFrame, int]:
     """Every bar of one ticker with its raw features, label, forward return, label end, the date of the
     next bar and ``has_features`` (:func:`panel_columns` of a one-ticker panel); and its count of rows
@@ -124,9 +119,9 @@ def feature_tables(bars: Iterable[tuple[str, pd.DataFrame]], names: list[str], s
 
 def _tables(batch: list[tuple[str, pd.DataFrame]], names: list[str],
             spec: LabelSpec) -> Iterator[tuple[str, pd.DataFrame, pd.DataFrame, int]]:
-    frames = [frame for _, frame in batch]
-    panel = Panel.from_frames(frames)
-    dates = _dates(frames)
+    together = feat.stack([frame for _, frame in batch])
+    panel = Panel.from_table(together, np.array([len(frame) for _, frame in batch], dtype=np.int64))
+    dates = together["date"].to_numpy().astype("datetime64[ns]")
     cols, late_bad = panel_columns(panel, dates, names, spec)
     values = np.column_stack([cols[n] for n in names]) if names else np.empty((panel.n, 0))
     for j, (ticker, frame) in enumerate(batch):
@@ -138,16 +133,16 @@ def _tables(batch: list[tuple[str, pd.DataFrame]], names: list[str],
         yield ticker, frame, table, int(late_bad[j])
 
 
-def _digests(frames: list[tuple[str, pd.DataFrame]]) -> dict[str, str]:
+def _digests(frames: list[tuple[str, pd.DataFrame]], together: pd.DataFrame) -> dict[str, str]:
     """:func:`bars_digest` of every frame.  pandas hashes a frame row by row, so where the frames
-    share their columns and numpy dtypes the rows are hashed once, all together, and cut by ticker."""
+    share their columns and numpy dtypes, the rows of ``together`` (the frames stacked) are hashed
+    once and cut by ticker."""
     if not frames:
         return {}
     first = frames[0][1]
     same = all(list(f.columns) == list(first.columns) and all(f.dtypes == first.dtypes) for _, f in frames)
     if not same or any(isinstance(t, pd.api.extensions.ExtensionDtype) for t in first.dtypes):
         return {ticker: bars_digest(frame) for ticker, frame in frames}
-    together = pd.DataFrame({c: np.concatenate([f[c].to_numpy() for _, f in frames]) for c in first.columns})
     hashes = pd.util.hash_pandas_object(together, index=False).to_numpy()
     ends = np.cumsum([len(f) for _, f in frames])
     return {ticker: hashlib.sha256(hashes[end - len(frame): end].tobytes()).hexdigest()
@@ -158,24 +153,26 @@ def compute_group(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec
                   need: int) -> GroupResult:
     """Features and labels of every ticker in ``frames``; a ticker with fewer than ``need`` bars, or
     no labelled row with complete features, is skipped with its reason."""
-    rows = sum(len(frame) for _, frame in frames)
-    digests = _digests(frames)
+    together = feat.stack([frame for _, frame in frames])
+    rows = len(together)
+    digests = _digests(frames, together)
     short = {ticker: f"{len(frame)} bars, fewer than the {need} the features and labels need"
              for ticker, frame in frames if len(frame) < need}
-    inside = [(ticker, frame) for ticker, frame in frames if ticker not in short and len(frame)]
-    panel = Panel.from_frames([frame for _, frame in inside])
-    dates = _dates([frame for _, frame in inside])
+    panel = Panel.from_table(together, np.array([len(frame) for _, frame in frames], dtype=np.int64))
+    dates = together["date"].to_numpy().astype("datetime64[ns]")
     cols, late_bad = panel_columns(panel, dates, names, spec)
-    keep = cols["has_features"] & np.isfinite(cols["label"])
-    kept_rows = np.bincount(panel.tid[keep], minlength=len(inside))
-    labelled = {ticker for (ticker, _), n in zip(inside, kept_rows) if n}
+    computed = np.array([ticker not in short for ticker, _ in frames], dtype=bool)  # the short ones: no row
+    late_bad[~computed] = 0
+    keep = cols["has_features"] & np.isfinite(cols["label"]) & computed[panel.tid]
+    kept_rows = np.bincount(panel.tid[keep], minlength=len(frames))
+    labelled = {ticker for (ticker, _), n in zip(frames, kept_rows) if n}
     skipped = {ticker: short.get(ticker, "no row with complete features and a label")
                for ticker, _ in frames if ticker not in labelled}
     kept = [ticker for ticker, _ in frames if ticker in labelled]
     if not kept:
         return GroupResult(pa.table({}), kept, skipped, int(late_bad.sum()), rows, digests)
     rows_kept = np.flatnonzero(keep)
-    names_of = [ticker for ticker, _ in inside]
+    names_of = [ticker for ticker, _ in frames]
     columns = {"date": dates[rows_kept], "ticker": names_of, **{n: cols[n][rows_kept] for n in names},
                "label": cols["label"][rows_kept], "fwd_ret": cols["fwd_ret"][rows_kept],
                "label_end": cols["label_end"][rows_kept]}
