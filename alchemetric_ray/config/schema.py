@@ -136,9 +136,10 @@ class FeaturesConfig:
         check=at_least(2))
     distributed: Literal["auto", "true", "false"] = setting(
         "auto", "Where the features are computed: `true` = as Ray tasks over groups of tickers (and the per-date "
-                "pass by buckets of dates), in the Ray this process runs in or a local one; `false` = in this "
-                "process; `auto` = Ray tasks unless the whole input fits in one group and no Ray is running (a "
-                "small build does not wait for Ray to start). The shards are the same either way.")
+                "pass by buckets of dates), in the Ray this process runs in, else a local one it starts; `false` = "
+                "in this process; `auto` = Ray tasks in a Ray already running in this process, or on the cluster "
+                "RAY_ADDRESS names (`ray job submit`) for more than one group; else in this process (on one machine "
+                "a local Ray's start costs more than its cores save). The shards are the same either way.")
     group_rows: int = setting(
         200_000, "The bars in one group of tickers, the unit of work of the feature build (a group ends at the "
                  "ticker that reaches this many rows): smaller groups spread more tasks over a cluster, larger "

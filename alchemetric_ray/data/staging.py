@@ -6,13 +6,15 @@ tickers of about ``features.group_rows`` bars; each group is computed by
 :func:`alchemetric_ray.data.panel.compute_group` and written to the staging folder as
 ``part-NNNNN.parquet`` in group order (rows ordered by ticker, then date).  Where the build runs:
 
-* in the driver when the whole input fits in one group and no Ray is up (``features.distributed=auto``),
-  or always (``false``): a small build does not pay for ``ray.init`` (about 4 s here);
-* otherwise as Ray tasks (``num_cpus=1``) in the Ray this process runs in (a job's cluster, a
-  notebook's ``ray.init()``, else a local Ray: ``placement.session.ensure_ray``), at most
-  :data:`IN_FLIGHT_PER_CPU` tasks per cluster CPU in flight, so that the driver holds a bounded
-  number of groups.  Each result comes back to the driver, which writes it: the staging folder is on
-  the driver's disk, which other nodes do not see.
+* as Ray tasks (``num_cpus=1``) in the Ray this process runs in: one already up (a notebook's
+  ``ray.init()``, a session's), or the cluster ``RAY_ADDRESS`` names (``ray job submit``) when the input
+  spans more than one group (``features.distributed=auto``); or always (``true``, starting a local
+  Ray where there is none: ``placement.session.ensure_ray``).  At most :data:`IN_FLIGHT_PER_CPU` tasks
+  per cluster CPU are in flight, so that the driver holds a bounded number of groups.  Each result
+  comes back to the driver, which writes it: the staging folder is on the driver's disk, which other
+  nodes do not see;
+* otherwise in the driver (``auto``, or ``false``): ``auto`` never starts a local Ray of its own, whose
+  start costs more than it saves on one machine (:data:`GROUP_ROWS`' figures).
 
 The per-date pass (``data/cross_section.py``) then takes each column in turn; with Ray, the rows of
 each contiguous bucket of dates go to a task of their own and the results are put back in row order.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 import sys
 import time
@@ -52,13 +55,17 @@ from alchemetric_ray.data.labels import LabelSpec
 from alchemetric_ray.data.panel import GroupResult, compute_group
 from alchemetric_ray.errors import FeatureError, ShardError, UserError
 
-# Bars per group (features.group_rows' default).  Measured on this 2-core machine (2026-12-05, the
-# packaged 88 tickers, per-ticker compute_group at ~85k rows/s, a warm local Ray): a task's fixed cost
-# is ~3 ms (1 ticker, 1.3k rows: 2.7 ms round trip), and sending the frames and the result costs
-# about 0.3 ms and 0.1 ms per 1k rows (108k rows: 38 ms for the frames; 1.30 s as a task against
-# 1.18 s in the driver).  The fixed cost is under 5% of a group's compute from ~60k rows at a
-# vectorized ~1M rows/s; 200k rows (~40 tickers of 20 years) keeps it at ~1.5% and a task's memory at
-# ~40 MB of bars and results, and leaves the packaged data (108k rows) in one group: in the driver.
+# Bars per group (features.group_rows' default).  Measured on this 2-core machine (2026-12-05, under
+# load from other work; a synthetic 400 tickers x 1,500 days; the vectorized compute_group at 0.8-1.1M
+# rows/s in one process, a warm 2-CPU Ray): a task's fixed cost is ~3 ms (one ticker: 2.8 ms round
+# trip), while sending the frames and the result back costs ~0.4 ms per 1k rows (195k rows: 264 ms as a
+# task against 183 ms in the driver), which no group size amortizes.  The fixed part is ~1.5% of a
+# 200k-row group (~200 ms of compute); a task then holds ~100 MB (bars 9 MB, result 33 MB, the panel's
+# intermediates), and the packaged data (108k rows) is one group.  A local Ray's start and its workers'
+# first imports took 6-9 s here, against 2.3 s for the 574k labelled rows of 400 x 1,500 in one process
+# (build_shards wall time: distributed=false 4.7 s, true 18.9 s; cs_rank + cs_normalize=rank: 8.6 s and
+# 18.2 s), so `auto` starts no Ray of its own: Ray pays where it is up already (warm, in one process:
+# pass 1 in 1.4-2.0 s as 3 or 6 tasks against 1.8-2.2 s in the driver), or on a cluster.
 GROUP_ROWS = 200_000
 IN_FLIGHT_PER_CPU = 2  # tasks in flight per cluster CPU: the CPUs stay busy while results come back
 _SAFE_TICKER = re.compile(r"[A-Za-z0-9._^=-]+")
@@ -165,8 +172,11 @@ class _Runner:
         self.seconds: dict[str, float] = {}
 
     def choose(self, one_group: bool) -> None:
-        """Ray tasks unless ``false``, or ``auto`` with the whole input in one group and no Ray up."""
-        if self.setting == "false" or (self.setting == "auto" and one_group and not _ray_up()):
+        """Ray tasks for ``true``; for ``auto`` where a Ray is up, or a cluster is named to join and the
+        input spans more than one group (a local Ray is not started for it: GROUP_ROWS' figures)."""
+        if self.setting == "false":
+            return
+        if self.setting == "auto" and not _ray_up() and (one_group or not os.environ.get("RAY_ADDRESS")):
             return
         from alchemetric_ray.placement.session import ensure_ray
 
