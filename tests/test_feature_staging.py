@@ -168,3 +168,18 @@ def test_date_buckets_cover_the_dates_whole_and_the_bucketed_transform_equals_th
             pieces[rows] = transform_column(kind, values[rows], code[rows] - lo, hi - lo)
         assert np.array_equal(pieces, whole), kind
     assert date_buckets(code, 50, 1) == [(0, 50)] and date_buckets(np.zeros(3, int), 1, 4) == [(0, 1)]
+
+
+def test_a_ticker_is_never_cut_between_two_part_files_when_groups_hold_many_tickers(monkeypatch, tmp_path):
+    """Groups of ~16 tickers staged as one file each; the shards' parts are still cut between tickers."""
+    from alchemetric_ray.data import shards
+
+    monkeypatch.setattr(shards, "ROWS_PER_FILE", 5000)  # parts of ~4 tickers: many cuts inside each group
+    summary = build_shards(load_config(None, [SMALL_GROUPS, "features.distributed=false"]), tmp_path / "out")
+    for split in ("train", "val", "test"):
+        parts = sorted(split_dir(tmp_path / "out", split).glob("*.parquet"))
+        assert len(parts) > 3
+        tickers = [pd.read_parquet(p, columns=["ticker"])["ticker"] for p in parts]
+        assert sum(t.nunique() for t in tickers) == len(set().union(*map(set, tickers)))  # each ticker in one part
+        assert all(len(t) <= 5000 or t.nunique() == 1 for t in tickers)
+    assert summary.manifest.build["groups"] == 6
