@@ -32,10 +32,11 @@ def test_ray_tasks_build_the_shards_a_one_process_build_does(ray_session, tmp_pa
     """The packaged data, as Ray tasks over groups of tickers and buckets of dates, and in this process:
     the same rows, bit for bit, the same manifest but for how it was built; the bars kept by group."""
     built = {}
-    for where in ("false", "true"):
+    for where in ("false", "true", "auto"):
         cfg = load_config(None, [*CROSS, SMALL_GROUPS, f"features.distributed={where}"])
         built[where] = build_shards(cfg, tmp_path / where).manifest
     ray_build, driver_build = built["true"].build, built["false"].build
+    assert built["auto"].build["mode"] == "ray"  # a Ray is up in this process: auto uses it
     assert driver_build["mode"] == "driver" and driver_build["tasks"] == 0 and driver_build["groups"] == 6
     assert ray_build["mode"] == "ray" and ray_build["groups"] == 6 and ray_build["tasks"] > 6  # and date buckets
     assert ray_build["nodes"] == 1 and ray_build["rows_per_group"] == 20000
