@@ -46,7 +46,7 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
-from alchemetric_ray.bars.columns import _required_columns, _to_dates, _to_float
+from alchemetric_ray.bars.columns import _required_columns, _Rows, _to_dates, _to_float
 from alchemetric_ray.bars.messages import _LIST_MAX, _dates_text, _day, _more, _row_ref, _rows, _runs_text, _value
 from alchemetric_ray.bars.report import ON_DUPLICATE_DEFAULT, RULES, IngestReport, _check_policy
 from alchemetric_ray.errors import DataError
@@ -58,16 +58,26 @@ ZERO_VOLUME_RUN = 2  # consecutive zero-volume days that are dropped (a single o
 STALE_RUN = 5  # consecutive identical closes that are dropped
 
 
-def validate_bars(raw: pd.DataFrame, *, ticker: str, source: str, report: IngestReport,
+def validate_bars(raw: pd.DataFrame | _Rows, *, ticker: str, source: str, report: IngestReport,
                   min_history: int = 0, on_duplicate: str = ON_DUPLICATE_DEFAULT) -> pd.DataFrame | None:
     """Turn one ticker's raw table into canonical bars, or None if the ticker is skipped.
 
     ``source`` names the file in messages (row references are file lines for CSV sources).  The
-    report is updated only when this returns: a :class:`DataError` leaves it untouched.
+    report is updated only when this returns: a :class:`DataError` leaves it untouched.  ``raw`` may
+    also be one ticker's rows of a long table (:class:`~alchemetric_ray.bars.columns._Rows`, from
+    :mod:`~alchemetric_ray.bars.files`): the same as passing those rows as a frame, converted faster.
     """
     _check_policy(on_duplicate)
-    raw, cols = _required_columns(raw, source)
-    table = _Table.parse(raw, cols, source)
+    if isinstance(raw, _Rows):
+        frame, cols = _required_columns(raw.table.frame, source)
+        if frame is raw.table.frame:
+            table = _Table.parse_rows(raw, cols, source)
+        else:  # a date index turned into a column: the rows' own frame, as before
+            raw, cols = _required_columns(raw.frame(), source)
+            table = _Table.parse(raw, cols, source)
+    else:
+        raw, cols = _required_columns(raw, source)
+        table = _Table.parse(raw, cols, source)
     # Each pass drops what it must from the rows the previous one kept, counting and saying why.
     kept = table.drop_empty_cells()
     kept = table.resolve_duplicates(kept, on_duplicate)
@@ -130,6 +140,27 @@ class _Table:
         values["date"], empty["date"] = _to_dates(raw[cols["date"]], source, cols["date"], labels)
         return cls(source, n, labels, {c: str(cols[c]) for c in cols}, values, empty, numeric)
 
+    @classmethod
+    def parse_rows(cls, part: _Rows, cols: dict, source: str) -> _Table:
+        """:meth:`parse` of a long table's rows for one ticker: a column converted once for the
+        whole table is indexed; one that takes the general path is converted for these rows, as
+        :meth:`parse` would (the same values, the same errors)."""
+        frame, rows = part.table.frame, part.rows
+        n = len(rows)
+        labels = frame.index.to_numpy()[rows] if pd.api.types.is_integer_dtype(frame.index) else np.arange(n)
+        numeric = [c for c in ("open", "high", "low", "close", "adj_close", "volume") if c in cols]
+        values: dict[str, np.ndarray] = {}
+        empty: dict[str, np.ndarray] = {}
+        for name in (*numeric, "date"):
+            col = cols[name]
+            whole = part.table.dates(col) if name == "date" else part.table.floats(col)
+            if whole is not None:
+                values[name], empty[name] = whole[0][rows], whole[1][rows]
+            else:
+                convert = _to_dates if name == "date" else _to_float
+                values[name], empty[name] = convert(frame[col].iloc[rows], source, col, labels)
+        return cls(source, n, labels, {c: str(cols[c]) for c in cols}, values, empty, numeric)
+
     @property
     def dates(self) -> np.ndarray:
         return self.values["date"]
@@ -159,16 +190,27 @@ class _Table:
         a vendor's correction appended after its bar is the last row of that date."""
         if len(kept) < 2:
             return kept
-        columns = ("date", *self.numeric)
-        frame = pd.DataFrame({c: self.values[c][kept] for c in columns})
-        copies = frame.duplicated(keep="first").to_numpy()  # NaN equals NaN here: a copy is a copy
+        dates = self.dates[kept].view("int64")  # no NaT here: empty dates are gone
+        if (dates[1:] > dates[:-1]).all():  # strictly increasing: no date twice, nothing to resolve
+            return kept
+        shared = _shared(dates)  # only rows of a date that occurs more than once can be copies
+        if not shared.any():
+            return kept
+        # exact copies among those rows: the same date and every value the same (NaN equals NaN and
+        # -0.0 equals 0.0 here, as in pandas' duplicated); a row's first occurrence in file order stays
+        candidates = np.flatnonzero(shared)
+        key = np.column_stack([dates[candidates],
+                               *(_equality_bits(self.values[c][kept[candidates]]) for c in self.numeric)])
+        _, first = np.unique(key, axis=0, return_index=True)  # a stable sort: first occurrences
+        copies = np.zeros(len(kept), dtype=bool)
+        copies[candidates] = True
+        copies[candidates[first]] = False
         if copies.any():
             self.drops["duplicate_row"] = int(copies.sum())
             self.warns.append(f"{self.source}: dropped {_rows(int(copies.sum()))} that repeat an earlier row "
                               f"exactly ({_dates_text(np.unique(self.dates[kept[copies]]))})")
-            kept, frame = kept[~copies], frame[~copies]
-        dates = frame["date"]
-        differing = dates.duplicated(keep=False).to_numpy()
+            kept, dates = kept[~copies], dates[~copies]
+        differing = _shared(dates)
         if not differing.any():
             return kept
         days = np.unique(self.dates[kept[differing]])
@@ -180,7 +222,11 @@ class _Table:
                             "to keep one")
         if on_duplicate == "skip_ticker":
             return kept
-        keep = ~dates.duplicated(keep=on_duplicate).to_numpy()
+        keep = np.zeros(len(kept), dtype=bool)
+        if on_duplicate == "first":
+            keep[np.unique(dates, return_index=True)[1]] = True
+        else:  # last
+            keep[len(dates) - 1 - np.unique(dates[::-1], return_index=True)[1]] = True
         self.drops["duplicate_date"] = int((~keep).sum())
         self.warns.append(f"{self.source}: kept the {on_duplicate} row of each of {self.conflicts} date(s) with "
                           f"differing rows, dropped {_rows(self.drops['duplicate_date'])} "
@@ -280,15 +326,14 @@ class _Table:
 
     def bars(self, kept: np.ndarray, *, adjusted: bool) -> pd.DataFrame:
         """The canonical bars; with an Adj Close, Open/High/Low/Close scaled by Adj Close / Close."""
-        out = pd.DataFrame({"date": self.dates[kept],
-                            **{k: self.values[k][kept] for k in ("open", "high", "low", "close", "volume")}})
+        cols = {k: self.values[k][kept] for k in ("open", "high", "low", "close", "volume")}
         if adjusted:
             adj = self.values["adj_close"][kept]
-            factor = adj / out["close"].to_numpy()
+            factor = adj / cols["close"]
             for k in ("open", "high", "low"):
-                out[k] = out[k].to_numpy() * factor
-            out["close"] = adj
-        return out
+                cols[k] = cols[k] * factor
+            cols["close"] = adj
+        return pd.DataFrame({"date": self.dates[kept], **cols}, copy=False)  # fresh arrays: nothing to copy
 
     def skip_reason(self, kept: int, min_history: int) -> str | None:
         if kept > 0 and kept >= min_history:
@@ -297,6 +342,26 @@ class _Table:
         return (f"{kept} rows of clean history"
                 + (f" < min_history {min_history}" if min_history else "")
                 + (f" ({self.n} read; dropped {lost})" if lost else f" ({self.n} read)"))
+
+
+def _shared(values: np.ndarray) -> np.ndarray:
+    """Mask of the elements whose value occurs more than once (pandas' ``duplicated(keep=False)``)."""
+    order = np.argsort(values, kind="stable")
+    same = values[order][1:] == values[order][:-1]
+    out = np.zeros(len(values), dtype=bool)
+    out[order[1:][same]] = True
+    out[order[:-1][same]] = True
+    return out
+
+
+_NAN_BITS = np.array([np.nan]).view("int64")[0]
+
+
+def _equality_bits(values: np.ndarray) -> np.ndarray:
+    """float64 values as int64 keys that are equal exactly where pandas' duplicated finds the values
+    equal: -0.0 as 0.0, every NaN as one NaN."""
+    bits = (values + 0.0).view("int64")  # -0.0 + 0.0 is 0.0
+    return np.where(np.isnan(values), _NAN_BITS, bits)
 
 
 def _runs(mask: np.ndarray, min_len: int) -> np.ndarray:

@@ -1,0 +1,320 @@
+"""One ticker's raw table -> canonical bars (:func:`validate_bars`), by the cleaning rules.
+
+Cleaning rules, applied in this order; each dropped row is counted once, under the first rule
+that drops it (``IngestReport.dropped``), and each rule that drops anything adds one warning
+naming the file, the column and the date(s):
+
+``empty_cell``
+    a missing value (blank, ``null``, ``NA``, ``N/A``, ``None``, ``-``) in Date, Open, High, Low,
+    Close, Volume or Adj Close (when that column exists): the row is dropped.
+``duplicate_row``
+    a later exact copy of a row (same date and the same value in every column ingest reads, for
+    the same ticker): dropped, always.  Public daily files repeat rows when a vendor's pages or
+    snapshots overlap; a copy says nothing new, so refusing the file for it helps nobody.
+``duplicate_date``
+    rows of one date whose values differ (a revised bar next to the original: one S&P 500 name's
+    two 2017-10-30 rows differed by 22 shares of volume) follow ``on_duplicate``
+    (``data.on_duplicate``): ``last`` (the default) / ``first`` keep the ticker's last / first
+    such row in file order and count the others here; ``skip_ticker`` leaves the ticker out (a
+    reason in ``IngestReport.skipped_tickers``); ``refuse`` is a :class:`DataError` naming both
+    rows.  Rows already dropped as ``empty_cell`` take no part: they were never a candidate bar.
+``nonfinite_price`` / ``nonpositive_price`` / ``nonfinite_volume`` / ``negative_volume``
+    a price (Adj Close included) that is ``inf``/``nan`` *written as a value*, or ``<= 0``; a
+    volume that is non-finite or ``< 0``.  At most ``max(2, 1% of the ticker's rows)`` such rows
+    per rule are dropped; more than that is a :class:`DataError` (a broken file, not noise).
+    (In a column that is already numeric -- Parquet, a DataFrame -- NaN can only mean empty.)
+``high_below_low``
+    High < Low: dropped.
+``ohlc_inconsistent``
+    Open or Close outside [Low, High] by more than a relative 1e-6: dropped.
+``zero_volume``
+    runs of 2 or more consecutive zero-volume days (halted / not yet listed) are dropped.  An
+    isolated zero-volume day is kept: thinly traded names (SPLP in stocknet has ~40) have genuine
+    no-trade days, and dropping them would only punch holes into the series.
+``stale_price``
+    runs of 5 or more consecutive flat bars (open == high == low == close) at exactly the same
+    (unadjusted) close are dropped: pre-listing placeholder rows.  Real days that happen to close
+    at the same price but trade a range are kept (SPLP in stocknet has five such days).  Rows
+    of such a run already dropped as ``zero_volume`` are counted there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import cast
+
+import numpy as np
+import pandas as pd
+
+from alchemetric_ray.bars.report import ON_DUPLICATE_DEFAULT, RULES, IngestReport, _check_policy
+from alchemetric_ray.errors import DataError
+from reference_ingest.columns import _required_columns, _to_dates, _to_float
+from reference_ingest.messages import _LIST_MAX, _dates_text, _day, _more, _row_ref, _rows, _runs_text, _value
+
+DROP_LIMIT_ROWS = 2  # bad-value rows ingest may always drop per ticker and rule ...
+DROP_LIMIT_FRACTION = 0.01  # ... or this share of the ticker's rows, whichever is larger
+OHLC_TOLERANCE = 1e-6  # relative slack for Open/Close against [Low, High]
+ZERO_VOLUME_RUN = 2  # consecutive zero-volume days that are dropped (a single one is kept)
+STALE_RUN = 5  # consecutive identical closes that are dropped
+
+
+def validate_bars(raw: pd.DataFrame, *, ticker: str, source: str, report: IngestReport,
+                  min_history: int = 0, on_duplicate: str = ON_DUPLICATE_DEFAULT) -> pd.DataFrame | None:
+    """Turn one ticker's raw table into canonical bars, or None if the ticker is skipped.
+
+    ``source`` names the file in messages (row references are file lines for CSV sources).  The
+    report is updated only when this returns: a :class:`DataError` leaves it untouched.
+    """
+    _check_policy(on_duplicate)
+    raw, cols = _required_columns(raw, source)
+    table = _Table.parse(raw, cols, source)
+    # Each pass drops what it must from the rows the previous one kept, counting and saying why.
+    kept = table.drop_empty_cells()
+    kept = table.resolve_duplicates(kept, on_duplicate)
+    skipped_for_duplicates = bool(table.conflicts) and on_duplicate == "skip_ticker"
+    skip_reason: str | None
+    if skipped_for_duplicates:  # the other passes would only count drops of rows that all go anyway
+        bars, skip_reason = None, f"{table.conflict_text()} (data.on_duplicate=skip_ticker)"
+    else:
+        kept = table.in_date_order(kept)
+        kept = table.drop_bad_values(kept)
+        kept = table.drop_inconsistent_ohlc(kept)
+        kept = table.drop_placeholder_runs(kept)
+        bars = table.bars(kept, adjusted="adj_close" in cols)
+        skip_reason = table.skip_reason(len(bars), min_history)
+    if skip_reason is not None:
+        table.warns.append(f"{source}: skipped ticker {ticker}: {skip_reason}")
+    # committed to the report only now: a DataError above leaves it as it was
+    report.rows_read += table.n
+    for rule, count in table.drops.items():
+        report.dropped[rule] = report.dropped.get(rule, 0) + count
+    report.warnings.extend(table.warns)
+    report.on_duplicate = on_duplicate
+    report.conflicting_dates += table.conflicts
+    if skip_reason is not None:
+        report.skipped_tickers[ticker] = skip_reason
+        if skipped_for_duplicates:
+            report.duplicate_skipped.append(ticker)
+        return None
+    report.tickers += 1
+    report.rows_kept += len(cast(pd.DataFrame, bars))  # not skipped: the bars were made
+    return bars
+
+
+@dataclass
+class _Table:
+    """One ticker's parsed columns and what the validation passes dropped; ``kept`` arrays of row
+    positions say which rows are still in."""
+
+    source: str
+    n: int  # rows read
+    labels: np.ndarray  # each row's reference in messages (file line or index label)
+    names: dict[str, str]  # canonical -> the file's spelling, for messages
+    values: dict[str, np.ndarray]  # canonical -> values of every row
+    empty: dict[str, np.ndarray]  # canonical -> which cells were empty
+    numeric: list[str]
+    drops: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RULES, 0))
+    warns: list[str] = field(default_factory=list)
+    conflicts: int = 0  # dates with differing rows
+    first_conflict: tuple[int, int] | None = None  # positions of the earliest such date's first two rows
+
+    @classmethod
+    def parse(cls, raw: pd.DataFrame, cols: dict, source: str) -> _Table:
+        n = len(raw)
+        labels = raw.index.to_numpy() if pd.api.types.is_integer_dtype(raw.index) else np.arange(n)
+        numeric = [c for c in ("open", "high", "low", "close", "adj_close", "volume") if c in cols]
+        values: dict[str, np.ndarray] = {}
+        empty: dict[str, np.ndarray] = {}
+        for name in numeric:
+            values[name], empty[name] = _to_float(raw[cols[name]], source, cols[name], labels)
+        values["date"], empty["date"] = _to_dates(raw[cols["date"]], source, cols["date"], labels)
+        return cls(source, n, labels, {c: str(cols[c]) for c in cols}, values, empty, numeric)
+
+    @property
+    def dates(self) -> np.ndarray:
+        return self.values["date"]
+
+    @property
+    def prices(self) -> list[str]:
+        return [c for c in self.numeric if c != "volume"]
+
+    def drop_empty_cells(self) -> np.ndarray:
+        columns = ("date", *self.numeric)
+        is_empty = np.logical_or.reduce([self.empty[c] for c in columns])
+        if is_empty.any():
+            gone = np.flatnonzero(is_empty)
+            in_cols = [self.names[c] for c in columns if self.empty[c].any()]
+            where = [_row_ref(self.source, self.labels[i]) if self.empty["date"][i] else _day(self.dates[i])
+                     for i in gone[:_LIST_MAX]]
+            self.drops["empty_cell"] = len(gone)
+            self.warns.append(f"{self.source}: dropped {_rows(len(gone))} with empty cells in column(s) "
+                              f"{', '.join(in_cols)} ({_more(where, len(gone))})")
+        return np.flatnonzero(~is_empty)
+
+    def resolve_duplicates(self, kept: np.ndarray, on_duplicate: str) -> np.ndarray:
+        """Exact copies of a row go (``duplicate_row``); a date left with differing rows keeps one
+        row by file order or is refused, per ``on_duplicate`` (``skip_ticker``: the caller skips).
+
+        ``kept`` is in file order here (before any sorting), so "first" and "last" are the file's:
+        a vendor's correction appended after its bar is the last row of that date."""
+        if len(kept) < 2:
+            return kept
+        columns = ("date", *self.numeric)
+        frame = pd.DataFrame({c: self.values[c][kept] for c in columns})
+        copies = frame.duplicated(keep="first").to_numpy()  # NaN equals NaN here: a copy is a copy
+        if copies.any():
+            self.drops["duplicate_row"] = int(copies.sum())
+            self.warns.append(f"{self.source}: dropped {_rows(int(copies.sum()))} that repeat an earlier row "
+                              f"exactly ({_dates_text(np.unique(self.dates[kept[copies]]))})")
+            kept, frame = kept[~copies], frame[~copies]
+        dates = frame["date"]
+        differing = dates.duplicated(keep=False).to_numpy()
+        if not differing.any():
+            return kept
+        days = np.unique(self.dates[kept[differing]])
+        self.conflicts = len(days)
+        rows = kept[differing & (self.dates[kept] == days[0])]
+        self.first_conflict = (int(rows[0]), int(rows[1]))
+        if on_duplicate == "refuse":
+            raise DataError(f"{self.source}: {self.conflict_text()}; set data.on_duplicate=first|last|skip_ticker "
+                            "to keep one")
+        if on_duplicate == "skip_ticker":
+            return kept
+        keep = ~dates.duplicated(keep=on_duplicate).to_numpy()
+        self.drops["duplicate_date"] = int((~keep).sum())
+        self.warns.append(f"{self.source}: kept the {on_duplicate} row of each of {self.conflicts} date(s) with "
+                          f"differing rows, dropped {_rows(self.drops['duplicate_date'])} "
+                          f"(data.on_duplicate={on_duplicate}); first: {self.conflict_text()}")
+        return kept[keep]
+
+    def conflict_text(self) -> str:
+        """The earliest date with differing rows: both rows and the first column where they differ."""
+        a, b = cast(tuple[int, int], self.first_conflict)  # called only where there are conflicts
+        col = next(c for c in self.numeric
+                   if not (self.values[c][a] == self.values[c][b]
+                           or (np.isnan(self.values[c][a]) and np.isnan(self.values[c][b]))))
+        more = f" ({self.conflicts} dates with differing rows)" if self.conflicts > 1 else ""
+        return (f"duplicate date {_day(self.dates[a])} at {_row_ref(self.source, self.labels[a])} and "
+                f"{_row_ref(self.source, self.labels[b])} with different values (column '{self.names[col]}': "
+                f"{_value(self.values[col][a])} vs {_value(self.values[col][b])}){more}")
+
+    def in_date_order(self, kept: np.ndarray) -> np.ndarray:
+        if len(kept) > 1 and (np.diff(self.dates[kept]) < np.timedelta64(0)).any():
+            kept = kept[np.argsort(self.dates[kept], kind="stable")]
+            self.warns.append(f"{self.source}: rows not in date order (column '{self.names['date']}'); sorted them")
+        return kept
+
+    def drop_bad_values(self, kept: np.ndarray) -> np.ndarray:
+        """Non-finite or non-positive prices, non-finite or negative volumes: a few rows are
+        dropped, more than the limit is an error (a broken file, not a few bad ticks)."""
+        limit = max(DROP_LIMIT_ROWS, int(DROP_LIMIT_FRACTION * self.n))
+        prices = self.prices
+        price = np.column_stack([self.values[c][kept] for c in prices])
+        volume = self.values["volume"][kept]
+        finite_price, finite_volume = np.isfinite(price), np.isfinite(volume)
+        with np.errstate(invalid="ignore"):
+            bad_rules = (
+                ("nonfinite_price", ~finite_price, prices, "a non-finite price"),
+                ("nonpositive_price", finite_price & (price <= 0), prices, "a non-positive price"),
+                ("nonfinite_volume", ~finite_volume[:, None], ["volume"], "a non-finite volume"),
+                ("negative_volume", (finite_volume & (volume < 0))[:, None], ["volume"], "a negative volume"),
+            )
+        bad_any = np.zeros(len(kept), dtype=bool)
+        for rule, cells, in_cols, what in bad_rules:
+            cells = cells & ~bad_any[:, None]  # a row is counted under its first rule only
+            rows = cells.any(axis=1)
+            if not rows.any():
+                continue
+            i, j = np.argwhere(cells)[0]
+            first = (f"column '{self.names[in_cols[j]]}' on {_day(self.dates[kept[i]])} = "
+                     f"{float(self.values[in_cols[j]][kept[i]])!r}")
+            count = int(rows.sum())
+            if count > limit:
+                raise DataError(f"{self.source}: {count} rows with {what}, more than ingest may drop "
+                                f"(at most {limit} of {self.n} rows); first: {first}")
+            bad_cols = [self.names[in_cols[k]] for k in np.flatnonzero(cells.any(axis=0))]
+            self.drops[rule] = count
+            self.warns.append(f"{self.source}: dropped {_rows(count)} with {what} in column(s) "
+                              f"{', '.join(bad_cols)} ({_dates_text(self.dates[kept[rows]])}); first: {first}")
+            bad_any |= rows
+        return kept[~bad_any]
+
+    def drop_inconsistent_ohlc(self, kept: np.ndarray) -> np.ndarray:
+        opens, highs, lows, closes = (self.values[k][kept] for k in ("open", "high", "low", "close"))
+        names, dates = self.names, self.dates
+        high_below_low = highs < lows
+        if high_below_low.any():
+            self.drops["high_below_low"] = int(high_below_low.sum())
+            self.warns.append(f"{self.source}: dropped {_rows(self.drops['high_below_low'])} with "
+                              f"'{names['high']}' < '{names['low']}' ({_dates_text(dates[kept[high_below_low]])})")
+        top, bottom = highs * (1 + OHLC_TOLERANCE), lows * (1 - OHLC_TOLERANCE)
+        outside = ~high_below_low & ((opens > top) | (opens < bottom) | (closes > top) | (closes < bottom))
+        if outside.any():
+            self.drops["ohlc_inconsistent"] = int(outside.sum())
+            self.warns.append(f"{self.source}: dropped {_rows(self.drops['ohlc_inconsistent'])} with "
+                              f"'{names['open']}' or '{names['close']}' outside ['{names['low']}', "
+                              f"'{names['high']}'] ({_dates_text(dates[kept[outside]])})")
+        return kept[~(high_below_low | outside)]
+
+    def drop_placeholder_runs(self, kept: np.ndarray) -> np.ndarray:
+        """Zero-volume runs, then stale-price runs among the rows left (a trading day next to a
+        zero-volume run at the same price is not stale by itself)."""
+        for rule, col, minimum, what in (("zero_volume", "volume", ZERO_VOLUME_RUN, "zero-volume"),
+                                         ("stale_price", "close", STALE_RUN, "unchanged-close")):
+            values = self.values[col][kept]
+            if rule == "zero_volume":
+                mask = _runs(values == 0, minimum)
+            else:
+                # only flat bars (open == high == low == close) can be placeholders: a real day with
+                # a range breaks the run even when it closes at the same price
+                opens, highs, lows = (self.values[k][kept] for k in ("open", "high", "low"))
+                flat = (opens == highs) & (highs == lows) & (lows == values)
+                mask = _runs_of_equal(np.where(flat, values, -1.0 - np.arange(len(values))), minimum)
+            if mask.any():
+                self.drops[rule] = int(mask.sum())
+                self.warns.append(f"{self.source}: dropped {_rows(self.drops[rule])} in {what} runs of >= "
+                                  f"{minimum} days in column '{self.names[col]}' "
+                                  f"({_runs_text(self.dates[kept], mask)})")
+                kept = kept[~mask]
+        return kept
+
+    def bars(self, kept: np.ndarray, *, adjusted: bool) -> pd.DataFrame:
+        """The canonical bars; with an Adj Close, Open/High/Low/Close scaled by Adj Close / Close."""
+        out = pd.DataFrame({"date": self.dates[kept],
+                            **{k: self.values[k][kept] for k in ("open", "high", "low", "close", "volume")}})
+        if adjusted:
+            adj = self.values["adj_close"][kept]
+            factor = adj / out["close"].to_numpy()
+            for k in ("open", "high", "low"):
+                out[k] = out[k].to_numpy() * factor
+            out["close"] = adj
+        return out
+
+    def skip_reason(self, kept: int, min_history: int) -> str | None:
+        if kept > 0 and kept >= min_history:
+            return None
+        lost = ", ".join(f"{rule} {count}" for rule, count in self.drops.items() if count)
+        return (f"{kept} rows of clean history"
+                + (f" < min_history {min_history}" if min_history else "")
+                + (f" ({self.n} read; dropped {lost})" if lost else f" ({self.n} read)"))
+
+
+def _runs(mask: np.ndarray, min_len: int) -> np.ndarray:
+    """Mask of the True elements that lie in runs of at least ``min_len`` consecutive Trues."""
+    if not mask.any():
+        return mask
+    return mask & (_run_lengths(mask) >= min_len)
+
+
+def _runs_of_equal(values: np.ndarray, min_len: int) -> np.ndarray:
+    """Mask of the elements in runs of at least ``min_len`` consecutive equal values."""
+    if len(values) < min_len:
+        return np.zeros(len(values), dtype=bool)
+    return _run_lengths(values) >= min_len
+
+
+def _run_lengths(values: np.ndarray) -> np.ndarray:
+    """For each element, the length of the run of equal consecutive values it belongs to."""
+    starts = np.r_[True, values[1:] != values[:-1]]
+    ids = np.cumsum(starts) - 1
+    return np.bincount(ids)[ids]
