@@ -184,3 +184,21 @@ def test_a_ticker_is_never_cut_between_two_part_files_when_groups_hold_many_tick
         assert sum(t.nunique() for t in tickers) == len(set().union(*map(set, tickers)))  # each ticker in one part
         assert all(len(t) <= 5000 or t.nunique() == 1 for t in tickers)
     assert summary.manifest.build["groups"] == 6
+
+
+def test_a_task_ray_loses_fails_the_build_in_one_line_naming_its_tickers(ray_session):
+    """A task whose worker dies (out of memory, killed) is no traceback either."""
+    import os
+
+    import ray
+
+    from alchemetric_ray.data.staging import _get_all
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def dies():
+        os._exit(1)
+
+    with pytest.raises(FeatureError) as caught:
+        _get_all([dies.remote()], "the feature task of tickers AAA..BBB")
+    assert type(caught.value) is FeatureError and "\n" not in str(caught.value)
+    assert str(caught.value).startswith("the feature task of tickers AAA..BBB failed (WorkerCrashedError: ")

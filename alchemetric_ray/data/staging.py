@@ -232,10 +232,11 @@ def _ray_up() -> bool:
     return bool(ray is not None and hasattr(ray, "is_initialized") and ray.is_initialized())
 
 
-def _get_all(refs: list) -> list:
-    """``ray.get``, with a task's own error (one line) raised as itself, not as Ray's wrapper (its traceback)."""
+def _get_all(refs: list, what: str = "a per-date task of the feature build") -> list:
+    """``ray.get``, with a task's own error (one line) raised as itself, not as Ray's wrapper (its
+    traceback), and a task Ray lost (its worker killed, out of memory) as one line naming ``what``."""
     import ray
-    from ray.exceptions import RayTaskError
+    from ray.exceptions import RayError, RayTaskError
 
     try:
         return ray.get(refs)
@@ -243,7 +244,15 @@ def _get_all(refs: list) -> list:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, UserError):
             raise cause from None
-        raise
+        raise FeatureError(f"{what} failed ({_one_line(cause if isinstance(cause, BaseException) else exc)})") \
+            from None
+    except RayError as exc:
+        raise FeatureError(f"{what} failed ({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
 def _cancel(refs: Iterable) -> None:
@@ -356,11 +365,11 @@ def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
 
     # SPREAD: a group's inputs come from the driver wherever it runs, so no node is nearer its data
     task = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(_group_task)
-    pending: dict[Any, int] = {}
+    pending: dict[Any, tuple[int, str]] = {}  # a task -> its group and tickers
     try:
         for index, frames in enumerate(every()):
             _keep(keep_bars, index, frames)
-            pending[task.remote(frames, names, spec, need)] = index
+            pending[task.remote(frames, names, spec, need)] = (index, f"{frames[0][0]}..{frames[-1][0]}")
             runner.groups += 1
             runner.tasks += 1
             del frames
@@ -378,8 +387,8 @@ def _finished(pending: dict, runner: _Runner, wait_for: int) -> Iterator[tuple[i
 
     done, _ = ray.wait(list(pending), num_returns=wait_for)
     for ref in done:
-        index = pending.pop(ref)
-        result, node = _get_all([ref])[0]
+        index, tickers = pending.pop(ref)
+        result, node = _get_all([ref], f"the feature task of tickers {tickers}")[0]
         runner.nodes.add(node)
         yield index, result
 
