@@ -68,6 +68,13 @@ def assert_group_matches(frames, names, spec, need) -> None:
     assert_same_values(result.table.to_pandas(), rows)
 
 
+def test_the_registry_is_the_references():
+    """Names, warm-ups and flags as the per-ticker implementation had them; a feature added since
+    needs its direct pandas definition in tests/reference_features.py to be compared."""
+    assert [(f.name, f.warmup, f.description, f.cross_sectional) for f in feat.FEATURES.values()] == \
+        [(f.name, f.warmup, f.description, f.cross_sectional) for f in ref.FEATURES.values()]
+
+
 # ---- the packaged data ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def stocknet(stocknet_dir) -> list[tuple[str, pd.DataFrame]]:
