@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reference_ingest, when run as a script
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # reference_ingest, wh
 from reference_ingest import cleaning as ref_cleaning
 from reference_ingest import ingest as ref_ingest
 
-from alchemetric_ray.bars import cleaning, ingest
+from alchemetric_ray.bars import cleaning, files, ingest
 from alchemetric_ray.bars.report import DUPLICATE_POLICIES, IngestReport
 from alchemetric_ray.bars.stocknet import prices_path, raw_table
 from alchemetric_ray.bars.synthetic import SyntheticMarket, synthetic_bars
@@ -69,6 +70,10 @@ def assert_same_reports(new: IngestReport, ref: IngestReport) -> None:
 
 def same(path, **kwargs) -> tuple[list, IngestReport, str | None]:
     """Run the reference and the new ingest on ``path``; assert they agree; the new one's result."""
+    path = Path(path)
+    for file in (sorted(path.glob("*.parquet")) if path.is_dir() else [path]):
+        if file.suffix == ".parquet":  # read directly, as read_table (the reference) reads it
+            assert files._parquet_table(file).equals(pq.read_table(file), check_metadata=True)
     ref = run(ref_ingest.iter_bars, path, **kwargs)
     new = run(ingest.iter_bars, path, **kwargs)
     assert new[2] == ref[2], f"error: {new[2]!r} != {ref[2]!r}"
@@ -294,11 +299,71 @@ def test_date_spellings(aapl, tmp_path, dates):
         raw.to_csv(tmp_path / "AAPL.csv", index=False)
         same(tmp_path / "AAPL.csv")
     if dates not in ("bad_numbers",):
+        folder = tmp_path / "parquet"
+        folder.mkdir()
         try:
-            raw.to_parquet(tmp_path / "AAPL.parquet")
+            raw.to_parquet(folder / "AAPL.parquet")
         except Exception:
             return
-        same(tmp_path / "AAPL.parquet")
+        same(folder)  # a folder of per-ticker files (read straight from Arrow where plain)
+        same(folder / "AAPL.parquet")  # a single file
+
+
+@pytest.mark.parametrize("variant", [
+    "int64_volume_with_nulls", "float32_prices", "uint32_volume", "extra_text_column", "ticker_column",
+    "named_index", "date_index", "no_pandas_metadata", "seconds", "far_future", "tz_aware", "nullable_floats",
+    "lower_case", "both_adj_close_spellings", "no_volume",
+])
+def test_parquet_column_types(aapl, tmp_path, variant):
+    """Per-ticker Parquet files: converted straight from Arrow where every column is a plain number
+    or timestamp, through pandas otherwise; the same either way."""
+    import pyarrow as pa
+
+    raw = messy(aapl.head(300), 5)
+    for col in [*PRICES, "Volume"]:
+        raw[col] = pd.to_numeric(raw[col].replace({"null": None, "": None, "N/A": None, "-": None}), errors="coerce")
+    raw["Date"] = pd.to_datetime(raw["Date"].replace({"NA": None}))
+    raw = raw[raw["Volume"].isna() | np.isfinite(raw["Volume"])].reset_index(drop=True)
+    table = None
+    if variant == "int64_volume_with_nulls":
+        raw["Volume"] = raw["Volume"].astype("Int64")
+    elif variant == "float32_prices":
+        raw = raw.astype({c: "float32" for c in PRICES})
+    elif variant == "uint32_volume":
+        raw["Volume"] = raw["Volume"].fillna(0).abs().astype("uint32")
+    elif variant == "extra_text_column":
+        raw["Note"] = "x"
+    elif variant == "ticker_column":
+        raw["Ticker"] = "AAPL"
+    elif variant == "named_index":
+        raw.index = pd.RangeIndex(len(raw), name="n")
+    elif variant == "date_index":
+        raw = raw.set_index("Date")
+    elif variant == "no_pandas_metadata":
+        table = pa.Table.from_pandas(raw, preserve_index=False).replace_schema_metadata(None)
+    elif variant == "seconds":
+        raw["Date"] = raw["Date"].astype("datetime64[s]")
+    elif variant == "far_future":
+        raw["Date"] = raw["Date"].astype("datetime64[us]")
+        raw.loc[raw.index[9], "Date"] = pd.Timestamp("2300-01-01").as_unit("us")
+    elif variant == "tz_aware":
+        raw["Date"] = raw["Date"].dt.tz_localize("Asia/Tokyo")
+    elif variant == "nullable_floats":
+        raw = raw.astype({c: "Float64" for c in PRICES})
+    elif variant == "lower_case":
+        raw.columns = [c.lower().replace(" ", "_") for c in raw.columns]
+    elif variant == "both_adj_close_spellings":
+        raw["AdjustedClose"] = raw["Adj Close"]
+    elif variant == "no_volume":
+        raw = raw.drop(columns="Volume")
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    if table is None:
+        raw.to_parquet(folder / "AAPL.parquet")
+    else:
+        pq.write_table(table, folder / "AAPL.parquet")
+    for policy in ("last", "refuse"):
+        same(folder, on_duplicate=policy)
 
 
 def test_validate_bars_on_frames(aapl):

@@ -46,7 +46,7 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
-from alchemetric_ray.bars.columns import _required_columns, _Rows, _to_dates, _to_float
+from alchemetric_ray.bars.columns import _Columns, _required_columns, _Rows, _to_dates, _to_float
 from alchemetric_ray.bars.messages import _LIST_MAX, _dates_text, _day, _more, _row_ref, _rows, _runs_text, _value
 from alchemetric_ray.bars.report import ON_DUPLICATE_DEFAULT, RULES, IngestReport, _check_policy
 from alchemetric_ray.errors import DataError
@@ -58,17 +58,23 @@ ZERO_VOLUME_RUN = 2  # consecutive zero-volume days that are dropped (a single o
 STALE_RUN = 5  # consecutive identical closes that are dropped
 
 
-def validate_bars(raw: pd.DataFrame | _Rows, *, ticker: str, source: str, report: IngestReport,
+def validate_bars(raw: pd.DataFrame | _Rows | _Columns, *, ticker: str, source: str, report: IngestReport,
                   min_history: int = 0, on_duplicate: str = ON_DUPLICATE_DEFAULT) -> pd.DataFrame | None:
     """Turn one ticker's raw table into canonical bars, or None if the ticker is skipped.
 
     ``source`` names the file in messages (row references are file lines for CSV sources).  The
     report is updated only when this returns: a :class:`DataError` leaves it untouched.  ``raw`` may
     also be one ticker's rows of a long table (:class:`~alchemetric_ray.bars.columns._Rows`, from
-    :mod:`~alchemetric_ray.bars.files`): the same as passing those rows as a frame, converted faster.
+    :mod:`~alchemetric_ray.bars.files`): the same as passing those rows as a frame, converted faster;
+    or a Parquet file's columns converted from Arrow (:class:`~alchemetric_ray.bars.columns._Columns`).
     """
     _check_policy(on_duplicate)
-    if isinstance(raw, _Rows):
+    if isinstance(raw, _Columns):
+        cols = raw.cols
+        numeric: list[str] = [c for c in ("open", "high", "low", "close", "adj_close", "volume") if c in cols]
+        table = _Table(source, raw.n, np.arange(raw.n), {c: str(cols[c]) for c in cols}, raw.values, raw.empty,
+                       numeric)
+    elif isinstance(raw, _Rows):
         frame, cols = _required_columns(raw.table.frame, source)
         if frame is raw.table.frame:
             table = _Table.parse_rows(raw, cols, source)

@@ -9,7 +9,9 @@ Speed: numbers already numeric and dates already dates (Parquet, a DataFrame) or
 ``YYYY-MM-DD`` (a CSV, a Parquet ``date32``) are converted with numpy/pyarrow in one vectorized step
 that gives what the general path gives; anything else (text numbers, other date spellings, a date
 out of range, ...) takes the general path, which decides and words every error.  A long table's
-columns are converted once for all its tickers (:class:`_LongTable`); each ticker takes its rows.
+columns are converted once for all its tickers (:class:`_LongTable`); each ticker takes its rows.  A
+per-ticker Parquet file of plain number and timestamp columns is converted straight from Arrow
+(:func:`_arrow_columns`), without a DataFrame in between.
 """
 
 from __future__ import annotations
@@ -49,9 +51,13 @@ def _norm(name) -> str:
 
 
 def _resolve_columns(raw: pd.DataFrame, source: str) -> dict[str, str]:
+    return _resolve_names(raw.columns, source)
+
+
+def _resolve_names(columns, source: str) -> dict[str, str]:
     lookup = {alias: canon for canon, aliases in COLUMN_ALIASES.items() for alias in aliases}
     cols: dict[str, str] = {}
-    for col in raw.columns:
+    for col in columns:
         canon = lookup.get(_norm(col))
         if canon is None:
             continue
@@ -186,17 +192,24 @@ def _plain_dates(s: pd.Series) -> tuple[np.ndarray, np.ndarray] | None:
     """:func:`_to_dates` of a tz-naive datetime64 column or a text/object column of ``YYYY-MM-DD``
     dates (or ``datetime.date`` values), elementwise and vectorized; None where the general path must
     decide (other spellings, other types, a date out of range: it also words the errors)."""
-    if s.dtype.kind == "M":
-        values = s.to_numpy()
-        empty = np.isnat(values)
-        days = values.astype("datetime64[D]")  # numpy rounds toward -inf: normalize()
-    elif _is_text(s):
-        parsed = _iso_days(s)
-        if parsed is None:
-            return None
-        days, empty = parsed
-    else:
+    if isinstance(s.dtype, np.dtype) and s.dtype.kind == "M":
+        return _midnights(s.to_numpy())
+    if not _is_text(s):
         return None
+    parsed = _iso_days(s)
+    if parsed is None:
+        return None
+    days, empty = parsed
+    return _in_range(days, empty)
+
+
+def _midnights(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """tz-naive datetime64 values (any unit) at midnight, as datetime64[ns], and where they are NaT."""
+    empty = np.isnat(values)
+    return _in_range(values.astype("datetime64[D]"), empty)  # numpy rounds toward -inf: normalize()
+
+
+def _in_range(days: np.ndarray, empty: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     present = days[~empty]
     if len(present) and ((present < _FIRST_DAY).any() or (present > _LAST_DAY).any()):
         return None
@@ -270,3 +283,100 @@ class _Rows:
     def frame(self) -> pd.DataFrame:
         """The rows as a frame of their own (what a ticker of a long table was before)."""
         return self.table.frame.iloc[self.rows]
+
+
+@dataclass
+class _Columns:
+    """A per-ticker file's columns converted straight from Arrow (:func:`_arrow_columns`): what
+    :func:`_required_columns`, :func:`_to_float` and :func:`_to_dates` give its DataFrame."""
+
+    n: int
+    cols: dict[str, str]  # canonical -> the file's column
+    values: dict[str, np.ndarray]
+    empty: dict[str, np.ndarray]
+
+
+# pandas' dtype names for a number column in a Parquet file's pandas metadata (numpy_type)
+_NUMBER_TYPES = frozenset({"float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                           "uint64", "Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UInt64",
+                           "Float32", "Float64"})
+
+
+def _pandas_types(table) -> dict[str, str] | None:
+    """Column -> pandas' numpy_type from the table's pandas metadata (empty without it); None where
+    that metadata makes ``to_pandas`` more than a column per field under the field's name with a
+    plain range index (a saved index, renamed columns, non-text column labels)."""
+    import json
+
+    meta = (table.schema.metadata or {}).get(b"pandas")
+    if meta is None:
+        return {}
+    try:
+        info = json.loads(meta)
+        ranges = all(isinstance(ix, dict) and ix.get("kind") == "range" and ix.get("name") is None
+                     for ix in info.get("index_columns", []))
+        plain_labels = all(ci.get("name") is None and ci.get("pandas_type") == "unicode"
+                           for ci in info.get("column_indexes", []))
+        types: dict[str, str] = {}
+        for c in info.get("columns", []):
+            if c.get("name") != c.get("field_name") or not isinstance(c.get("name"), str):
+                return None
+            types[c["name"]] = str(c.get("numpy_type"))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if not (ranges and plain_labels) or set(types) != set(table.schema.names):
+        return None
+    return types
+
+
+def _plain_kinds(table) -> dict[str, str] | None:
+    """Column -> "number" / "date" where every column of the table is a number (an integer or
+    float32/64) or a tz-naive timestamp, named uniquely, that ``to_pandas`` converts as such."""
+    import pyarrow as pa
+
+    names = table.schema.names
+    types = _pandas_types(table)
+    if types is None or len(set(names)) != len(names):
+        return None
+    kinds = {}
+    for col in table.schema:
+        t = col.type
+        if (pa.types.is_integer(t) or t in (pa.float32(), pa.float64())) and \
+                types.get(col.name, "float64") in _NUMBER_TYPES:
+            kinds[col.name] = "number"
+        elif pa.types.is_timestamp(t) and t.tz is None and types.get(col.name, "datetime64").startswith("datetime64"):
+            kinds[col.name] = "date"
+        else:
+            return None
+    return kinds
+
+
+def _arrow_columns(table) -> _Columns | None:
+    """The columns of a per-ticker Parquet table whose every column is a number or a tz-naive
+    timestamp, with no saved pandas index but a plain range and no ticker column: converted as
+    ``to_pandas`` and :func:`_to_float` / :func:`_to_dates` would convert them.  None for any other
+    table (or a date out of range, a missing or ambiguous column): it goes through pandas, as always."""
+    names = table.schema.names
+    kinds = _plain_kinds(table)
+    if kinds is None or any(_norm(name) in TICKER_COLUMNS for name in names):
+        return None
+    try:
+        cols = _resolve_names(names, "")
+    except DataError:
+        return None
+    if any(c not in cols for c in REQUIRED) or kinds[cols["date"]] != "date" or \
+            any(kinds[cols[c]] != "number" for c in cols if c != "date"):
+        return None
+    values: dict[str, np.ndarray] = {}
+    empty: dict[str, np.ndarray] = {}
+    for canon, name in cols.items():
+        column = table.column(name).to_numpy()  # nulls: NaN (numbers, ints as float64), NaT (timestamps)
+        if canon == "date":
+            dates = _midnights(column)
+            if dates is None:
+                return None
+            values[canon], empty[canon] = dates
+        else:
+            values[canon] = np.asarray(column, dtype="float64")
+            empty[canon] = np.isnan(values[canon])
+    return _Columns(table.num_rows, cols, values, empty)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
 
-from alchemetric_ray.bars.columns import _LongTable, _Rows, _ticker_column
+from alchemetric_ray.bars.columns import _arrow_columns, _Columns, _LongTable, _Rows, _ticker_column
 from alchemetric_ray.bars.messages import _row_ref, _rows_text
 from alchemetric_ray.bars.report import IngestReport
 from alchemetric_ray.errors import DataError
@@ -45,11 +46,11 @@ def _folder_files(root: Path, wanted: list[str] | None) -> list[tuple[str, Path]
 
 def _per_ticker_files(files: list[tuple[str, Path]], report: IngestReport):
     for ticker, p in files:
-        raw = _read_file(p)
+        raw = _read_ticker_file(p)
         report.files += 1
-        tcol = _ticker_column(raw)
+        tcol = _ticker_column(raw) if isinstance(raw, pd.DataFrame) else None  # _Columns: none
         if tcol is not None:
-            distinct = raw[tcol].dropna().astype(str).str.strip().unique()
+            distinct = cast(pd.DataFrame, raw)[tcol].dropna().astype(str).str.strip().unique()
             if len(distinct) > 1:
                 raise DataError(f"{p.name}: has a '{tcol}' column with {len(distinct)} tickers; a folder "
                                 "must hold one file per ticker (pass a long table as a single file)")
@@ -118,17 +119,41 @@ def _check_ticker_name(name: str, where: str) -> None:
 
 
 
-def _read_file(p: Path, *, long_table: bool = False) -> pd.DataFrame:
+def _read_ticker_file(p: Path) -> pd.DataFrame | _Columns:
+    """A per-ticker file: :func:`_read_file`, or for a Parquet file of plain number and timestamp
+    columns, its columns converted straight from Arrow (the same values, no DataFrame in between)."""
+    if p.suffix.lower() != ".csv":
+        table = _parquet_table(p)
+        columns = _arrow_columns(table) if table is not None else None
+        if columns is not None:
+            return columns
+        return _read_file(p, table=table)
+    return _read_file(p)
+
+
+def _parquet_table(p: Path):
+    """The Parquet file's table, read directly (faster than read_table's dataset: the same table), or
+    None where that fails (read_table then says why)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        with pq.ParquetFile(p) as fh:
+            # threads cost more than they save on a per-ticker file
+            return fh.read(use_threads=fh.metadata.num_rows >= 100_000)
+    except (pa.ArrowException, OSError, ValueError):
+        return None
+
+
+def _read_file(p: Path, *, long_table: bool = False, table=None) -> pd.DataFrame:
+    """The file as a DataFrame (``table``: its Parquet table, already read)."""
     if p.suffix.lower() == ".csv":
         return _read_csv(p, long_table)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    try:  # one file read directly: faster than read_table's dataset, the same table
-        with pq.ParquetFile(p) as fh:
-            table = fh.read()
-    except (pa.ArrowException, OSError, ValueError):
-        table = None
+    if table is None:
+        table = _parquet_table(p)
     try:
         if table is None:  # read_table says what is wrong with the file, as it always did
             table = pq.read_table(p)
