@@ -7,6 +7,7 @@ the synthetic markets of ``bars/synthetic.py`` (null and planted)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -148,3 +149,27 @@ def test_on_a_planted_effect_the_lightgbm_classifier_finds_it(tmp_path):
     assert row.classification is not None and row.classification["balanced_accuracy"] > 0.5
     (fit,) = result.baseline_fits["lightgbm"]
     assert fit["best_iteration"] >= 1 and fit["val_end"] < result.segment.start
+
+
+def test_new_data_without_the_models_training_rows_holds_out_its_own_last_dates_to_stop_on():
+    """New data that begins after the model's training end: the baselines are fitted on its own rows
+    before the scored window, and LightGBM holds out the last 15 % of those rows' dates to stop on,
+    after the label's reach as embargo; nothing of the scored window is used."""
+    from alchemetric_ray.signals.contenders import contender_frames
+
+    frame, manifest, model = _nonlinear_market(0)
+    # the model was trained, validated and tested on dates before the data's first (2015-01-01)
+    manifest = replace(manifest, splits={**manifest.splits, "train_start": "2013-01-01", "train_end": "2014-06-30",
+                                         "val_start": "2014-07-02", "val_end": "2014-11-28",
+                                         "test_start": "2014-12-02", "test_end": "2014-12-31"})
+    days = np.unique(frame["date"].to_numpy())
+    start, end = str(days[500])[:10], str(days[-1])[:10]  # the window scored: the data's last 100 days
+    contenders = contender_frames(model, frame, manifest, load_config(None, []), segment=(start, end))
+    assert contenders.baselines_note.startswith("the learned baselines were fitted on the data's own rows")
+    assert "lightgbm" in contenders.frames
+    (fit,) = contenders.fits["lightgbm"]
+    early = days[:499]  # before the window, less the label's reach (1 day)
+    held_out = [d for d in early if str(d)[:10] >= fit["val_start"]]
+    assert fit["val_end"] == str(early[-1])[:10] < start
+    assert len(held_out) == round(0.15 * len(early)) and fit["val_rows"] == 40 * len(held_out)
+    assert str(early[-len(held_out) - 2])[:10] == fit["fit_end"]  # one day of embargo before the held-out dates
