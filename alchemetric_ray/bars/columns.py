@@ -217,10 +217,9 @@ def _in_range(days: np.ndarray, empty: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def _iso_days(s: pd.Series) -> tuple[np.ndarray, np.ndarray] | None:
-    """Days of a text column whose every cell is a ``YYYY-MM-DD`` date exactly as written (checked by
-    writing the parsed dates back), or of ``datetime.date`` objects; None otherwise."""
+    """Days of a text column whose every cell is a valid ``YYYY-MM-DD`` date exactly as written (ten
+    ASCII bytes), or of ``datetime.date`` objects; None otherwise."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     empty = s.isna().to_numpy()
     try:
@@ -231,19 +230,46 @@ def _iso_days(s: pd.Series) -> tuple[np.ndarray, np.ndarray] | None:
                 arr.is_null().to_numpy(zero_copy_only=False), empty)):
             return None
         if pa.types.is_date32(arr.type):  # datetime.date objects (a Parquet date32 column)
-            days = arr.to_numpy(zero_copy_only=False).astype("datetime64[D]")
-            return days, empty
+            return arr.to_numpy(zero_copy_only=False).astype("datetime64[D]"), empty
         if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
             return None
-        parsed = pc.strptime(arr, format="%Y-%m-%d", unit="s", error_is_null=True)
-        if parsed.null_count != arr.null_count:
-            return None
-        same = pc.equal(pc.strftime(parsed, format="%Y-%m-%d"), arr.cast(pa.string()))
-        if not pc.all(same, skip_nulls=True).as_py():  # strptime is lenient ("2012-02-30", " 2012-9-4")
-            return None
+        present = _ymd_days(arr.filter(arr.is_valid()) if arr.null_count else arr)
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         return None
-    return parsed.to_numpy(zero_copy_only=False).astype("datetime64[D]"), empty
+    if present is None:
+        return None
+    days = np.full(len(empty), np.datetime64("NaT"), dtype="datetime64[D]")
+    days[~empty] = present
+    return days, empty
+
+
+_DIGITS = np.array([0, 1, 2, 3, 5, 6, 8, 9])  # byte positions of YYYY-MM-DD's digits
+
+
+def _ymd_days(arr) -> np.ndarray | None:
+    """The dates of an Arrow string array without nulls whose every value is a valid YYYY-MM-DD."""
+    import pyarrow as pa
+
+    k = len(arr)
+    width = 8 if pa.types.is_large_string(arr.type) else 4
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64 if width == 8 else np.int32, count=k + 1,
+                            offset=arr.offset * width)
+    if k == 0 or not (np.diff(offsets) == 10).all():
+        return None
+    text = np.frombuffer(arr.buffers()[2], dtype=np.uint8, count=10 * k, offset=int(offsets[0])).reshape(k, 10)
+    digits = text[:, _DIGITS].astype(np.int64) - ord("0")
+    if not ((digits >= 0) & (digits <= 9)).all() or not ((text[:, 4] == ord("-")) & (text[:, 7] == ord("-"))).all():
+        return None
+    year = digits[:, 0] * 1000 + digits[:, 1] * 100 + digits[:, 2] * 10 + digits[:, 3]
+    month = digits[:, 4] * 10 + digits[:, 5]
+    day = digits[:, 6] * 10 + digits[:, 7]
+    if not ((month >= 1) & (month <= 12) & (day >= 1)).all():
+        return None
+    months = ((year - 1970) * 12 + month - 1).astype("datetime64[M]")
+    days = months.astype("datetime64[D]") + (day - 1).astype("timedelta64[D]")
+    if not (days.astype("datetime64[M]") == months).all():  # past the month's last day (2013-02-29)
+        return None
+    return days
 
 
 @dataclass
