@@ -234,7 +234,7 @@ def _iso_days(s: pd.Series) -> tuple[np.ndarray, np.ndarray] | None:
         if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
             return None
         present = _ymd_days(arr.filter(arr.is_valid()) if arr.null_count else arr)
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+    except Exception:  # not plain dates: the general path decides (and words any error)
         return None
     if present is None:
         return None
@@ -284,17 +284,23 @@ class _LongTable:
         """:func:`_numeric_float` of the whole column (None: each ticker's rows go the general way)."""
         if col not in self._floats:
             s = self.frame[col]
-            self._floats[col] = _numeric_float(s) if isinstance(s, pd.Series) else None
+            try:
+                self._floats[col] = _numeric_float(s) if isinstance(s, pd.Series) else None
+            except Exception:  # each ticker's rows raise it as they always did
+                self._floats[col] = None
         return self._floats[col]
 
     def dates(self, col) -> tuple[np.ndarray, np.ndarray] | None:
         if col not in self._dates:
             s = self.frame[col]
             got = None
-            if isinstance(s, pd.Series):
-                if isinstance(s.dtype, pd.DatetimeTZDtype):
-                    s = s.dt.tz_localize(None)
-                got = _plain_dates(s)
+            try:
+                if isinstance(s, pd.Series):
+                    if isinstance(s.dtype, pd.DatetimeTZDtype):
+                        s = s.dt.tz_localize(None)
+                    got = _plain_dates(s)
+            except Exception:  # each ticker's rows raise it as they always did
+                got = None
             self._dates[col] = got
         return self._dates[col]
 
