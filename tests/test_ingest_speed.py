@@ -398,13 +398,12 @@ def test_duplicates_with_every_policy(aapl):
 
 
 # --------------------------------------------------------------------------------------------
-# Before / after, printed (python tests/test_ingest_speed.py [folder of per-ticker Parquet files])
+# Before / after, printed (python tests/test_ingest_speed.py [folder of per-ticker files ...])
 # --------------------------------------------------------------------------------------------
 
 def main(argv: list[str]) -> None:
-    inputs = [("packaged stocknet (one long Parquet table)", prices_path())]
-    if argv:
-        inputs.insert(0, (f"{argv[0]} (per-ticker files)", Path(argv[0])))
+    inputs = [(f"{folder} (per-ticker files)", Path(folder)) for folder in argv]
+    inputs.append(("packaged stocknet (one long Parquet table)", prices_path()))
     for name, path in inputs:
         best = {"before": float("inf"), "after": float("inf")}
         for _ in range(3):

@@ -261,8 +261,11 @@ class _Table:
         dropped, more than the limit is an error (a broken file, not a few bad ticks)."""
         limit = max(DROP_LIMIT_ROWS, int(DROP_LIMIT_FRACTION * self.n))
         prices = self.prices
-        price = np.column_stack([self.values[c][kept] for c in prices])
         volume = self.values["volume"][kept]
+        price = np.column_stack([self.values[c][kept] for c in prices])
+        with np.errstate(invalid="ignore"):
+            if np.all((price > 0) & (price < np.inf)) and np.all((volume >= 0) & (volume < np.inf)):
+                return kept  # no row for any of these rules (NaN fails both tests)
         finite_price, finite_volume = np.isfinite(price), np.isfinite(volume)
         with np.errstate(invalid="ignore"):
             bad_rules = (
@@ -332,14 +335,15 @@ class _Table:
 
     def bars(self, kept: np.ndarray, *, adjusted: bool) -> pd.DataFrame:
         """The canonical bars; with an Adj Close, Open/High/Low/Close scaled by Adj Close / Close."""
-        cols = {k: self.values[k][kept] for k in ("open", "high", "low", "close", "volume")}
+        block = np.empty((len(_BAR_NUMBERS), len(kept)))  # one row per column, as the frame holds them
+        for i, k in enumerate(_BAR_NUMBERS):
+            np.take(self.values[k], kept, out=block[i])
         if adjusted:
             adj = self.values["adj_close"][kept]
-            factor = adj / cols["close"]
-            for k in ("open", "high", "low"):
-                cols[k] = cols[k] * factor
-            cols["close"] = adj
-        return pd.DataFrame({"date": self.dates[kept], **cols}, copy=False)  # fresh arrays: nothing to copy
+            factor = adj / block[3]
+            block[:3] *= factor  # open, high, low
+            block[3] = adj
+        return _bars_frame(self.dates[kept], block)
 
     def skip_reason(self, kept: int, min_history: int) -> str | None:
         if kept > 0 and kept >= min_history:
@@ -348,6 +352,25 @@ class _Table:
         return (f"{kept} rows of clean history"
                 + (f" < min_history {min_history}" if min_history else "")
                 + (f" ({self.n} read; dropped {lost})" if lost else f" ({self.n} read)"))
+
+
+_BAR_NUMBERS = ("open", "high", "low", "close", "volume")
+_BAR_COLUMNS = pd.Index(["date", *_BAR_NUMBERS])
+
+
+try:
+    from pandas.api.internals import create_dataframe_from_blocks as _from_blocks
+except ImportError:  # pandas < 3
+    _from_blocks = None
+
+
+def _bars_frame(dates: np.ndarray, block: np.ndarray) -> pd.DataFrame:
+    """The bars frame of a date column and the (5, n) block of the number columns, without copying
+    them (pandas' create_dataframe_from_blocks where it has it: a third of the dict constructor's time)."""
+    if _from_blocks is None:
+        return pd.DataFrame({"date": dates, **dict(zip(_BAR_NUMBERS, block))}, copy=False)
+    return _from_blocks([(block, np.arange(1, 1 + len(_BAR_NUMBERS))), (dates[None, :], np.array([0]))],
+                        index=pd.RangeIndex(len(dates)), columns=_BAR_COLUMNS.copy())
 
 
 def _shared(values: np.ndarray) -> np.ndarray:
