@@ -257,6 +257,24 @@ def test_a_long_table_failing_at_its_second_ticker(stocknet_dir, tmp_path):
         assert [t for t, _, _ in bars] == ["AAPL"] and error and "MSFT" in error and report.tickers == 1
 
 
+def test_a_long_table_with_odd_layouts(tmp_path):
+    """Long Parquet tables whose rows take the general path: a range index named Date instead of a
+    date column (each ticker's rows then become a frame of their own), dates with times, a column
+    that is text in one ticker only, and Volume as nullable integers."""
+    table = raw_table(["AAPL", "MSFT", "SPLP"])
+    no_date = table.drop(columns="Date")
+    no_date.index = pd.RangeIndex(len(no_date), name="Date")
+    no_date.to_parquet(tmp_path / "named.parquet")
+    same(tmp_path / "named.parquet")
+    timed = table.assign(Date=pd.to_datetime(table["Date"]) + pd.Timedelta(hours=16))
+    timed.astype({"Date": str}).to_parquet(tmp_path / "timed.parquet")
+    same(tmp_path / "timed.parquet")
+    mixed = table.astype({"High": object})
+    mixed.loc[mixed.index[mixed["ticker"] == "SPLP"][:3], "High"] = "inf"
+    mixed.astype({"High": str}).to_parquet(tmp_path / "mixed.parquet")
+    same(tmp_path / "mixed.parquet")
+
+
 @pytest.mark.parametrize("dates", [
     "text", "slashes", "mixed", "datetimes", "numbers", "bad_numbers", "timestamps", "microseconds",
     "time_zone", "date_objects", "index", "out_of_range", "invalid_day", "spaces", "pre_1970_times",
