@@ -150,6 +150,103 @@ class Panel:
             out[exact] = _ema_exact(x[exact], self.tid[exact], self.pos[exact], a, min_periods)
         return out
 
+    # ---- windowed primitives (the Alpha158 set) ----------------------------------------------
+    def rolling_sum(self, x: np.ndarray, w: int) -> np.ndarray:
+        """The sum of the last ``w`` bars, defined where all ``w`` are finite (a lag at a time: a window
+        of zeros sums to exactly 0)."""
+        if self.n == 0:
+            return np.empty(0)
+        x = np.where(np.isfinite(x), x, np.nan)
+        pad = np.concatenate([np.full(w - 1, np.nan), x])
+        total = x.copy()
+        for k in range(w - 1):
+            total += pad[k: k + self.n]
+        total[self.pos < w - 1] = np.nan
+        return total
+
+    def windows(self, xs: list[np.ndarray], w: int, reduce: Callable[..., np.ndarray],
+                width: int = 1) -> np.ndarray:
+        """``reduce(*blocks)`` over every row's window of the last ``w`` bars of each of ``xs``: a block
+        is a (rows, w) view, oldest bar first, the row's own bar last; ``reduce`` gives (rows,) or
+        (rows, width).  NaN where the window starts before the ticker's first bar or holds a value
+        that is not finite.  The windows are taken from one strided view of the whole column (no
+        n x w copy) and reduced in blocks of about 2M values, which bounds the temporaries."""
+        out = np.full((self.n, width), np.nan)
+        if self.n < w:
+            return out[:, 0] if width == 1 else out
+        cols = [np.where(np.isfinite(x), x, np.nan) for x in xs]
+        views = [np.lib.stride_tricks.sliding_window_view(x, w) for x in cols]  # views[.][i] = x[i: i + w]
+        step = max(1, (1 << 21) // w)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for a in range(0, self.n - w + 1, step):
+                got = reduce(*[v[a: a + step] for v in views])
+                out[a + w - 1: a + w - 1 + len(got)] = got.reshape(len(got), width)
+        missing = np.zeros(self.n + 1, dtype=np.int64)
+        for x in cols:
+            missing[1:] += np.cumsum(np.isnan(x))
+        holes = np.zeros(self.n, dtype=bool)  # a value inside the window is missing
+        holes[w - 1:] = missing[w:] > missing[: self.n - w + 1]
+        out[holes | (self.pos < w - 1)] = np.nan
+        return out[:, 0] if width == 1 else out
+
+    def rolling_max(self, x: np.ndarray, w: int) -> np.ndarray:
+        return self.windows([x], w, lambda b: b.max(axis=1))
+
+    def rolling_min(self, x: np.ndarray, w: int) -> np.ndarray:
+        return self.windows([x], w, lambda b: b.min(axis=1))
+
+    def rolling_argmax(self, x: np.ndarray, w: int) -> np.ndarray:
+        """Where in the window its maximum is: 1 = the oldest bar .. ``w`` = the current one (the first on a tie)."""
+        return self.windows([x], w, lambda b: b.argmax(axis=1) + 1.0)
+
+    def rolling_argmin(self, x: np.ndarray, w: int) -> np.ndarray:
+        """Where in the window its minimum is: 1 = the oldest bar .. ``w`` = the current one (the first on a tie)."""
+        return self.windows([x], w, lambda b: b.argmin(axis=1) + 1.0)
+
+    def rolling_quantile(self, x: np.ndarray, w: int, qs: list[float]) -> np.ndarray:
+        """The ``qs`` quantiles of the window (linear interpolation, as pandas' rolling quantile): (n, len(qs))."""
+        return self.windows([x], w, lambda b: np.quantile(b, qs, axis=1).T, width=len(qs)).reshape(self.n, len(qs))
+
+    def rolling_rank(self, x: np.ndarray, w: int) -> np.ndarray:
+        """The current value's rank in its window over ``w`` (ties: the average rank), in (0, 1]: pandas'
+        ``rolling(w).rank(pct=True)``."""
+        def rank(b: np.ndarray) -> np.ndarray:
+            last = b[:, -1:]
+            return ((b < last).sum(axis=1) + ((b == last).sum(axis=1) + 1) / 2) / w
+
+        return self.windows([x], w, rank)
+
+    def rolling_corr(self, x: np.ndarray, y: np.ndarray, w: int, flat: float = 0.0) -> np.ndarray:
+        """Pearson correlation of x and y over the window; ``flat`` where either is constant in it."""
+        def corr(bx: np.ndarray, by: np.ndarray) -> np.ndarray:
+            cx, cy = bx - bx.mean(axis=1, keepdims=True), by - by.mean(axis=1, keepdims=True)
+            r = (cx * cy).sum(axis=1) / np.sqrt((cx * cx).sum(axis=1) * (cy * cy).sum(axis=1))
+            constant = (bx.max(axis=1) == bx.min(axis=1)) | (by.max(axis=1) == by.min(axis=1))
+            return np.where(constant, flat, np.clip(r, -1.0, 1.0))
+
+        return self.windows([x, y], w, corr)
+
+    def rolling_trend(self, x: np.ndarray, w: int, flat_rsquare: float = 0.0) -> np.ndarray:
+        """The least-squares line of the window's values against time (1 .. ``w``): (n, 3) of its slope,
+        its R^2 (``flat_rsquare`` for a constant window) and the residual of the current bar (its value
+        minus the line's).  A constant window: slope 0, residual 0."""
+        t = np.arange(1, w + 1, dtype=np.float64)
+        tc = t - t.mean()
+        stt = float(tc @ tc)
+
+        def trend(b: np.ndarray) -> np.ndarray:
+            mean = b.mean(axis=1)
+            slope = (b @ tc) / stt
+            dev = b - mean[:, None]
+            syy = (dev * dev).sum(axis=1)
+            constant = b.max(axis=1) == b.min(axis=1)
+            slope[constant] = 0.0
+            rsq = np.where(constant, flat_rsquare, np.clip(slope * slope * stt / syy, 0.0, 1.0))
+            resid = np.where(constant, 0.0, b[:, -1] - (mean + slope * tc[-1]))
+            return np.column_stack([slope, rsq, resid])
+
+        return self.windows([x], w, trend, width=3)
+
 
 def stack(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """The frames one below the other (one concatenation: cheaper than gathering their columns one by one)."""
