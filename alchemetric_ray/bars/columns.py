@@ -272,7 +272,7 @@ def _ymd_days(arr) -> np.ndarray | None:
     return days
 
 
-@dataclass
+@dataclass(eq=False)  # holds arrays: compared by identity
 class _LongTable:
     """A long table's frame whose columns are converted once, for all the tickers it holds."""
 
@@ -305,7 +305,7 @@ class _LongTable:
         return self._dates[col]
 
 
-@dataclass
+@dataclass(eq=False)  # holds arrays: compared by identity
 class _Rows:
     """One ticker's rows of a long table: positions (in file order) into :class:`_LongTable`'s frame."""
 
@@ -317,7 +317,7 @@ class _Rows:
         return self.table.frame.iloc[self.rows]
 
 
-@dataclass
+@dataclass(eq=False)  # holds arrays: compared by identity
 class _Columns:
     """A per-ticker file's columns converted straight from Arrow (:func:`_arrow_columns`): what
     :func:`_required_columns`, :func:`_to_float` and :func:`_to_dates` give its DataFrame."""
