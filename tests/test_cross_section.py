@@ -5,10 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from alchemetric_ray.data.cross_section import Op, apply_cross_section, demean_by_date, rank_by_date, zscore_by_date
+from alchemetric_ray.data.cross_section import (
+    STAGED_SUFFIX,
+    Op,
+    apply_cross_section,
+    demean_by_date,
+    rank_by_date,
+    read_staged,
+    write_staged,
+    zscore_by_date,
+)
 from alchemetric_ray.errors import CrossSectionError
 
 
@@ -59,8 +67,8 @@ def test_no_look_ahead_a_date_depends_on_its_own_rows_only():
 def _write_tickers(frame, folder):
     files = []
     for ticker, part in frame.groupby("ticker"):
-        path = folder / f"{ticker}.parquet"
-        pq.write_table(pa.Table.from_pandas(part.reset_index(drop=True), preserve_index=False), path)
+        path = folder / f"{ticker}{STAGED_SUFFIX}"  # staged as the build stages: Arrow IPC
+        write_staged(pa.Table.from_pandas(part.reset_index(drop=True), preserve_index=False), path)
         files.append(path)
     return files
 
@@ -75,7 +83,7 @@ def test_apply_over_ticker_files_drops_thin_dates_and_matches_the_in_memory_answ
                                          Op("label", "fwd_ret", "rank")], min_names=5, what="test data")
     assert report.dates_dropped == 2 and report.dates_kept == 18
     assert report.rows_dropped == frame["date"].isin(thin).sum() > 0
-    out = pd.concat([pd.read_parquet(f) for f in files]).sort_values(["date", "ticker"]).reset_index(drop=True)
+    out = pd.concat([read_staged(f).to_pandas() for f in files]).sort_values(["date", "ticker"]).reset_index(drop=True)
     assert not out["date"].isin(thin).any()
     kept = frame[~frame["date"].isin(thin)].sort_values(["date", "ticker"]).reset_index(drop=True)
     by_date = kept.groupby("date")
@@ -99,7 +107,7 @@ def test_unknown_values_stay_unknown_and_do_not_count(tmp_path):
     frame.loc[frame.index[0], "fwd_ret"] = np.nan
     files = _write_tickers(frame, tmp_path)
     apply_cross_section(files, [Op("label", "fwd_ret", "rank")], min_names=3, what="d")
-    out = pd.concat([pd.read_parquet(f) for f in files])
+    out = pd.concat([read_staged(f).to_pandas() for f in files])
     assert out.loc[out["date"] == frame["date"].max(), "label"].isna().all()
     first = out[out["date"] == frame["date"].min()]
     assert first["label"].isna().sum() == 1 and first["label"].min() == -0.5 and first["label"].max() == 0.5

@@ -391,20 +391,27 @@ def _after_last_row(last_rows: dict[str, np.datetime64], tickers) -> dict[str, n
 def _cross_section(rows: pd.DataFrame, names: list[str], spec, cfg, what: str) -> tuple[pd.DataFrame, dict]:
     """The per-date pass of the build over ``rows`` (whole dates): the same transforms, the same drop of
     dates with fewer than ``features.min_cross_section`` stocks."""
-    from alchemetric_ray.data.cross_section import apply_cross_section, plan_ops
+    from alchemetric_ray.data.cross_section import (
+        STAGED_SUFFIX,
+        apply_cross_section,
+        plan_ops,
+        read_staged,
+        write_staged,
+    )
 
     ops = plan_ops(names, spec, cfg.features.cs_normalize)
     if not ops or rows.empty:
         return rows, {}
     with tempfile.TemporaryDirectory(prefix="alchemetric-append-") as tmp:
-        files = [Path(tmp) / "rows.parquet"]  # one staged file, rows by ticker then date
-        rows.sort_values(["ticker", "date"], kind="stable").to_parquet(files[0], index=False)
+        files = [Path(tmp) / f"rows{STAGED_SUFFIX}"]  # one staged file (as the build's), rows by ticker then date
+        write_staged(pa.Table.from_pandas(rows.sort_values(["ticker", "date"], kind="stable"), preserve_index=False),
+                     files[0])
         try:
             report = apply_cross_section(files, ops, min_names=cfg.features.min_cross_section, what=what)
         except CrossSectionError:  # no new date has enough stocks: all dropped, as a build drops them
             return rows.iloc[:0], {"dates_kept": 0, "dates_dropped": int(rows["date"].nunique()),
                                    "rows_dropped": len(rows), "max_names": int(rows.groupby("date").size().max())}
-        done = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+        done = pd.concat([read_staged(f).to_pandas() for f in files], ignore_index=True)
     return done, report.as_dict()
 
 

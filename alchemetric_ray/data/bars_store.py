@@ -35,8 +35,14 @@ def bars_table(frames: list[tuple[str, pd.DataFrame]]) -> pa.Table:
 
 def write_part(folder: Path, index: int, frames: list[tuple[str, pd.DataFrame]]) -> str:
     """Write one group's bars under ``folder/bars``; the file's name relative to ``folder``."""
+    return write_table_part(folder, index, bars_table(frames))
+
+
+def write_table_part(folder: Path, index: int, table: pa.Table) -> str:
+    """:func:`write_part` for a group's bars already in one table (:func:`bars_table`'s: a Ray task's)."""
     target = folder / BARS_DIR
     target.mkdir(parents=True, exist_ok=True)
     name = f"part-{index:05d}.parquet"
-    pq.write_table(bars_table(frames), target / name)
+    # dictionary encoding for the ticker only: the prices' dictionaries cost time and gain nothing
+    pq.write_table(table, target / name, use_dictionary=["ticker"])
     return f"{BARS_DIR}/{name}"

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data import features as feat
+from alchemetric_ray.data.cross_section import read_staged
 from alchemetric_ray.data.labels import LabelSpec
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
@@ -160,13 +161,22 @@ def feature_table(ticker: str, frame: pd.DataFrame, names: list[str], spec: Labe
 def _fit_normalizer(staging: Path, names: list[str], plan: SplitPlan, cfg: RunConfig) -> Normalizer:
     fit = NormalizerFit(cfg.features.normalization, names, seed=cfg.data.seed)
     for path in staged_files(staging):
-        table = pd.read_parquet(path)
-        split = plan.assign(table["date"].to_numpy(), table["label_end"].to_numpy())
-        fit.add(table.loc[split == 0, names].to_numpy())
+        table = read_staged(path, columns=["date", "label_end", *names])
+        split = plan.assign(table.column("date").to_numpy(), table.column("label_end").to_numpy())
+        train = np.flatnonzero(split == 0)
+        fit.add(_matrix(table, names)[train])
     try:
         return fit.finish()
     except ValueError:
         raise ShardError(f"the train split ({plan.train_start}..{plan.train_end}) has no rows") from None
+
+
+def _matrix(table: pa.Table, names: list[str]) -> np.ndarray:
+    """The feature columns as one (rows, features) array, as ``DataFrame[names].to_numpy()`` gave it."""
+    if not names:
+        return np.empty((table.num_rows, 0))
+    columns = [table.column(n).to_numpy() for n in names]
+    return np.column_stack(columns).astype(np.result_type(*columns), copy=False)
 
 
 class _RollingWriter:
@@ -205,7 +215,9 @@ class _RollingWriter:
         if not rows:
             return
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.folder / f"part-{self.part:05d}.parquet", self.schema)
+            # dictionary encoding for the ticker only: the float columns' dictionaries cost time and gain nothing
+            self.writer = pq.ParquetWriter(self.folder / f"part-{self.part:05d}.parquet", self.schema,
+                                           use_dictionary=["ticker"])
         pending = pa.concat_tables(self.pending)
         self.writer.write_table(pending.slice(0, rows).combine_chunks(), row_group_size=ROWS_PER_ROW_GROUP)
         self.rows_in_part += rows
@@ -234,20 +246,21 @@ def _write_shards(staging: Path, tmp: Path, names: list[str], plan: SplitPlan, n
     rows = {s: 0 for s in SPLITS}
     classes = {s: [0] * n_classes for s in SPLITS}
     for path in staged_files(staging):
-        table = pd.read_parquet(path)
-        split = plan.assign(table["date"].to_numpy(), table["label_end"].to_numpy())
-        normed = normalizer.apply(table[names].to_numpy())
-        tickers = table["ticker"].to_numpy()
+        table = read_staged(path)
+        dates, ends = table.column("date").to_numpy(), table.column("label_end").to_numpy()
+        split = plan.assign(dates, ends)
+        normed = normalizer.apply(_matrix(table, names))
+        tickers = table.column("ticker").to_numpy()
+        label_all = table.column("label").to_numpy().astype(np.float32 if spec.regression else np.int64)
+        fwd_all = table.column("fwd_ret").to_numpy().astype(np.float32)
         for idx, name in enumerate(SPLITS):
             mask = split == idx
             if not mask.any():
                 continue
-            part = table.loc[mask]
-            cols = {"date": part["date"].to_numpy(), "ticker": tickers[mask]}
+            cols = {"date": dates[mask], "ticker": tickers[mask]}
             cols.update({n: normed[mask, j] for j, n in enumerate(names)})
-            labels = part["label"].to_numpy().astype(np.float32 if spec.regression else np.int64)
-            cols.update({"label": labels, "fwd_ret": part["fwd_ret"].to_numpy().astype(np.float32),
-                         "label_end": part["label_end"].to_numpy()})
+            labels = label_all[mask]
+            cols.update({"label": labels, "fwd_ret": fwd_all[mask], "label_end": ends[mask]})
             whole = pa.Table.from_pydict(cols, schema=schema)
             for lo, hi in _ticker_runs(cols["ticker"]):  # the writer takes a ticker at a time
                 writers[name].write(whole.slice(lo, hi - lo))

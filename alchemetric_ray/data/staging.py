@@ -4,7 +4,7 @@
 on.  The driver reads the source's ``(ticker, frame)`` pairs one at a time and forms groups of
 tickers of about ``features.group_rows`` bars; each group is computed by
 :func:`alchemetric_ray.data.panel.compute_group` and written to the staging folder as
-``part-NNNNN.parquet`` in group order (rows ordered by ticker, then date).  Where the build runs:
+``part-NNNNN.arrow`` in group order (rows ordered by ticker, then date).  Where the build runs:
 
 * as Ray tasks (``num_cpus=1``) in the Ray this process runs in: one already up (a notebook's
   ``ray.init()``, a session's), or the cluster ``RAY_ADDRESS`` names (``ray job submit``) when the input
@@ -40,16 +40,17 @@ from typing import Any, Callable, Iterable, Iterator, cast
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data import features as feat
 from alchemetric_ray.data.bars_store import bars_table, write_part
 from alchemetric_ray.data.cross_section import (
+    STAGED_SUFFIX,
     apply_cross_section,
     date_buckets,
     plan_ops,
     transform_column,
+    write_staged,
 )
 from alchemetric_ray.data.labels import LabelSpec
 from alchemetric_ray.data.panel import GroupResult, compute_group
@@ -108,7 +109,7 @@ class _Progress:
 @dataclass
 class StagedFeatures:
     """Pass 1 and the per-date pass of ``build_shards``, which no split depends on: every ticker's
-    features and labels in ``folder`` (``part-NNNNN.parquet``, one per group of tickers, in ticker
+    features and labels in ``folder`` (``part-NNNNN.arrow``, one per group of tickers, in ticker
     order), before any split plan or normalization.  A walk-forward stages them once and builds each
     refit's shards from them."""
 
@@ -394,7 +395,7 @@ def _finished(pending: dict, runner: _Runner, wait_for: int) -> Iterator[tuple[i
 
 
 def _pass_features(bars, staging: Path, progress: Callable, runner: _Runner, keep_bars: Path | None = None) -> dict:
-    """Every group's labelled rows to ``staging/part-NNNNN.parquet``; the calendar, the input hash and
+    """Every group's labelled rows to ``staging/part-NNNNN.arrow``; the calendar, the input hash and
     what was kept, skipped and dropped."""
     clock = time.monotonic()
     total = len(bars) if hasattr(bars, "__len__") else None
@@ -403,7 +404,7 @@ def _pass_features(bars, staging: Path, progress: Callable, runner: _Runner, kee
     done = rows = 0
     for index, result in _computed(_groups(bars, runner.group_rows), runner, keep_bars):
         if result.table.num_rows:
-            pq.write_table(result.table, staging / f"part-{index:05d}.parquet")
+            write_staged(result.table, staging / f"part-{index:05d}{STAGED_SUFFIX}")
             dates = result.table.column("date").to_numpy().astype("datetime64[D]")
             calendar = np.union1d(calendar, np.unique(dates))
         result.table = pa.table({})  # written: only the group's record is kept
@@ -455,4 +456,4 @@ def _pass_cross_section(staging: Path, stats: dict, source: str | None, runner: 
 
 def staged_files(staging: Path) -> list[Path]:
     """The staged parts, in name (= group = ticker) order."""
-    return sorted(staging.glob("*.parquet"))
+    return sorted(staging.glob(f"*{STAGED_SUFFIX}"))
