@@ -161,7 +161,7 @@ def one_size(rows: int, result_path: Path, model: str, batch: int) -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         probe = load_config(None, [])
-        per_ticker = DAYS - warmup_bars(resolve_feature_names(probe.features.names)) - 10
+        per_ticker = DAYS - warmup_bars(resolve_feature_names(probe.features.names, probe.features.set)) - 10
         tickers = max(1, math.ceil(rows / per_ticker))
         cfg = load_config(None, ["data.source=synthetic", f"data.synthetic_tickers={tickers}",
                                  f"data.synthetic_days={DAYS}", f"model.name={model}", f"train.batch_size={batch}",

@@ -57,7 +57,7 @@ class RunShape:
         if manifest is not None:
             n_features, outputs = len(manifest.features), manifest.outputs
         else:
-            n_features = len(resolve_feature_names(cfg.features.names))
+            n_features = len(resolve_feature_names(cfg.features.names, cfg.features.set))
             outputs = len(LabelSpec.from_config(cfg.features).classes) or 1  # as Manifest.outputs counts them
         return cls(cfg.model, n_features, outputs, cfg.features.window, loss_of(cfg), cfg.train.batch_size)
 

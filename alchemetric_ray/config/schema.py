@@ -81,6 +81,16 @@ class FeaturesConfig:
     names: list[str] | None = setting(
         None, "The features to compute (names from the feature registry, e.g. `ret_1`, `rsi_14`); null = the "
               "default set of 16 return, volatility, momentum, volume and range features.")
+    set: Literal["basic", "alpha158", "alpha360"] = setting(
+        "basic", "The feature set: `basic` = the 16 default features (returns, volatility, momentum, volume, "
+                 "range); `alpha158` = the 158 features of the Alpha158 families Qlib publishes (k-line shape, the "
+                 "bar's prices over its close, and 29 rolling measures over 5/10/20/30/60 bars), warm-up 60 bars; "
+                 "`alpha360` = the last 60 bars of open, high, low, close, VWAP proxy ((high + low + close) / 3) and "
+                 "volume, each over the current close (volume: over the current volume), 360 columns for sequence "
+                 "models, warm-up 59 bars. Every formula: docs/pipeline.md (Feature sets). With `features.names` "
+                 "null the whole set is built; `features.names` given selects from the set's own features (for "
+                 "`basic`, from every basic feature), and a name of another set is refused. A build setting: the "
+                 "shards' manifest records it.")
     horizon: int = setting(
         1, "Label horizon in bars: the label of bar t is the return from the open of t+1 to the open of t+1+horizon.",
         check=at_least(1))

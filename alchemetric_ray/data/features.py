@@ -305,14 +305,19 @@ class Feature:
     warmup: int  # bars before the first defined value
     description: str
     cross_sectional: bool = False  # minus the date's mean over the stocks (the per-date pass)
+    family: str = "basic"  # the feature set it belongs to (features.set)
 
 
-FEATURES: dict[str, Feature] = {}
+REGISTRY: dict[str, Feature] = {}  # every feature, of every set
+FEATURES: dict[str, Feature] = {}  # the `basic` set's registry (tests/reference_features.py mirrors it)
 
 
-def feature(name: str, warmup: int, description: str, *, cross_sectional: bool = False):
+def feature(name: str, warmup: int, description: str, *, cross_sectional: bool = False, family: str = "basic"):
     def register(fn: Callable[[Panel], np.ndarray]):
-        FEATURES[name] = Feature(name, fn, warmup, description, cross_sectional)
+        spec = Feature(name, fn, warmup, description, cross_sectional, family)
+        REGISTRY[name] = spec
+        if family == "basic":
+            FEATURES[name] = spec
         return fn
 
     return register
@@ -418,13 +423,263 @@ DEFAULT_FEATURES: tuple[str, ...] = (
 )
 
 
-def resolve_feature_names(names: list[str] | None) -> list[str]:
-    names = list(DEFAULT_FEATURES) if not names else list(names)
+# ---- the research sets: Alpha158 and Alpha360 (docs/pipeline.md, "Feature sets", has every formula) --------
+# The families Qlib publishes as Alpha158 / Alpha360, written here from their published definitions.
+# The bars have no VWAP: its proxy is the typical price (high + low + close) / 3.  A ratio whose
+# denominator is zero (a bar with high = low, a flat window, a zero volume) takes the neutral value
+# named in its line instead of Qlib's "+ 1e-12"; prices are positive, so a division by the close or the
+# open is plain (a zero price gives inf, which feature_matrix drops and counts).
+ALPHA_WINDOWS = (5, 10, 20, 30, 60)
+ALPHA360_BARS = 60
+
+
+def vwap_proxy(p: Panel) -> np.ndarray:
+    return p.cached("vwap_proxy", lambda: (p.high + p.low + p.close) / 3)
+
+
+def _a158(name: str, warmup: int, description: str):
+    return feature(f"alpha158_{name}", warmup, description, family="alpha158")
+
+
+def _by_close(p: Panel, x: np.ndarray) -> np.ndarray:
+    return x / p.close
+
+
+def _body_top(p: Panel) -> np.ndarray:
+    return p.cached("body_top", lambda: np.maximum(p.open, p.close))
+
+
+def _body_bottom(p: Panel) -> np.ndarray:
+    return p.cached("body_bottom", lambda: np.minimum(p.open, p.close))
+
+
+def _range(p: Panel) -> np.ndarray:
+    return p.cached("bar_range", lambda: p.high - p.low)
+
+
+# k-line shape of the current bar
+_a158("kmid", 0, "(close - open) / open")(lambda p: (p.close - p.open) / p.open)
+_a158("klen", 0, "(high - low) / open")(lambda p: _range(p) / p.open)
+_a158("kmid2", 0, "(close - open) / (high - low); 0 when high = low")(
+    lambda p: safe_ratio(p.close - p.open, _range(p), 0.0))
+_a158("kup", 0, "(high - max(open, close)) / open")(lambda p: (p.high - _body_top(p)) / p.open)
+_a158("kup2", 0, "(high - max(open, close)) / (high - low); 0 when high = low")(
+    lambda p: safe_ratio(p.high - _body_top(p), _range(p), 0.0))
+_a158("klow", 0, "(min(open, close) - low) / open")(lambda p: (_body_bottom(p) - p.low) / p.open)
+_a158("klow2", 0, "(min(open, close) - low) / (high - low); 0 when high = low")(
+    lambda p: safe_ratio(_body_bottom(p) - p.low, _range(p), 0.0))
+_a158("ksft", 0, "(2 close - high - low) / open")(lambda p: (2 * p.close - p.high - p.low) / p.open)
+_a158("ksft2", 0, "(2 close - high - low) / (high - low); 0 when high = low")(
+    lambda p: safe_ratio(2 * p.close - p.high - p.low, _range(p), 0.0))
+
+# the current bar's prices over its close
+_a158("open_0", 0, "open / close")(lambda p: _by_close(p, p.open))
+_a158("high_0", 0, "high / close")(lambda p: _by_close(p, p.high))
+_a158("low_0", 0, "low / close")(lambda p: _by_close(p, p.low))
+_a158("vwap_0", 0, "VWAP proxy (high + low + close) / 3, over close")(lambda p: _by_close(p, vwap_proxy(p)))
+
+
+def _close_change(p: Panel) -> np.ndarray:
+    return p.cached("close_change", lambda: p.diff(p.close, 1))
+
+
+def _volume_change(p: Panel) -> np.ndarray:
+    return p.cached("volume_change", lambda: p.diff(p.volume, 1))
+
+
+def _trend(p: Panel, w: int) -> np.ndarray:
+    return p.cached(("trend", w), lambda: p.rolling_trend(p.close, w))
+
+
+def _high_max(p: Panel, w: int) -> np.ndarray:
+    return p.cached(("high_max", w), lambda: p.rolling_max(p.high, w))
+
+
+def _low_min(p: Panel, w: int) -> np.ndarray:
+    return p.cached(("low_min", w), lambda: p.rolling_min(p.low, w))
+
+
+def _high_argmax(p: Panel, w: int) -> np.ndarray:
+    return p.cached(("high_argmax", w), lambda: p.rolling_argmax(p.high, w))
+
+
+def _low_argmin(p: Panel, w: int) -> np.ndarray:
+    return p.cached(("low_argmin", w), lambda: p.rolling_argmin(p.low, w))
+
+
+def _quantiles(p: Panel, w: int) -> np.ndarray:
+    return p.cached(("close_quantiles", w), lambda: p.rolling_quantile(p.close, w, [0.2, 0.8]))
+
+
+def _up_down(p: Panel, x: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Over the window: the sum of the rises of x, of its falls (as positive numbers), of its moves."""
+    return (p.rolling_sum(np.clip(x, 0, None), w), p.rolling_sum(np.clip(-x, 0, None), w),
+            p.rolling_sum(np.abs(x), w))
+
+
+def _close_moves(p: Panel, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return p.cached(("close_moves", w), lambda: np.array(_up_down(p, _close_change(p), w)))  # type: ignore[return-value]
+
+
+def _volume_moves(p: Panel, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return p.cached(("volume_moves", w), lambda: np.array(_up_down(p, _volume_change(p), w)))  # type: ignore[return-value]
+
+
+def _counts(p: Panel, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """The share of the window's bars whose close rose / fell from the bar before."""
+    def make() -> np.ndarray:
+        change = _close_change(p)
+        up = np.where(np.isnan(change), np.nan, (change > 0) * 1.0)
+        down = np.where(np.isnan(change), np.nan, (change < 0) * 1.0)
+        return np.array([p.rolling_mean(up, w), p.rolling_mean(down, w)])
+
+    return p.cached(("counts", w), make)  # type: ignore[return-value]
+
+
+def _weighted_move(p: Panel) -> np.ndarray:
+    return p.cached("weighted_move", lambda: np.abs(p.close / p.shift(p.close, 1) - 1) * p.volume)
+
+
+def _cord_inputs(p: Panel) -> tuple[np.ndarray, np.ndarray]:
+    def make() -> np.ndarray:
+        prev_volume = p.shift(p.volume, 1)
+        return np.array([p.close / p.shift(p.close, 1), np.log(safe_ratio(p.volume, prev_volume, 1.0) + 1)])
+
+    return p.cached("cord_inputs", make)  # type: ignore[return-value]
+
+
+def _wvma(p: Panel, w: int) -> np.ndarray:
+    mean, std = p.rolling_mean_std(_weighted_move(p), w, 1)
+    return safe_ratio(std, mean, 0.0)
+
+
+for _w in ALPHA_WINDOWS:
+    _a158(f"roc_{_w}", _w, f"close {_w} bars ago / close")(lambda p, w=_w: _by_close(p, p.shift(p.close, w)))
+for _w in ALPHA_WINDOWS:
+    _a158(f"ma_{_w}", _w - 1, f"mean of the close over {_w} bars / close")(
+        lambda p, w=_w: _by_close(p, p.rolling_mean(p.close, w)))
+for _w in ALPHA_WINDOWS:
+    _a158(f"std_{_w}", _w - 1, f"std (ddof 1) of the close over {_w} bars / close")(
+        lambda p, w=_w: _by_close(p, p.rolling_std(p.close, w)))
+for _w in ALPHA_WINDOWS:
+    _a158(f"beta_{_w}", _w - 1, f"slope of the least-squares line of the close against time over {_w} bars / close")(
+        lambda p, w=_w: _by_close(p, _trend(p, w)[:, 0]))
+for _w in ALPHA_WINDOWS:
+    _a158(f"rsqr_{_w}", _w - 1, f"R^2 of that line over {_w} bars; 0 for a flat window")(
+        lambda p, w=_w: _trend(p, w)[:, 1].copy())
+for _w in ALPHA_WINDOWS:
+    _a158(f"resi_{_w}", _w - 1, f"the current close minus that line's value over {_w} bars, / close")(
+        lambda p, w=_w: _by_close(p, _trend(p, w)[:, 2]))
+for _w in ALPHA_WINDOWS:
+    _a158(f"max_{_w}", _w - 1, f"highest high over {_w} bars / close")(lambda p, w=_w: _by_close(p, _high_max(p, w)))
+for _w in ALPHA_WINDOWS:
+    _a158(f"min_{_w}", _w - 1, f"lowest low over {_w} bars / close")(lambda p, w=_w: _by_close(p, _low_min(p, w)))
+for _w in ALPHA_WINDOWS:
+    _a158(f"qtlu_{_w}", _w - 1, f"80% quantile of the close over {_w} bars / close")(
+        lambda p, w=_w: _by_close(p, _quantiles(p, w)[:, 1]))
+for _w in ALPHA_WINDOWS:
+    _a158(f"qtld_{_w}", _w - 1, f"20% quantile of the close over {_w} bars / close")(
+        lambda p, w=_w: _by_close(p, _quantiles(p, w)[:, 0]))
+for _w in ALPHA_WINDOWS:
+    _a158(f"rank_{_w}", _w - 1, f"the close's percentile rank among the last {_w} closes (ties: average rank)")(
+        lambda p, w=_w: p.rolling_rank(p.close, w))
+for _w in ALPHA_WINDOWS:
+    _a158(f"rsv_{_w}", _w - 1, f"(close - lowest low) / (highest high - lowest low) over {_w} bars; 0.5 when flat")(
+        lambda p, w=_w: safe_ratio(p.close - _low_min(p, w), _high_max(p, w) - _low_min(p, w), 0.5))
+for _w in ALPHA_WINDOWS:
+    _a158(f"imax_{_w}", _w - 1, f"position of the highest high in the last {_w} bars (1 = oldest) / {_w}")(
+        lambda p, w=_w: _high_argmax(p, w) / w)
+for _w in ALPHA_WINDOWS:
+    _a158(f"imin_{_w}", _w - 1, f"position of the lowest low in the last {_w} bars (1 = oldest) / {_w}")(
+        lambda p, w=_w: _low_argmin(p, w) / w)
+for _w in ALPHA_WINDOWS:
+    _a158(f"imxd_{_w}", _w - 1, f"(position of the highest high - of the lowest low) in the last {_w} bars / {_w}")(
+        lambda p, w=_w: (_high_argmax(p, w) - _low_argmin(p, w)) / w)
+for _w in ALPHA_WINDOWS:
+    _a158(f"corr_{_w}", _w - 1, f"correlation of close and log(volume + 1) over {_w} bars; 0 when either is flat")(
+        lambda p, w=_w: p.rolling_corr(p.close, np.log1p(p.volume), w))
+for _w in ALPHA_WINDOWS:
+    _a158(f"cord_{_w}", _w, f"correlation of close / previous close and log(volume / previous volume + 1) over "
+                            f"{_w} bars (volume ratio 1 after a zero volume); 0 when either is flat")(
+        lambda p, w=_w: p.rolling_corr(*_cord_inputs(p), w))
+for _w in ALPHA_WINDOWS:
+    _a158(f"cntp_{_w}", _w, f"share of the last {_w} bars whose close rose")(lambda p, w=_w: _counts(p, w)[0].copy())
+for _w in ALPHA_WINDOWS:
+    _a158(f"cntn_{_w}", _w, f"share of the last {_w} bars whose close fell")(lambda p, w=_w: _counts(p, w)[1].copy())
+for _w in ALPHA_WINDOWS:
+    _a158(f"cntd_{_w}", _w, f"cntp_{_w} - cntn_{_w}")(lambda p, w=_w: _counts(p, w)[0] - _counts(p, w)[1])
+for _w in ALPHA_WINDOWS:
+    _a158(f"sump_{_w}", _w, f"sum of the close's rises / sum of its absolute moves over {_w} bars; 0.5 when flat")(
+        lambda p, w=_w: safe_ratio(_close_moves(p, w)[0], _close_moves(p, w)[2], 0.5))
+for _w in ALPHA_WINDOWS:
+    _a158(f"sumn_{_w}", _w, f"sum of the close's falls / sum of its absolute moves over {_w} bars; 0.5 when flat")(
+        lambda p, w=_w: safe_ratio(_close_moves(p, w)[1], _close_moves(p, w)[2], 0.5))
+for _w in ALPHA_WINDOWS:
+    _a158(f"sumd_{_w}", _w, f"(rises - falls) / absolute moves of the close over {_w} bars; 0 when flat")(
+        lambda p, w=_w: safe_ratio(_close_moves(p, w)[0] - _close_moves(p, w)[1], _close_moves(p, w)[2], 0.0))
+for _w in ALPHA_WINDOWS:
+    _a158(f"vma_{_w}", _w - 1, f"mean volume over {_w} bars / volume; 1 when the volume is 0")(
+        lambda p, w=_w: safe_ratio(p.rolling_mean(p.volume, w), p.volume, 1.0))
+for _w in ALPHA_WINDOWS:
+    _a158(f"vstd_{_w}", _w - 1, f"std (ddof 1) of the volume over {_w} bars / volume; 0 when the volume is 0")(
+        lambda p, w=_w: safe_ratio(p.rolling_std(p.volume, w), p.volume, 0.0))
+for _w in ALPHA_WINDOWS:
+    _a158(f"wvma_{_w}", _w, f"std / mean of |close / previous close - 1| x volume over {_w} bars; 0 when the "
+                            "mean is 0")(lambda p, w=_w: _wvma(p, w))
+for _w in ALPHA_WINDOWS:
+    _a158(f"vsump_{_w}", _w, f"sum of the volume's rises / sum of its absolute moves over {_w} bars; 0.5 when flat")(
+        lambda p, w=_w: safe_ratio(_volume_moves(p, w)[0], _volume_moves(p, w)[2], 0.5))
+for _w in ALPHA_WINDOWS:
+    _a158(f"vsumn_{_w}", _w, f"sum of the volume's falls / sum of its absolute moves over {_w} bars; 0.5 when flat")(
+        lambda p, w=_w: safe_ratio(_volume_moves(p, w)[1], _volume_moves(p, w)[2], 0.5))
+for _w in ALPHA_WINDOWS:
+    _a158(f"vsumd_{_w}", _w, f"(rises - falls) / absolute moves of the volume over {_w} bars; 0 when flat")(
+        lambda p, w=_w: safe_ratio(_volume_moves(p, w)[0] - _volume_moves(p, w)[1], _volume_moves(p, w)[2], 0.0))
+
+
+def _alpha360_field(p: Panel, name: str) -> np.ndarray:
+    return vwap_proxy(p) if name == "vwap" else {"open": p.open, "high": p.high, "low": p.low, "close": p.close}[name]
+
+
+for _field in ("close", "open", "high", "low", "vwap", "volume"):
+    for _k in range(ALPHA360_BARS):
+        _what = "the VWAP proxy (high + low + close) / 3" if _field == "vwap" else f"the {_field}"
+        if _field == "volume":
+            feature(f"alpha360_volume_{_k}", _k, f"the volume {_k} bars ago / the current volume; 1 when that is 0",
+                    family="alpha360")(lambda p, k=_k: safe_ratio(p.shift(p.volume, k), p.volume, 1.0))
+        else:
+            feature(f"alpha360_{_field}_{_k}", _k, f"{_what} {_k} bars ago / the current close", family="alpha360")(
+                lambda p, k=_k, f=_field: _by_close(p, p.shift(_alpha360_field(p, f), k)))
+
+
+FEATURE_SETS: tuple[str, ...] = ("basic", "alpha158", "alpha360")
+
+
+def set_features(feature_set: str) -> list[str]:
+    """The features ``features.set`` computes when ``features.names`` is null, in column order."""
+    if feature_set == "basic":
+        return list(DEFAULT_FEATURES)
+    if feature_set not in FEATURE_SETS:
+        raise FeatureError(f"unknown feature set '{feature_set}' in features.set (known: {', '.join(FEATURE_SETS)})")
+    return [name for name, spec in REGISTRY.items() if spec.family == feature_set]
+
+
+def resolve_feature_names(names: list[str] | None, feature_set: str = "basic") -> list[str]:
+    """The features a build computes: ``names`` when given (each from the registry of ``feature_set``:
+    for `basic` any feature of FEATURES, for a research set a selection of its own), else the set's."""
+    members = set_features(feature_set) if feature_set != "basic" else list(FEATURES)
+    names = set_features(feature_set) if not names else list(names)
     for name in names:
-        if name not in FEATURES:
-            close = difflib.get_close_matches(name, list(FEATURES), n=1)
+        if name not in members:
+            if name in REGISTRY:
+                raise FeatureError(f"feature '{name}' in features.names belongs to features.set="
+                                   f"{REGISTRY[name].family}, but features.set={feature_set}: set "
+                                   f"features.set={REGISTRY[name].family} (names then select from that set)")
+            close = difflib.get_close_matches(name, members, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise FeatureError(f"unknown feature '{name}' in features.names{hint} (known: {', '.join(FEATURES)})")
+            known = ", ".join(members) if feature_set == "basic" else \
+                f"the {len(members)} features of set {feature_set}, {members[0]} .. {members[-1]}"
+            raise FeatureError(f"unknown feature '{name}' in features.names{hint} (known: {known})")
     if len(set(names)) != len(names):
         raise FeatureError(f"features.names lists a feature twice: {names}")
     return names
@@ -432,11 +687,11 @@ def resolve_feature_names(names: list[str] | None) -> list[str]:
 
 def cross_sectional_names(names: list[str]) -> list[str]:
     """The market-relative features among ``names``: the per-date pass demeans them."""
-    return [n for n in names if FEATURES[n].cross_sectional]
+    return [n for n in names if REGISTRY[n].cross_sectional]
 
 
 def warmup_bars(names: list[str]) -> int:
-    return max(FEATURES[n].warmup for n in names)
+    return max(REGISTRY[n].warmup for n in names)
 
 
 def feature_matrix(panel: Panel, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -444,8 +699,11 @@ def feature_matrix(panel: Panel, names: list[str]) -> tuple[np.ndarray, np.ndarr
     and, per ticker, the rows after the longest warm-up with a value that was not finite (set to
     NaN here; the caller drops those rows)."""
     values = np.empty((panel.n, len(names)), order="F")  # a column at a time
+    kept = set(panel._cache)
     for j, name in enumerate(names):
-        values[:, j] = FEATURES[name].fn(panel)
+        values[:, j] = REGISTRY[name].fn(panel)
+    for key in set(panel._cache) - kept:  # the intermediates (Alpha158's: ~0.6 kB a bar) go with the pass
+        del panel._cache[key]
     bad = ~np.isfinite(values)
     late = bad.any(axis=1) & (panel.pos >= warmup_bars(names))
     late_bad = np.bincount(panel.tid[late], minlength=len(panel.lengths))

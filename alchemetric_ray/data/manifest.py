@@ -157,7 +157,7 @@ def reconcile_features(cfg, manifest: Manifest, shards: str | Location, *, model
             continue
         asked = getattr(cfg.features, key)
         if key == "names":
-            asked = resolve_feature_names(asked)
+            asked = resolve_feature_names(asked, cfg.features.set)
             left_default = cfg.features.names == default.names
         else:
             left_default = asked == getattr(default, key)

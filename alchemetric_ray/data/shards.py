@@ -86,7 +86,7 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
     (another split of the same data); they are read, never changed."""
     start = time.monotonic()
     out = locate(out)
-    names = feat.resolve_feature_names(cfg.features.names)
+    names = feat.resolve_feature_names(cfg.features.names, cfg.features.set)
     spec = LabelSpec.from_config(cfg.features)
     embargo = spec.reach if cfg.features.embargo is None else cfg.features.embargo
     if embargo < spec.reach:

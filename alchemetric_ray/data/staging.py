@@ -74,7 +74,7 @@ _SAFE_TICKER = re.compile(r"[A-Za-z0-9._^=-]+")
 
 def min_history(cfg: RunConfig) -> int:
     """Bars a ticker needs: the feature warm-up, the label's reach and a little to learn from."""
-    names = feat.resolve_feature_names(cfg.features.names)
+    names = feat.resolve_feature_names(cfg.features.names, cfg.features.set)
     return feat.warmup_bars(names) + LabelSpec.from_config(cfg.features).reach + max(cfg.features.window, 20)
 
 
@@ -132,7 +132,7 @@ def stage_features(cfg: RunConfig, folder: Path, *, bars: Iterable[tuple[str, pd
     ``folder``; ``keep_bars``: a folder to keep each group's bars in (``bars_store.write_part``)."""
     from alchemetric_ray.bars.sources import open_source
 
-    names = feat.resolve_feature_names(cfg.features.names)
+    names = feat.resolve_feature_names(cfg.features.names, cfg.features.set)
     spec = LabelSpec.from_config(cfg.features)
     report = None
     if bars is None:
@@ -162,7 +162,7 @@ class _Runner:
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
-        self.names = feat.resolve_feature_names(cfg.features.names)
+        self.names = feat.resolve_feature_names(cfg.features.names, cfg.features.set)
         self.spec = LabelSpec.from_config(cfg.features)
         self.need = min_history(cfg)
         self.setting = cfg.features.distributed
