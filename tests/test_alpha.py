@@ -369,3 +369,32 @@ def test_no_look_ahead_changing_the_future_changes_no_past_feature(aapl, feature
     changed, _ = feat.compute_features(future, names)
     pd.testing.assert_frame_equal(base.iloc[: t + 1], changed.iloc[: t + 1])
     assert not base.iloc[t + 1:].equals(changed.iloc[t + 1:])  # the future really changed
+
+
+# ---- a build and a training epoch on the set ----------------------------------------------------
+@pytest.mark.slow
+def test_an_alpha158_build_writes_158_columns_and_an_mlp_trains_an_epoch_on_them(ray_session, tmp_path):
+    import json
+
+    import pyarrow.parquet as pq
+
+    import alchemetric_ray as ar
+    from alchemetric_ray.cli import main
+
+    market = ["data.source=synthetic", "data.synthetic_tickers=12", "data.synthetic_days=300", "data.seed=3"]
+    out = tmp_path / "shards"
+    assert main(["features", "--quiet", "--out", str(out), *market, "features.set=alpha158"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    names = feat.resolve_feature_names(None, "alpha158")
+    assert manifest["features"] == names and manifest["built_with"]["set"] == "alpha158"
+    part = next((out / "split=train").glob("*.parquet"))
+    columns = pq.read_schema(part).names
+    assert [c for c in columns if c.startswith("alpha158_")] == names and not any(c.startswith("ret_") for c in columns)
+    table = pq.read_table(out / "split=train").to_pandas()
+    assert len(table) > 0 and np.isfinite(table[names].to_numpy()).all()
+
+    cfg = ar.load_config(None, f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
+                         "storage.name=alpha158", "train.epochs=1", "model.hidden=8", "device.name=cpu")
+    result = ar.train(cfg, data=out)  # features.set left at its default: the shards' own is adopted
+    assert list(result.history["epoch"]) == [1] and np.isfinite(result.history["train_loss"]).all()
+    assert result.model.features == names and result.config.features.set == "alpha158"
