@@ -398,3 +398,22 @@ def test_an_alpha158_build_writes_158_columns_and_an_mlp_trains_an_epoch_on_them
     result = ar.train(cfg, data=out)  # features.set left at its default: the shards' own is adopted
     assert list(result.history["epoch"]) == [1] and np.isfinite(result.history["train_loss"]).all()
     assert result.model.features == names and result.config.features.set == "alpha158"
+
+
+def test_shards_without_a_recorded_set_are_basic_and_a_run_asking_another_set_is_refused():
+    from alchemetric_ray.config import RunConfig
+    from alchemetric_ray.data.manifest import Manifest, reconcile_features
+    from alchemetric_ray.errors import ShardError
+
+    basic = list(feat.DEFAULT_FEATURES)
+    old = Manifest(features=basic, label={}, splits={}, normalization={}, rows={}, built_with={"names": None})
+    assert old.feature_settings()["set"] == "basic"
+    with pytest.raises(ShardError, match="built with features.set=basic, but this run asks for features.set=alpha158"):
+        reconcile_features(RunConfig.from_dict({"features": {"set": "alpha158"}}), old, "OLD")
+    names = feat.resolve_feature_names(None, "alpha158")
+    new = Manifest(features=names, label={}, splits={}, normalization={}, rows={},
+                   built_with={"names": None, "set": "alpha158"})
+    adopted = reconcile_features(RunConfig.from_dict({}), new, "NEW")
+    assert adopted.features.set == "alpha158" and adopted.features.names == names
+    assert reconcile_features(RunConfig.from_dict({"features": {"set": "alpha158"}}), new, "NEW").features.set \
+        == "alpha158"

@@ -109,7 +109,7 @@ class Manifest:
         sequences are cut as the files are read, so a run chooses its own."""
         label = {("label" if name == "scheme" else name): self.label[name]
                  for name in LabelSpec.__dataclass_fields__ if name in self.label}
-        kept = {key: value for key, value in self.built_with.items() if key not in READ_TIME_KEYS}
+        kept = {"set": "basic", **{key: value for key, value in self.built_with.items() if key not in READ_TIME_KEYS}}
         return {**kept, **label, "names": list(self.features)}
 
     @classmethod
