@@ -383,10 +383,13 @@ def test_an_alpha158_build_writes_158_columns_and_an_mlp_trains_an_epoch_on_them
 
     market = ["data.source=synthetic", "data.synthetic_tickers=12", "data.synthetic_days=300", "data.seed=3"]
     out = tmp_path / "shards"
-    assert main(["features", "--quiet", "--out", str(out), *market, "features.set=alpha158"]) == 0
+    # as Ray tasks over groups of about 1,000 bars (issue 41's distributed path), in the session's Ray
+    assert main(["features", "--quiet", "--out", str(out), *market, "features.set=alpha158",
+                 "features.distributed=true", "features.group_rows=1000"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     names = feat.resolve_feature_names(None, "alpha158")
     assert manifest["features"] == names and manifest["built_with"]["set"] == "alpha158"
+    assert manifest["build"]["tasks"] > 1, manifest["build"]
     part = next((out / "split=train").glob("*.parquet"))
     columns = pq.read_schema(part).names
     assert [c for c in columns if c.startswith("alpha158_")] == names and not any(c.startswith("ret_") for c in columns)

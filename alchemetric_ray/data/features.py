@@ -18,6 +18,12 @@ values; a rolling window is defined once it holds ``window`` valid values; inf c
 both.  Ratios whose denominator can be zero (a flat window) fall back to a neutral value instead of
 inf/NaN, and :func:`feature_matrix` refuses to pass any non-finite value on: rows inside the longest
 warm-up are dropped, anything else non-finite is dropped and counted.
+
+Features come in sets (``features.set``): ``basic`` (``FEATURES``, the default 16 and the
+market-relative returns), ``alpha158`` and ``alpha360`` (the families Qlib publishes under those
+names, from their published definitions; docs/pipeline.md has every formula).  ``REGISTRY`` holds
+every feature of every set; the windowed primitives the Alpha158 set needs (rolling max/min and
+their positions, quantiles, rank, correlation, a least-squares line against time) are the panel's too.
 """
 
 from __future__ import annotations
