@@ -79,8 +79,8 @@ class FeaturesConfig:
     """Features, labels and the time split into train / validation / test segments."""
 
     names: list[str] | None = setting(
-        None, "The features to compute (names from the feature registry, e.g. `ret_1`, `rsi_14`); null = the "
-              "default set of 16 return, volatility, momentum, volume and range features.")
+        None, "The features to compute, from `set` (e.g. `ret_1`, `rsi_14` in `basic`); null = the whole of "
+              "`set` (`basic`: 16 return, volatility, momentum, volume and range features).")
     set: Literal["basic", "alpha158", "alpha360"] = setting(
         "basic", "The feature set: `basic` = the 16 default features (returns, volatility, momentum, volume, "
                  "range); `alpha158` = the 158 features of the Alpha158 families Qlib publishes (k-line shape, the "
