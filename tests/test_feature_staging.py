@@ -202,3 +202,104 @@ def test_a_task_ray_loses_fails_the_build_in_one_line_naming_its_tickers(ray_ses
         _get_all([dies.remote()], "the feature task of tickers AAA..BBB")
     assert type(caught.value) is FeatureError and "\n" not in str(caught.value)
     assert str(caught.value).startswith("the feature task of tickers AAA..BBB failed (WorkerCrashedError: ")
+
+
+# ---- a folder of per-ticker files: each Ray task reads and validates its own files ------------------
+
+
+def _write_folder(folder: Path, tickers: int = 12, days: int = 400) -> Path:
+    """Per-ticker Parquet files, one messy CSV (an exact duplicate row, a revised bar for one date, a stale
+    run of flat bars) and one ticker too short to keep."""
+    folder.mkdir(parents=True)
+    bars = _bars([f"T{k:02d}" for k in range(tickers)], days)
+    for ticker, frame in bars[:-2]:
+        frame.to_parquet(folder / f"{ticker}.parquet", index=False)
+    messy = bars[-2][1].copy()
+    messy = pd.concat([messy, messy.iloc[[10]]]).sort_values("date", kind="stable")  # an exact copy
+    revised = messy.iloc[[20]].assign(volume=messy["volume"].iloc[20] + 22)
+    messy = pd.concat([messy, revised]).sort_values("date", kind="stable")  # a date with differing rows
+    flat = messy.index[100:106]
+    messy.loc[flat, ["open", "high", "low", "close"]] = 50.0  # six flat bars at one close: a stale run
+    messy.rename(columns=str.title).assign(Date=lambda f: f["Date"].dt.strftime("%Y-%m-%d")).to_csv(
+        folder / f"{bars[-2][0]}.csv", index=False)
+    bars[-1][1].iloc[:60].to_parquet(folder / f"{bars[-1][0]}.parquet", index=False)  # too short: skipped
+    return folder
+
+
+def _build(tmp_path: Path, data: Path, where: str, name: str, *extra: str):
+    cfg = load_config(None, [f"data.path={data}", "data.source=files", f"features.distributed={where}",
+                             "features.group_rows=1500", *extra])
+    return build_shards(cfg, tmp_path / name).manifest
+
+
+def test_a_folder_ingested_in_ray_tasks_builds_what_the_driver_builds(ray_session, tmp_path):
+    """The files read and validated inside the tasks: the same shards, bars, ingest record (messy file,
+    skipped ticker, dropped rows) and manifest as a build that reads them in the driver."""
+    data = _write_folder(tmp_path / "data")
+    built = {where: _build(tmp_path, data, where, where, *CROSS[:1]) for where in ("true", "false")}
+    tasks, driver = built["true"], built["false"]
+    assert tasks.build["ingest"] == "tasks" and tasks.build["mode"] == "ray" and tasks.build["groups"] >= 2
+    assert driver.build["ingest"] == "driver" and driver.build["mode"] == "driver"
+    same = {"created": None, "build": None, "built_with": None}
+    assert {**tasks.__dict__, **same} == {**driver.__dict__, **same}
+    ingest = tasks.ingest
+    assert ingest["files"] == 12 and ingest["tickers"] == 11 and list(ingest["skipped_tickers"]) == ["T11"]
+    assert ingest["dropped"]["duplicate_row"] == 1 and ingest["dropped"]["duplicate_date"] == 1
+    assert ingest["dropped"]["stale_price"] == 6 and ingest["warnings"] == driver.ingest["warnings"] > 0
+    for split, frame in _frames(tmp_path / "false").items():
+        pd.testing.assert_frame_equal(_frames(tmp_path / "true")[split], frame, check_exact=True)
+    kept = {where: pd.concat([pd.read_parquet(p) for p in sorted((tmp_path / where / BARS_DIR).glob("*.parquet"))],
+                             ignore_index=True) for where in ("true", "false")}
+    pd.testing.assert_frame_equal(kept["true"], kept["false"], check_exact=True)
+
+
+@pytest.mark.parametrize("broken", ["a bad date", "no ticker long enough"])
+def test_a_folder_error_inside_a_task_is_the_driver_builds_one_line(ray_session, tmp_path, broken):
+    """A file that fails validation in a task, and ingest's end-of-input error on the merged report: the same
+    one line (DataError, not Ray's wrapper) as a build that reads the files in the driver; nothing left."""
+    from alchemetric_ray.errors import DataError
+
+    data = _write_folder(tmp_path / "data")
+    if broken == "a bad date":
+        frame = pd.read_csv(data / "T10.csv")
+        frame.loc[150, "Date"] = "2011-13-45"
+        frame.to_csv(data / "T10.csv", index=False)
+    else:
+        for path in data.iterdir():
+            path.unlink() if path.suffix == ".csv" else pd.read_parquet(path).iloc[:50].to_parquet(path)
+    messages = {}
+    for where in ("true", "false"):
+        with pytest.raises(DataError) as caught:
+            _build(tmp_path, data, where, f"out-{where}")
+        assert type(caught.value) is DataError
+        messages[where] = str(caught.value)
+    assert messages["true"] == messages["false"] and "\n" not in messages["true"]
+    assert ("T10.csv" in messages["true"]) if broken == "a bad date" else \
+        messages["true"].startswith("no ticker has at least")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # no output, no temporary folder
+
+
+def _auto_build(tmp_path: Path, data: Path, group_rows: int) -> dict:
+    out = str(tmp_path / f"out-{group_rows}")
+    script = ("import sys, json; from alchemetric_ray.config import load_config; "
+              "from alchemetric_ray.data.shards import build_shards; "
+              f"m = build_shards(load_config(None, ['data.path={data}', 'data.source=files', "
+              f"'features.group_rows={group_rows}']), {out!r}).manifest; "
+              "print(json.dumps({'build': m.build, 'ray': 'ray' in sys.modules}))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_auto_starts_a_local_ray_for_a_folder_large_enough_and_not_for_a_small_one(tmp_path):
+    """auto, no Ray up: a folder of LOCAL_RAY_GROUPS groups or more (by its files' size) starts a local Ray whose
+    tasks read the files; a smaller one is built in the process, Ray never imported."""
+    from alchemetric_ray.data.staging import BYTES_PER_ROW, LOCAL_RAY_GROUPS
+
+    data = _write_folder(tmp_path / "data")
+    rows = sum(p.stat().st_size for p in data.iterdir()) / BYTES_PER_ROW
+    small = _auto_build(tmp_path, data, group_rows=int(rows / (LOCAL_RAY_GROUPS - 1)))
+    assert small["build"]["mode"] == "driver" and not small["ray"], small
+    large = _auto_build(tmp_path, data, group_rows=int(rows / (LOCAL_RAY_GROUPS + 1)))
+    assert large["build"]["mode"] == "ray" and large["build"]["ingest"] == "tasks" and large["ray"], large
+    assert large["build"]["seconds"]["ray_start"] > 0

@@ -82,9 +82,41 @@ def _validated(pairs, root: Path, min_history: int, report: IngestReport, on_dup
             yielded += 1
             yield ticker, bars
     if yielded == 0:
-        skipped = "; ".join(f"{t}: {why}" for t, why in list(report.skipped_tickers.items())[:3])
-        raise DataError(f"no ticker has at least {max(min_history, 1)} rows of clean history in {root}"
-                        + (f" (skipped {len(report.skipped_tickers)}, e.g. {skipped})" if skipped else ""))
+        raise no_ticker_error(root, min_history, report)
+
+
+def no_ticker_error(root: Path, min_history: int, report: IngestReport) -> DataError:
+    """The error at the end of an iteration that yielded no ticker (also raised by a build whose Ray
+    tasks ingested the folder, on their merged report)."""
+    skipped = "; ".join(f"{t}: {why}" for t, why in list(report.skipped_tickers.items())[:3])
+    return DataError(f"no ticker has at least {max(min_history, 1)} rows of clean history in {root}"
+                     + (f" (skipped {len(report.skipped_tickers)}, e.g. {skipped})" if skipped else ""))
+
+
+def folder_files(path: str | Path, tickers: list[str] | None = None) -> list[tuple[str, Path]] | None:
+    """The (ticker, file) pairs :func:`iter_bars` reads from a folder of per-ticker files, in its order,
+    with its checks of the names; None where ``path`` is not a folder."""
+    root = Path(path)
+    return _folder_files(root, _wanted(tickers)) if root.is_dir() else None
+
+
+def ingest_files(files: list[tuple[str, Path]], *, min_history: int = 0,
+                 on_duplicate: str = ON_DUPLICATE_DEFAULT) -> tuple[list[tuple[str, pd.DataFrame]], IngestReport]:
+    """Read and validate some of a folder's files (:func:`folder_files`' pairs) as :func:`iter_bars` does,
+    into a report of their own: what one Ray task of the feature build ingests.  The caller merges the
+    reports in file order (:func:`~alchemetric_ray.bars.report.merge_reports`) and raises
+    :func:`no_ticker_error` where no task kept a ticker."""
+    _check_policy(on_duplicate)
+    report = IngestReport(on_duplicate=on_duplicate)
+    kept = []
+    for ticker, raw, source in _per_ticker_files(files, report):
+        bars = validate_bars(raw, ticker=ticker, source=source, report=report, min_history=min_history,
+                             on_duplicate=on_duplicate)
+        del raw
+        if bars is not None:
+            bars.attrs["source"] = source
+            kept.append((ticker, bars))
+    return kept, report
 
 
 def _wanted(tickers: list[str] | None) -> list[str] | None:

@@ -66,6 +66,25 @@ class IngestReport:
         return "\n".join(lines)
 
 
+def merge_reports(parts: list[IngestReport], on_duplicate: str = ON_DUPLICATE_DEFAULT) -> IngestReport:
+    """One report from the reports of consecutive slices of the input (each Ray task's files), in input
+    order: the counts summed, the skipped tickers, warnings and duplicate skips in order, as one
+    iteration over all of it would have filled them in."""
+    merged = IngestReport(on_duplicate=on_duplicate)
+    for part in parts:
+        merged.files += part.files
+        merged.tickers += part.tickers
+        merged.rows_read += part.rows_read
+        merged.rows_kept += part.rows_kept
+        for rule, n in part.dropped.items():
+            merged.dropped[rule] = merged.dropped.get(rule, 0) + n
+        merged.skipped_tickers.update(part.skipped_tickers)
+        merged.warnings.extend(part.warnings)
+        merged.conflicting_dates += part.conflicting_dates
+        merged.duplicate_skipped.extend(part.duplicate_skipped)
+    return merged
+
+
 def _check_policy(on_duplicate: str) -> None:
     if on_duplicate not in DUPLICATE_POLICIES:
         raise DataError(f"on_duplicate {on_duplicate!r} is not one of {', '.join(DUPLICATE_POLICIES)} "

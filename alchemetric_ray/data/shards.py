@@ -53,6 +53,10 @@ from alchemetric_ray.storage import Location, locate, preflight
 
 ROWS_PER_FILE = 250_000
 ROWS_PER_ROW_GROUP = 65_536
+# the normalization is fitted on blocks of this many train rows in row order, so that its sums (and so its
+# statistics, to the last bit) do not depend on how the build grouped the tickers (staging's groups by rows
+# in the driver, by file size where Ray tasks read the files)
+FIT_ROWS = 65_536
 
 
 @dataclass
@@ -160,11 +164,16 @@ def feature_table(ticker: str, frame: pd.DataFrame, names: list[str], spec: Labe
 
 def _fit_normalizer(staging: Path, names: list[str], plan: SplitPlan, cfg: RunConfig) -> Normalizer:
     fit = NormalizerFit(cfg.features.normalization, names, seed=cfg.data.seed)
+    rest = np.empty((0, len(names)))
     for path in staged_files(staging):
         table = read_staged(path, columns=["date", "label_end", *names])
         split = plan.assign(table.column("date").to_numpy(), table.column("label_end").to_numpy())
-        train = np.flatnonzero(split == 0)
-        fit.add(_matrix(table, names)[train])
+        rows = np.concatenate([rest, _matrix(table, names)[split == 0]])
+        whole = len(rows) - len(rows) % FIT_ROWS
+        for lo in range(0, whole, FIT_ROWS):  # blocks of the train rows as they come, whatever the groups
+            fit.add(rows[lo:lo + FIT_ROWS])
+        rest = rows[whole:]
+    fit.add(rest)
     try:
         return fit.finish()
     except ValueError:

@@ -1,20 +1,33 @@
 """The features before any split: every ticker's features and labels, then the per-date pass.
 
 :func:`stage_features` is the part of the feature build (``data/shards.py``) that no split depends
-on.  The driver reads the source's ``(ticker, frame)`` pairs one at a time and forms groups of
-tickers of about ``features.group_rows`` bars; each group is computed by
-:func:`alchemetric_ray.data.panel.compute_group` and written to the staging folder as
-``part-NNNNN.arrow`` in group order (rows ordered by ticker, then date).  Where the build runs:
+on.  The tickers are computed in groups of about ``features.group_rows`` bars, each by
+:func:`alchemetric_ray.data.panel.compute_group`, and written to the staging folder as
+``part-NNNNN.arrow`` (uncompressed Arrow IPC, ``cross_section.write_staged``) in group order (rows
+ordered by ticker, then date).  Where the build runs:
 
 * as Ray tasks (``num_cpus=1``) in the Ray this process runs in: one already up (a notebook's
   ``ray.init()``, a session's), or the cluster ``RAY_ADDRESS`` names (``ray job submit``) when the input
   spans more than one group (``features.distributed=auto``); or always (``true``, starting a local
-  Ray where there is none: ``placement.session.ensure_ray``).  At most :data:`IN_FLIGHT_PER_CPU` tasks
-  per cluster CPU are in flight, so that the driver holds a bounded number of groups.  Each result
-  comes back to the driver, which writes it: the staging folder is on the driver's disk, which other
-  nodes do not see;
-* otherwise in the driver (``auto``, or ``false``): ``auto`` never starts a local Ray of its own, whose
-  start costs more than it saves on one machine (:data:`GROUP_ROWS`' figures).
+  Ray where there is none: ``placement.session.ensure_ray``); or a local Ray ``auto`` starts for a folder
+  of per-ticker files of :data:`LOCAL_RAY_GROUPS` groups or more (sized by its files' bytes before any is
+  read, :data:`BYTES_PER_ROW`), where the cores pay for the start (figures at :data:`LOCAL_RAY_GROUPS`).
+  At most :data:`IN_FLIGHT_PER_CPU` tasks per cluster CPU are in flight, so that the driver holds a
+  bounded number of groups.  Each result comes back to the driver as Arrow tables, which it writes: the
+  staging folder is on the driver's disk, which other nodes do not see;
+* otherwise in the driver (``auto`` below that size, or ``false``).
+
+Who reads the files: for a folder of per-ticker files on a Ray of one node (this one), each task reads and
+validates its own group of files (groups by file size; ``bars.ingest.ingest_files``, with an ingest report
+of its own, merged in file order into the build's: ``bars.report.merge_reports``) and returns its features,
+the validated bars (one Arrow table, kept by the driver in ``bars/``) and its report: the driver only lists
+the files.  Ingest's errors are the same one line as in the driver (a bad file's ``DataError``; "no ticker
+has at least N rows" on the merged report).  Otherwise (one long table, the synthetic or built-in data, a
+cluster of several nodes whose other nodes do not see the driver's files) the driver reads the bars and
+forms the groups, and sends each group's frames to its task.
+
+Memory in the driver: the file list and up to :data:`IN_FLIGHT_PER_CPU` results per CPU (a 200k-row group's
+features ~33 MB and bars ~9 MB); a task holds one group (~100 MB at 200k rows).
 
 The per-date pass (``data/cross_section.py``) then takes each column in turn; with Ray, the rows of
 each contiguous bucket of dates go to a task of their own and the results are put back in row order.
@@ -35,15 +48,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, cast
+from typing import Any, Callable, Iterable, Iterator, Sized, cast
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from alchemetric_ray.bars.report import merge_reports
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data import features as feat
-from alchemetric_ray.data.bars_store import bars_table, write_part
+from alchemetric_ray.data.bars_store import bars_table, write_table_part
 from alchemetric_ray.data.cross_section import (
     STAGED_SUFFIX,
     apply_cross_section,
@@ -68,6 +82,11 @@ from alchemetric_ray.errors import FeatureError, ShardError, UserError
 # 18.2 s), so `auto` starts no Ray of its own: Ray pays where it is up already (warm, in one process:
 # pass 1 in 1.4-2.0 s as 3 or 6 tasks against 1.8-2.2 s in the driver), or on a cluster.
 GROUP_ROWS = 200_000
+# A folder of per-ticker files is sized before it is read: bytes per bar of a daily file (measured:
+# bench/features.py:write_universe's Parquet, 600 x 3,500 days: 120.8 MB for 2.1M rows, 57.5 B a bar;
+# a yfinance-style CSV row "2020-01-02,123.45,124.0,122.1,123.9,123.9,1234567" is 50-65 B).
+BYTES_PER_ROW = 60
+LOCAL_RAY_GROUPS = 8  # auto starts a local Ray for a folder of this many groups' bars or more (see above)
 IN_FLIGHT_PER_CPU = 2  # tasks in flight per cluster CPU: the CPUs stay busy while results come back
 _SAFE_TICKER = re.compile(r"[A-Za-z0-9._^=-]+")
 
@@ -135,15 +154,31 @@ def stage_features(cfg: RunConfig, folder: Path, *, bars: Iterable[tuple[str, pd
     names = feat.resolve_feature_names(cfg.features.names, cfg.features.set)
     spec = LabelSpec.from_config(cfg.features)
     report = None
+    files = None
     if bars is None:
         source = open_source(cfg.data, min_history=min_history(cfg))
         bars, report = source.bars, source.report
         source_description = source_description or source.description
+        if source.kind == "files":
+            files = _folder_input(cfg)
     folder.mkdir(parents=True, exist_ok=True)
     bar = _Progress("features", progress)
     runner = _Runner(cfg)
     try:
-        stats = _pass_features(bars, folder, bar, runner, keep_bars)
+        if files is not None:
+            runner.choose_for_folder(sum(size for _, _, size in files))
+        if files is not None and runner.ray and _files_readable_by_tasks():
+            parts: dict[int, Any] = {}
+            runner.ingest = "tasks"
+            computed = _computed_files(files, runner, keep_bars, parts)
+            stats = _pass_features(computed, folder, bar, runner, total=len(files))
+            if report is not None:  # the source's report, filled in as reading the files in the driver fills it
+                report.__dict__.update(merge_reports([parts[i] for i in sorted(parts)],
+                                                     cfg.data.on_duplicate).__dict__)
+        else:
+            total = len(bars) if isinstance(bars, Sized) else None
+            stats = _pass_features(_computed(_groups(bars, runner.group_rows), runner, keep_bars), folder, bar,
+                                   runner, total=total)
     except BaseException:
         bar.close()  # an open progress line ends before the error message
         raise
@@ -168,16 +203,21 @@ class _Runner:
         self.setting = cfg.features.distributed
         self.group_rows = cfg.features.group_rows
         self.ray = False
+        self.decided = False
+        self.ingest = "driver"  # where the files were read: the driver, or the Ray tasks (a folder's files)
         self.tasks, self.groups = 0, 0
         self.nodes: set[str] = set()
         self.seconds: dict[str, float] = {}
 
-    def choose(self, one_group: bool) -> None:
-        """Ray tasks for ``true``; for ``auto`` where a Ray is up, or a cluster is named to join and the
-        input spans more than one group (a local Ray is not started for it: GROUP_ROWS' figures)."""
+    def choose(self, one_group: bool, worth_local: bool = False) -> None:
+        """Ray tasks for ``true``; for ``auto`` where a Ray is up, where a cluster is named to join and the
+        input spans more than one group, or where the input is large enough to pay for a local Ray's start
+        (``worth_local``: a folder of :data:`LOCAL_RAY_GROUPS` groups or more, :meth:`choose_for_folder`)."""
+        self.decided = True
         if self.setting == "false":
             return
-        if self.setting == "auto" and not _ray_up() and (one_group or not os.environ.get("RAY_ADDRESS")):
+        if (self.setting == "auto" and not _ray_up() and not worth_local
+                and (one_group or not os.environ.get("RAY_ADDRESS"))):
             return
         from alchemetric_ray.placement.session import ensure_ray
 
@@ -186,6 +226,11 @@ class _Runner:
         self.seconds["ray_start"] = round(time.monotonic() - clock, 3)
         self.ray = True
 
+    def choose_for_folder(self, total_bytes: int) -> None:
+        """:meth:`choose` for a folder of per-ticker files, from their size before any is read."""
+        rows = total_bytes / BYTES_PER_ROW
+        self.choose(one_group=rows <= self.group_rows, worth_local=rows >= LOCAL_RAY_GROUPS * self.group_rows)
+
     def cpus(self) -> int:
         import ray
 
@@ -193,7 +238,7 @@ class _Runner:
 
     def record(self) -> dict:
         return {"mode": "ray" if self.ray else "driver", "tasks": self.tasks, "groups": self.groups,
-                "nodes": len(self.nodes) if self.ray else 1, "rows_per_group": self.group_rows,
+                "nodes": len(self.nodes) if self.ray else 1, "rows_per_group": self.group_rows, "ingest": self.ingest,
                 "seconds": dict(self.seconds)}
 
     # -- the per-date pass: one column's transform by buckets of dates --------------------------------
@@ -322,8 +367,18 @@ def _keep(folder: Path | None, index: int, frames: list[tuple[str, pd.DataFrame]
     """The group's bars kept in ``folder/bars`` (for appends); a ticker whose bars cannot be is named."""
     if folder is None:
         return
+    table = _bars_checked(frames)
     try:
-        write_part(folder, index, frames)
+        write_table_part(folder, index, table)
+    except Exception as exc:
+        raise FeatureError(f"the bars of tickers {frames[0][0]}..{frames[-1][0]} could not be kept "
+                           f"({_one_line(exc)})") from None
+
+
+def _bars_checked(frames: list[tuple[str, pd.DataFrame]]) -> pa.Table:
+    """``bars_table``; where it raises, the ticker whose bars cannot be kept is named, with its file."""
+    try:
+        return bars_table(frames)
     except Exception as exc:
         for ticker, frame in frames:
             try:
@@ -342,13 +397,14 @@ def _group_task(frames, names, spec, need) -> tuple[GroupResult, str]:
 
 
 def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
-              keep_bars: Path | None) -> Iterator[tuple[int, GroupResult]]:
-    """(group index, its result) for every group, in any order: in the driver, or as Ray tasks with a
+              keep_bars: Path | None) -> Iterator[tuple[int, GroupResult, int]]:
+    """(group index, its result, its tickers) for every group, in any order: in the driver, or as Ray tasks with a
     bounded number in flight."""
     names, spec, need = runner.names, runner.spec, runner.need
     first = next(groups, None)
     second = next(groups, None) if first is not None else None
-    runner.choose(one_group=second is None)
+    if not runner.decided:
+        runner.choose(one_group=second is None)
     ahead = [g for g in (first, second) if g is not None]
 
     def every() -> Iterator[list[tuple[str, pd.DataFrame]]]:
@@ -360,17 +416,18 @@ def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
         for index, frames in enumerate(every()):
             _keep(keep_bars, index, frames)
             runner.groups += 1
-            yield index, compute_checked(frames, names, spec, need)
+            yield index, compute_checked(frames, names, spec, need), len(frames)
         return
     import ray
 
     # SPREAD: a group's inputs come from the driver wherever it runs, so no node is nearer its data
     task = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(_group_task)
-    pending: dict[Any, tuple[int, str]] = {}  # a task -> its group and tickers
+    pending: dict[Any, tuple[int, str, int]] = {}  # a task -> its group, its tickers and how many
     try:
         for index, frames in enumerate(every()):
             _keep(keep_bars, index, frames)
-            pending[task.remote(frames, names, spec, need)] = (index, f"{frames[0][0]}..{frames[-1][0]}")
+            pending[task.remote(frames, names, spec, need)] = (index, f"{frames[0][0]}..{frames[-1][0]}",
+                                                               len(frames))
             runner.groups += 1
             runner.tasks += 1
             del frames
@@ -383,33 +440,133 @@ def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
         raise
 
 
-def _finished(pending: dict, runner: _Runner, wait_for: int) -> Iterator[tuple[int, GroupResult]]:
+# ---- pass 1 for a folder of per-ticker files: each task reads its own files -------------------------
+
+
+def _folder_input(cfg: RunConfig) -> list[tuple[str, Path, int]] | None:
+    """(ticker, file, bytes) of a local folder of per-ticker files, in ingest's order and with its checks; None
+    for any other input (one long table: ingest in the driver)."""
+    from alchemetric_ray.bars.ingest import folder_files
+
+    pairs = folder_files(cfg.data.path, cfg.data.tickers) if cfg.data.path else None
+    return None if pairs is None else [(ticker, path, path.stat().st_size) for ticker, path in pairs]
+
+
+def _files_readable_by_tasks() -> bool:
+    """Whether Ray tasks can read the driver's files: a Ray of one node, this one, with CPUs (a local Ray).
+    On a cluster of several nodes the driver reads the files and sends the bars (other nodes do not see its
+    disk)."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    here = ray.get_runtime_context().get_node_id()
+    return len(alive) == 1 and alive[0].get("NodeID") == here and alive[0].get("Resources", {}).get("CPU", 0) > 0
+
+
+def _file_groups(files: list[tuple[str, Path, int]], group_bytes: float) -> list[list[tuple[str, Path]]]:
+    """Consecutive files in groups of at least ``group_bytes`` (the last one may be smaller)."""
+    groups: list[list[tuple[str, Path]]] = []
+    group: list[tuple[str, Path]] = []
+    size = 0
+    for ticker, path, nbytes in files:
+        group.append((ticker, path))
+        size += nbytes
+        if size >= group_bytes:
+            groups.append(group)
+            group, size = [], 0
+    if group:
+        groups.append(group)
+    return groups
+
+
+def _files_task(files: list[tuple[str, Path]], on_duplicate: str, names: list[str], spec: LabelSpec, need: int,
+                keep: bool) -> tuple[GroupResult, pa.Table | None, Any, str]:
+    """One group of files: read and validated (ingest, with a report of its own), its features computed; the
+    result, the validated bars as one table (for the bars store) and the ingest report."""
+    import ray
+
+    from alchemetric_ray.bars.ingest import ingest_files
+
+    frames, report = ingest_files(files, min_history=need, on_duplicate=on_duplicate)  # ingest's min_history
+    result = compute_checked(frames, names, spec, need) if frames else GroupResult(pa.table({}), [])
+    kept = _bars_checked(frames) if keep and frames else None
+    return result, kept, report, ray.get_runtime_context().get_node_id()
+
+
+def _computed_files(files: list[tuple[str, Path, int]], runner: _Runner, keep_bars: Path | None,
+                    reports: dict[int, Any]) -> Iterator[tuple[int, GroupResult, int]]:
+    """:func:`_computed` for a folder of per-ticker files, ingest included: each Ray task reads and validates
+    its group's files (groups by file size, ~ bars), computes its features and returns them with the bars and
+    its part of the ingest report (into ``reports`` by group); the driver writes the bars.  Where no task kept
+    a ticker, ingest's own error."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from alchemetric_ray.bars.ingest import no_ticker_error
+
+    cfg = runner.cfg
+    groups = _file_groups(files, runner.group_rows * BYTES_PER_ROW)  # ~ features.group_rows bars a group
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)  # the files' node
+    options: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": here}
+    task = ray.remote(**options)(_files_task)
+    pending: dict[Any, tuple[int, str, int]] = {}
+    kept = 0
+    try:
+        for index, group in enumerate(groups):
+            ref = task.remote(group, cfg.data.on_duplicate, runner.names, runner.spec, runner.need,
+                              keep_bars is not None)
+            pending[ref] = (index, f"{group[0][0]}..{group[-1][0]}", len(group))
+            runner.groups += 1
+            runner.tasks += 1
+            while len(pending) >= IN_FLIGHT_PER_CPU * runner.cpus() or (index == len(groups) - 1 and pending):
+                done, _ = ray.wait(list(pending), num_returns=1)
+                index_done, tickers, count = pending.pop(done[0])
+                result, bars, report, node = _get_all(done, f"the feature task of tickers {tickers}")[0]
+                runner.nodes.add(node)
+                reports[index_done] = report
+                kept += report.tickers
+                if bars is not None and keep_bars is not None:
+                    write_table_part(keep_bars, index_done, bars)
+                del bars
+                yield index_done, result, count
+    except BaseException:
+        _cancel(pending)
+        raise
+    if not kept:
+        from alchemetric_ray.bars.report import IngestReport
+
+        merged = merge_reports([reports[i] for i in sorted(reports)], cfg.data.on_duplicate) if reports \
+            else IngestReport()
+        raise no_ticker_error(Path(str(cfg.data.path)), runner.need, merged)
+
+
+def _finished(pending: dict, runner: _Runner, wait_for: int) -> Iterator[tuple[int, GroupResult, int]]:
     import ray
 
     done, _ = ray.wait(list(pending), num_returns=wait_for)
     for ref in done:
-        index, tickers = pending.pop(ref)
+        index, tickers, count = pending.pop(ref)
         result, node = _get_all([ref], f"the feature task of tickers {tickers}")[0]
         runner.nodes.add(node)
-        yield index, result
+        yield index, result, count
 
 
-def _pass_features(bars, staging: Path, progress: Callable, runner: _Runner, keep_bars: Path | None = None) -> dict:
-    """Every group's labelled rows to ``staging/part-NNNNN.arrow``; the calendar, the input hash and
-    what was kept, skipped and dropped."""
+def _pass_features(computed: Iterator[tuple[int, GroupResult, int]], staging: Path, progress: Callable,
+                   runner: _Runner, total: int | None = None) -> dict:
+    """Every group's labelled rows (``computed``: (group index, result, tickers read)) to
+    ``staging/part-NNNNN.arrow``; the calendar, the input hash and what was kept, skipped and dropped."""
     clock = time.monotonic()
-    total = len(bars) if hasattr(bars, "__len__") else None
     calendar = np.array([], dtype="datetime64[D]")
     by_group: dict[int, GroupResult] = {}
     done = rows = 0
-    for index, result in _computed(_groups(bars, runner.group_rows), runner, keep_bars):
+    for index, result, count in computed:
         if result.table.num_rows:
             write_staged(result.table, staging / f"part-{index:05d}{STAGED_SUFFIX}")
             dates = result.table.column("date").to_numpy().astype("datetime64[D]")
             calendar = np.union1d(calendar, np.unique(dates))
         result.table = pa.table({})  # written: only the group's record is kept
         by_group[index] = result
-        done += len(result.digests)
+        done += count
         rows += result.rows_in
         progress(done, total, rows=rows)
     progress(done, total, final=True, rows=rows)
