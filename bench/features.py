@@ -63,7 +63,7 @@ start = time.perf_counter()
 if {append!r}:
     import alchemetric_ray as ar
     shards = ar.features(cfg, data={data!r}, out={out!r}, append=True)
-    rows = {{"appended": shards.rows}} if hasattr(shards, "rows") else {{}}
+    rows = dict(shards.rows)
 else:
     from alchemetric_ray.data.shards import build_shards
     built = build_shards(cfg, {out!r})
