@@ -11,11 +11,12 @@ ordered by ticker, then date).  Where the build runs:
   spans more than one group (``features.distributed=auto``); or always (``true``, starting a local
   Ray where there is none: ``placement.session.ensure_ray``); or a local Ray ``auto`` starts for a folder
   of per-ticker files of :data:`LOCAL_RAY_GROUPS` groups or more (sized by its files' bytes before any is
-  read, :data:`BYTES_PER_ROW`), where the cores pay for the start (figures at :data:`LOCAL_RAY_GROUPS`).
+  read, :data:`BYTES_PER_ROW`), where the cores pay for the start: ~17M bars on 2 cores (figures at
+  :data:`LOCAL_RAY_GROUPS`).
   At most :data:`IN_FLIGHT_PER_CPU` tasks per cluster CPU are in flight, so that the driver holds a
   bounded number of groups.  Each result comes back to the driver as Arrow tables, which it writes: the
   staging folder is on the driver's disk, which other nodes do not see;
-* otherwise in the driver (``auto`` below that size, or ``false``).
+* otherwise in the driver (``auto`` below that size or for any other input, or ``false``).
 
 Who reads the files: for a folder of per-ticker files on a Ray of one node (this one), each task reads and
 validates its own group of files (groups by file size; ``bars.ingest.ingest_files``, with an ingest report
@@ -79,14 +80,24 @@ from alchemetric_ray.errors import FeatureError, ShardError, UserError
 # intermediates), and the packaged data (108k rows) is one group.  A local Ray's start and its workers'
 # first imports took 6-9 s here, against 2.3 s for the 574k labelled rows of 400 x 1,500 in one process
 # (build_shards wall time: distributed=false 4.7 s, true 18.9 s; cs_rank + cs_normalize=rank: 8.6 s and
-# 18.2 s), so `auto` starts no Ray of its own: Ray pays where it is up already (warm, in one process:
-# pass 1 in 1.4-2.0 s as 3 or 6 tasks against 1.8-2.2 s in the driver), or on a cluster.
+# 18.2 s): Ray pays where it is up already (warm, in one process: pass 1 in 1.4-2.0 s as 3 or 6 tasks against
+# 1.8-2.2 s in the driver), or on a cluster; `auto` starts a local Ray only for a folder large enough
+# (LOCAL_RAY_GROUPS).
 GROUP_ROWS = 200_000
 # A folder of per-ticker files is sized before it is read: bytes per bar of a daily file (measured:
 # bench/features.py:write_universe's Parquet, 600 x 3,500 days: 120.8 MB for 2.1M rows, 57.5 B a bar;
 # a yfinance-style CSV row "2020-01-02,123.45,124.0,122.1,123.9,123.9,1234567" is 50-65 B).
 BYTES_PER_ROW = 60
-LOCAL_RAY_GROUPS = 8  # auto starts a local Ray for a folder of this many groups' bars or more (see above)
+# auto starts a local Ray for a folder of at least this many groups' bars (16M rows at the default
+# group_rows).  The break-even, measured on this 2-core machine (2026-12-05, under load from other sessions:
+# load average 3-4), build_shards on write_universe folders x 3,500 days, each in a fresh process, with the
+# files read inside the tasks: 200 tickers (687k labelled rows) driver 2.6 s vs a local Ray 17.1 s (its start
+# 8.2 s, pass 1 7.2 s against 1.4 s); 600 (2.06M) 4.5 s vs 16.9 s (start 6.0 s, pass 1 8.7 s against 2.6 s);
+# 1,500 (5.15M) 10.3 s vs 22.9 s (start 8.4 s, pass 1 10.0 s against 6.3 s).  Pass 1 costs the driver
+# ~1.2 us a bar and the 4-worker local Ray ~0.4 us a bar beyond a fixed ~6.5 s (its workers' start with the
+# runtime env, ~1.5 s, and first imports, ~1.5 s, on 2 loaded cores) plus 6-8 s for the start itself:
+# break-even ~13.5 s / 0.8 us = ~17M bars.  More cores move it lower (not measured here).
+LOCAL_RAY_GROUPS = 80
 IN_FLIGHT_PER_CPU = 2  # tasks in flight per cluster CPU: the CPUs stay busy while results come back
 _SAFE_TICKER = re.compile(r"[A-Za-z0-9._^=-]+")
 
