@@ -460,7 +460,8 @@ def _folder_input(cfg: RunConfig) -> list[tuple[str, Path, int]] | None:
     from alchemetric_ray.bars.ingest import folder_files
 
     pairs = folder_files(cfg.data.path, cfg.data.tickers) if cfg.data.path else None
-    return None if pairs is None else [(ticker, path, path.stat().st_size) for ticker, path in pairs]
+    # absolute: a task's working folder need not be the driver's
+    return None if pairs is None else [(ticker, path.resolve(), path.stat().st_size) for ticker, path in pairs]
 
 
 def _files_readable_by_tasks() -> bool:
