@@ -303,3 +303,21 @@ def test_auto_starts_a_local_ray_for_a_folder_large_enough_and_not_for_a_small_o
     large = _auto_build(tmp_path, data, group_rows=int(rows / (LOCAL_RAY_GROUPS + 1)))
     assert large["build"]["mode"] == "ray" and large["build"]["ingest"] == "tasks" and large["ray"], large
     assert large["build"]["seconds"]["ray_start"] > 0
+
+
+def test_a_group_goes_to_its_task_as_one_arrow_table_and_comes_out_the_same_frames():
+    """Canonical bars travel as one Arrow table (tickers, row counts, files beside it) and are rebuilt column
+    for column, digests and files included; a frame of other columns travels as it is."""
+    from alchemetric_ray.data.panel import bars_digest
+    from alchemetric_ray.data.staging import _group_frames, _group_payload
+
+    bars = _bars(["AAA", "BBB", "CCC"], days=300)
+    bars[1][1].attrs["source"] = "/data/BBB.csv"
+    payload = _group_payload(bars)
+    assert isinstance(payload, tuple) and payload[0].num_rows == 900
+    for (ticker, frame), (again, rebuilt) in zip(bars, _group_frames(payload)):
+        assert again == ticker and rebuilt.attrs == frame.attrs
+        pd.testing.assert_frame_equal(rebuilt, frame, check_exact=True)
+        assert bars_digest(rebuilt) == bars_digest(frame)
+    odd = [*bars[:2], ("CCC", bars[2][1].assign(notes="x"))]
+    assert _group_payload(odd) is odd

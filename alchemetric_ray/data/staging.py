@@ -25,7 +25,8 @@ the validated bars (one Arrow table, kept by the driver in ``bars/``) and its re
 the files.  Ingest's errors are the same one line as in the driver (a bad file's ``DataError``; "no ticker
 has at least N rows" on the merged report).  Otherwise (one long table, the synthetic or built-in data, a
 cluster of several nodes whose other nodes do not see the driver's files) the driver reads the bars and
-forms the groups, and sends each group's frames to its task.
+forms the groups, and sends each group's bars to its task as one Arrow table (:func:`_group_payload`;
+frames of other columns as they are).
 
 Memory in the driver: the file list and up to :data:`IN_FLIGHT_PER_CPU` results per CPU (a 200k-row group's
 features ~33 MB and bars ~9 MB); a task holds one group (~100 MB at 200k rows).
@@ -401,10 +402,46 @@ def _bars_checked(frames: list[tuple[str, pd.DataFrame]]) -> pa.Table:
                            f"({_one_line(exc)})") from None
 
 
-def _group_task(frames, names, spec, need) -> tuple[GroupResult, str]:
+_BAR_COLUMNS = ("date", "open", "high", "low", "close", "volume")  # the canonical bars ingest gives
+
+
+def _group_payload(frames: list[tuple[str, pd.DataFrame]]) -> Any:
+    """What a group's task is sent: its canonical bars as one Arrow table with the tickers, their row counts and
+    files (one buffer per column: 200k rows reached a task in 13 ms against 37 ms as 200 pandas frames,
+    measured here), or the frames themselves where one is not canonical bars (other columns or types, a
+    caller's ``bars=``): those go as they are, so that a ticker that fails is named as in the driver."""
+    for _, frame in frames:
+        if (tuple(frame.columns) != _BAR_COLUMNS or set(frame.attrs) - {"source"}
+                or not isinstance(frame.index, pd.RangeIndex) or frame.index.start != 0 or frame.index.step != 1
+                or frame["date"].dtype != "datetime64[ns]"
+                or any(frame[c].dtype != np.float64 for c in _BAR_COLUMNS[1:])):
+            return frames
+    columns = {c: np.concatenate([frame[c].to_numpy() for _, frame in frames]) for c in _BAR_COLUMNS}
+    return (pa.table(columns), [t for t, _ in frames], [len(f) for _, f in frames],
+            [f.attrs.get("source") for _, f in frames])
+
+
+def _group_frames(payload: Any) -> list[tuple[str, pd.DataFrame]]:
+    """:func:`_group_payload`'s frames again, column for column the same."""
+    if isinstance(payload, list):
+        return payload
+    table, tickers, lengths, sources = payload
+    arrays = {c: table.column(c).to_numpy() for c in _BAR_COLUMNS}
+    frames = []
+    start = 0
+    for ticker, n, source in zip(tickers, lengths, sources):
+        frame = pd.DataFrame({c: values[start:start + n] for c, values in arrays.items()})
+        if source is not None:
+            frame.attrs["source"] = source
+        frames.append((ticker, frame))
+        start += n
+    return frames
+
+
+def _group_task(payload, names, spec, need) -> tuple[GroupResult, str]:
     import ray
 
-    return compute_checked(frames, names, spec, need), ray.get_runtime_context().get_node_id()
+    return compute_checked(_group_frames(payload), names, spec, need), ray.get_runtime_context().get_node_id()
 
 
 def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
@@ -437,8 +474,8 @@ def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
     try:
         for index, frames in enumerate(every()):
             _keep(keep_bars, index, frames)
-            pending[task.remote(frames, names, spec, need)] = (index, f"{frames[0][0]}..{frames[-1][0]}",
-                                                               len(frames))
+            pending[task.remote(_group_payload(frames), names, spec, need)] = (
+                index, f"{frames[0][0]}..{frames[-1][0]}", len(frames))
             runner.groups += 1
             runner.tasks += 1
             del frames
