@@ -86,6 +86,7 @@ bench-full: install bench
 	RAY_ADDRESS=local $(BIN)/python bench/ingest.py --rows 10000000
 	$(BIN)/python bench/scaling.py --rows 1000000,10000000
 	$(BIN)/python bench/sweep_efficiency.py --trials 8 --epochs 4 --warmup
+	$(BIN)/python bench/features.py
 
 # On a CUDA machine: precision branches, mixed precision, data path (bench/gpu.py needs only torch; with no
 # .venv there, run `python3 bench/gpu.py` directly).
