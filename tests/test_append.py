@@ -304,3 +304,24 @@ def test_the_packaged_data_s_last_month_appended_equals_a_fresh_build(stocknet_d
     assert result.notes[0].startswith("appended 1848 rows for 88 tickers (dates 2017-08-02..2017-08-30)")
     build(stocknet_dir, tmp_path / "fresh", *overrides)
     assert_same_rows(tmp_path / "appended", tmp_path / "fresh")
+
+
+def test_an_append_over_several_test_files_keeps_each_ticker_in_one_file(market, tmp_path, monkeypatch):
+    """The test segment rewritten a file at a time under a small ROWS_PER_FILE: the same rows as a fresh
+    build, each file closed before a ticker would take it past the limit, a ticker never in two files."""
+    from alchemetric_ray.data import shards
+
+    monkeypatch.setattr(shards, "ROWS_PER_FILE", 300)
+    root = market["root"]
+    build(root / "head", tmp_path / "appended", *market["splits"])
+    before = Manifest.read(tmp_path / "appended")
+    assert len(before.files["test"]) > 1
+    ar.features(data=str(root / "tail"), out=tmp_path / "appended", append=True)
+    build(root / "all", tmp_path / "fresh", *market["splits"])
+    assert_same_rows(tmp_path / "appended", tmp_path / "fresh")
+    manifest = Manifest.read(tmp_path / "appended")
+    sizes = [pq.read_metadata(tmp_path / "appended" / name).num_rows for name in manifest.files["test"]]
+    assert len(sizes) > 1 and sum(sizes) == manifest.rows["test"]
+    for name, n in zip(manifest.files["test"], sizes):
+        tickers = set(pq.read_table(tmp_path / "appended" / name, columns=["ticker"]).column(0).to_pylist())
+        assert n <= 300 or len(tickers) == 1, (name, n, tickers)

@@ -41,6 +41,7 @@ import math
 import re
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,7 @@ EMA_BARS = math.ceil(math.log(EMA_TOLERANCE) / math.log(1 - min(EMA_ALPHAS.value
 REVISION_RTOL = 1e-9  # a kept bar and a new one for the same date are the same bar within this
 GROUP_TICKERS = 64  # tickers per compute_group call
 _PART = re.compile(r"part-(\d+)\.parquet$")
+_BAR_COLUMNS = ["date", *bars_store.PRICE_COLUMNS]
 
 
 def tail_bars(names: list[str]) -> int:
@@ -100,33 +102,128 @@ def bars_parts(folder: Path, manifest: Manifest) -> list[Path]:
     return sorted((folder / bars_store.BARS_DIR).glob("part-*.parquet"))
 
 
+_NEVER = np.datetime64(np.iinfo(np.int64).max, "ns")  # later than any bar: a ticker not to load
+
+
+class _KeptBars(Mapping[str, pd.DataFrame]):
+    """Kept bars of many tickers in one set of columns (date, open, high, low, close, volume), rows by
+    ticker (sorted) then date; a mapping ticker -> its bars as a frame, made on demand."""
+
+    def __init__(self, tickers: list[str], lengths: np.ndarray, cols: dict[str, np.ndarray]):
+        self.tickers, self.cols = tickers, cols
+        ends = np.cumsum(lengths)
+        self.bounds = {t: (int(e - n), int(e)) for t, n, e in zip(tickers, lengths.tolist(), ends.tolist()) if n}
+
+    @classmethod
+    def from_frames(cls, frames: dict[str, pd.DataFrame]) -> _KeptBars | None:
+        """``frames``' bars in one set of columns; None unless every frame has rows and the bars' columns
+        only, each of one plain numpy dtype across the frames (dates in ns) (the frames are used then)."""
+        tickers = sorted(frames)
+        if not tickers:
+            return None
+        cols: dict[str, list[np.ndarray]] = {c: [] for c in _BAR_COLUMNS}
+        for t in tickers:
+            frame = _bare(frames[t])
+            if not len(frame) or not _plain(frame):
+                return None
+            for c in _BAR_COLUMNS:
+                cols[c].append(frame[c].to_numpy())
+        for c, arrays in cols.items():
+            if len({a.dtype for a in arrays}) > 1:
+                return None
+        if cols["date"][0].dtype != np.dtype("datetime64[ns]"):
+            return None
+        lengths = np.array([len(a) for a in cols["date"]], dtype=np.int64)
+        return cls(tickers, lengths, {c: np.concatenate(v) for c, v in cols.items()})
+
+    def rows_where(self, keep: np.ndarray) -> _KeptBars:
+        """The rows where ``keep``; a ticker left with none is dropped."""
+        code = np.repeat(np.arange(len(self.bounds), dtype=np.int64),
+                         [hi - lo for lo, hi in self.bounds.values()])
+        lengths = np.bincount(code[keep], minlength=len(self.bounds)).astype(np.int64)
+        return _KeptBars(list(self.bounds), lengths, {c: v[keep] for c, v in self.cols.items()})
+
+    def per_row(self, values: dict[str, np.datetime64], missing: int) -> np.ndarray:
+        """``values[ticker]`` for each row (int64 ns; ``missing`` where its ticker has none)."""
+        each = np.array([values[t].astype("datetime64[ns]").astype(np.int64) if t in values else missing
+                         for t in self.bounds], dtype=np.int64)
+        return np.repeat(each, [hi - lo for lo, hi in self.bounds.values()])
+
+    def arrays(self, ticker: str) -> dict[str, np.ndarray]:
+        lo, hi = self.bounds[ticker]
+        return {c: v[lo:hi] for c, v in self.cols.items()}
+
+    def __getitem__(self, ticker: str) -> pd.DataFrame:
+        return pd.DataFrame(self.arrays(ticker))
+
+    def __iter__(self):
+        return iter(self.bounds)
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    def __contains__(self, ticker) -> bool:
+        return ticker in self.bounds
+
+
+def _read_bars(parts: list[Path], since: dict[str, np.datetime64] | None,
+               columns: list[str]) -> tuple[list[str], np.ndarray, dict[str, np.ndarray]]:
+    """The bars of ``parts`` (``columns`` of them), of each ticker from ``since[ticker]`` on (None: all;
+    a ticker not in ``since``: none), in one set of columns by ticker (sorted) then date (stable: a
+    date twice keeps the parts' order); the tickers and their row counts."""
+    pieces = []
+    for part in parts:
+        table = pq.read_table(part, columns=["ticker", *columns], read_dictionary=["ticker"])
+        if not table.num_rows:
+            continue
+        ticker = table.column("ticker").combine_chunks()
+        names = [str(n) for n in ticker.dictionary.to_pylist()]
+        codes = ticker.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        dates = table.column("date").to_numpy().astype("datetime64[ns]")
+        if since is not None:
+            bound = np.array([since.get(n, _NEVER) for n in names], dtype="datetime64[ns]")
+            keep = dates >= bound[codes]
+            if not keep.any():
+                continue
+            rows = np.flatnonzero(keep)
+            codes, dates = codes[rows], dates[rows]
+            cols = {c: table.column(c).to_numpy()[rows] for c in columns if c != "date"}
+        else:
+            cols = {c: table.column(c).to_numpy() for c in columns if c != "date"}
+        cols["date"] = dates
+        pieces.append((names, codes, cols))
+    tickers = sorted({n for names, codes, _ in pieces for n in np.asarray(names, dtype=object)[np.unique(codes)]})
+    where = {t: i for i, t in enumerate(tickers)}
+    if not pieces:
+        return [], np.zeros(0, dtype=np.int64), {c: np.empty(0, dtype="datetime64[ns]" if c == "date" else float)
+                                                 for c in columns}
+    code = np.concatenate([np.array([where.get(n, -1) for n in names], dtype=np.int64)[codes]
+                           for names, codes, _ in pieces])
+    cols = {c: np.concatenate([p[2][c] for p in pieces]) for c in columns}
+    order = np.lexsort((cols["date"].view(np.int64), code))
+    cols = {c: v[order] for c, v in cols.items()}
+    return tickers, np.bincount(code, minlength=len(tickers)).astype(np.int64), cols
+
+
+def _dates_of(bars: Mapping[str, pd.DataFrame], ticker: str) -> np.ndarray:
+    """The dates of ``ticker``'s bars in ``bars``."""
+    if isinstance(bars, _KeptBars):
+        return bars.arrays(ticker)["date"]
+    return bars[ticker]["date"].to_numpy()
+
+
 def _kept_dates(parts: list[Path]) -> dict[str, np.ndarray]:
     """ticker -> its kept bars' dates, sorted (datetime64[ns])."""
-    pieces: dict[str, list[np.ndarray]] = {}
-    for part in parts:
-        table = pq.read_table(part, columns=["ticker", "date"], read_dictionary=["ticker"])
-        for ticker, lo, hi in _ticker_runs(table):
-            pieces.setdefault(ticker, []).append(table.column("date").slice(lo, hi - lo).to_numpy())
-    return {t: np.sort(np.concatenate(p).astype("datetime64[ns]")) for t, p in pieces.items()}
+    tickers, lengths, cols = _read_bars(parts, None, ["date"])
+    ends = np.cumsum(lengths)
+    return {t: cols["date"][e - n:e] for t, n, e in zip(tickers, lengths.tolist(), ends.tolist())}
 
 
-def _load_kept(parts: list[Path], since: dict[str, np.datetime64]) -> dict[str, pd.DataFrame]:
+def _load_kept(parts: list[Path], since: dict[str, np.datetime64]) -> _KeptBars:
     """ticker -> its kept bars from ``since[ticker]`` on (date, open, high, low, close, volume), one part
     read at a time; tickers not in ``since`` are not loaded."""
-    pieces: dict[str, list[pd.DataFrame]] = {}
-    for part in parts:
-        table = pq.read_table(part)
-        keep = np.zeros(table.num_rows, dtype=bool)
-        runs = [(t, lo, hi) for t, lo, hi in _ticker_runs(table) if t in since]
-        dates = table.column("date").to_numpy().astype("datetime64[ns]")
-        for ticker, lo, hi in runs:
-            keep[lo:hi] = dates[lo:hi] >= since[ticker]
-        if not keep.any():
-            continue
-        frame = table.filter(pa.array(keep)).to_pandas()
-        for ticker, rows in frame.groupby("ticker", sort=False):
-            pieces.setdefault(str(ticker), []).append(rows.drop(columns="ticker"))
-    return {t: pd.concat(p).sort_values("date", kind="stable").reset_index(drop=True) for t, p in pieces.items()}
+    columns = [c for c in bars_store.SCHEMA.names if c != "ticker"]
+    return _KeptBars(*_read_bars(parts, since, columns))
 
 
 def _last_rows(folder: Path, manifest: Manifest) -> dict[str, np.datetime64]:
@@ -149,8 +246,17 @@ def _read_new(cfg) -> tuple[dict[str, pd.DataFrame], str]:
     from alchemetric_ray.bars.sources import open_source
 
     source = open_source(cfg.data, min_history=0)
-    new = {ticker: frame[["date", *bars_store.PRICE_COLUMNS]].reset_index(drop=True) for ticker, frame in source.bars}
+    new = {ticker: _canonical(frame) for ticker, frame in source.bars}
     return new, source.description
+
+
+def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame``'s date and price columns with a fresh index (the ingest's own frame where it is that)."""
+    index = frame.index
+    if list(frame.columns) == _BAR_COLUMNS and isinstance(index, pd.RangeIndex) and index.start == 0 \
+            and index.step == 1:
+        return frame
+    return frame[_BAR_COLUMNS].reset_index(drop=True)
 
 
 @dataclass(frozen=True)
@@ -162,14 +268,20 @@ class Revision:
     kept_close: float | None
 
 
-def _revisions(new: dict[str, pd.DataFrame], kept: dict[str, pd.DataFrame],
+def _revisions(new: Mapping[str, pd.DataFrame], kept: Mapping[str, pd.DataFrame],
                kept_last: dict[str, np.datetime64]) -> list[Revision]:
     """Every new bar for a date up to its ticker's last kept bar that is not the kept bar of that date
     (by ticker, then date)."""
-    old = _stack({t: f[f["date"].to_numpy() <= kept_last[t]] for t, f in new.items() if t in kept_last})
+    if isinstance(new, _KeptBars):
+        last = new.per_row(kept_last, np.iinfo(np.int64).min)  # no kept bar: none of its bars
+        old = _stack(new.rows_where(new.cols["date"].view(np.int64) <= last))
+    else:
+        old = _stack({t: f[f["date"].to_numpy() <= kept_last[t]] for t, f in new.items() if t in kept_last})
     if old.empty:
         return []
-    both = old.merge(_stack(kept), on=["ticker", "date"], how="left", suffixes=("", "_kept"))
+    both = _matched(old, kept)
+    if both is None:
+        both = old.merge(_stack(kept), on=["ticker", "date"], how="left", suffixes=("", "_kept"))
     lacking = both["close_kept"].isna().to_numpy()
     same = {c: np.isclose(both[c].to_numpy(dtype=float), both[f"{c}_kept"].to_numpy(dtype=float),
                           rtol=REVISION_RTOL, atol=0.0) for c in bars_store.PRICE_COLUMNS}
@@ -186,8 +298,38 @@ def _revisions(new: dict[str, pd.DataFrame], kept: dict[str, pd.DataFrame],
     return found
 
 
-def _revision_line(revisions: list[Revision], out: str, new: dict[str, pd.DataFrame],
-                   kept: dict[str, pd.DataFrame]) -> str:
+def _matched(old: pd.DataFrame, kept: Mapping[str, pd.DataFrame]) -> pd.DataFrame | None:
+    """``old`` with the kept bar of its ticker and date beside each row (columns ``PRICE_kept``, NaN where
+    none): what a left merge on ticker and date gives where the kept bars have one bar a date, found by
+    one sorted search over both; None where that does not hold (the merge then)."""
+    if not isinstance(kept, _KeptBars) or old["date"].dtype != np.dtype("datetime64[ns]"):
+        return None
+    kept_dates = kept.cols["date"]
+    where = {t: i for i, t in enumerate(kept.bounds)}
+    lengths = np.array([hi - lo for lo, hi in kept.bounds.values()], dtype=np.int64)
+    kept_code = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    old_code = np.array([where.get(t, -1) for t in old["ticker"].to_numpy()], dtype=np.int64)
+    old_dates = old["date"].to_numpy()
+    calendar = np.unique(np.concatenate([kept_dates, old_dates]))
+    span = len(calendar) + 1
+    kept_key = kept_code * span + np.searchsorted(calendar, kept_dates)
+    if len(kept_key) > 1 and not (np.diff(kept_key) > 0).all():  # not sorted, or a date twice
+        return None
+    old_key = old_code * span + np.searchsorted(calendar, old_dates)
+    at = np.minimum(np.searchsorted(kept_key, old_key), max(len(kept_key) - 1, 0))
+    found = (old_code >= 0) & (len(kept_key) > 0)
+    if len(kept_key):
+        found &= kept_key[at] == old_key
+    both = old.copy()
+    for c in bars_store.PRICE_COLUMNS:
+        values = np.full(len(old), np.nan)
+        values[found] = kept.cols[c][at[found]]
+        both[f"{c}_kept"] = values
+    return both
+
+
+def _revision_line(revisions: list[Revision], out: str, new: Mapping[str, pd.DataFrame],
+                   kept: Mapping[str, pd.DataFrame]) -> str:
     first = revisions[0]
     if first.kept_close is None:
         what = (f"the new bars have a bar (close {first.new_close:.10g}) on a date inside the kept history that "
@@ -205,21 +347,54 @@ def _revision_line(revisions: list[Revision], out: str, new: dict[str, pd.DataFr
             f"rebuild {out} from its kept bars merged with the new ones")
 
 
-def _stack(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def _stack(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """One frame of ticker, date, open, high, low, close, volume: ``frames``' bars, by ticker."""
     columns = ["date", *bars_store.PRICE_COLUMNS]
+    if isinstance(frames, _KeptBars):  # already one set of columns, by ticker
+        lengths = [hi - lo for lo, hi in frames.bounds.values()]
+        if not lengths:
+            return _stack({})
+        data = {"ticker": np.repeat(np.array(list(frames.bounds), dtype=object), lengths)}
+        return pd.DataFrame({**data, **{c: frames.cols[c] for c in columns}})
     tickers = sorted(t for t, f in frames.items() if len(f))
     if not tickers:
         return pd.DataFrame({"ticker": pd.Series([], dtype=object), "date": pd.Series([], dtype="datetime64[ns]"),
                              **{c: pd.Series([], dtype=float) for c in bars_store.PRICE_COLUMNS}})
-    stacked = pd.concat([frames[t][columns] for t in tickers], ignore_index=True)
-    stacked.insert(0, "ticker", np.repeat(np.array(tickers, dtype=object), [len(frames[t]) for t in tickers]))
+    chosen = [frames[t] for t in tickers]
+    dtypes = [chosen[0][c].dtype for c in columns]
+    if all(isinstance(d, np.dtype) for d in dtypes) and \
+            all(f[c].dtype == d for f in chosen[1:] for c, d in zip(columns, dtypes)):
+        # one numpy concatenation a column: what pd.concat gives for frames of the same numpy dtypes
+        stacked = pd.DataFrame({c: np.concatenate([f[c].to_numpy() for f in chosen]) for c in columns})
+    else:
+        stacked = pd.concat([f[columns] for f in chosen], ignore_index=True)
+    stacked.insert(0, "ticker", np.repeat(np.array(tickers, dtype=object), [len(f) for f in chosen]))
     return stacked
 
 
-def _digest(frames: dict[str, pd.DataFrame]) -> str:
-    """The input hash of bars: sha256 of their rows (ticker, date, prices, volume), by ticker then date."""
-    return hashlib.sha256(pd.util.hash_pandas_object(_stack(frames), index=False).to_numpy().tobytes()).hexdigest()
+def _digest(frames: dict[str, pd.DataFrame] | pd.DataFrame) -> str:
+    """The input hash of bars: sha256 of their rows (ticker, date, prices, volume), by ticker then date
+    (``frames`` or their :func:`_stack`)."""
+    stacked = frames if isinstance(frames, pd.DataFrame) else _stack(frames)
+    return hashlib.sha256(pd.util.hash_pandas_object(stacked, index=False).to_numpy().tobytes()).hexdigest()
+
+
+def _bars_table(stacked: pd.DataFrame) -> pa.Table:
+    """:func:`bars_store.bars_table` of the bars :func:`_stack` stacked (the same table)."""
+    schema = bars_store.SCHEMA
+    columns = {"ticker": stacked["ticker"].to_numpy(), "date": stacked["date"].to_numpy().astype("datetime64[ns]"),
+               **{c: stacked[c].to_numpy(dtype=np.float64) for c in bars_store.PRICE_COLUMNS}}
+    return pa.Table.from_arrays([pa.array(columns[f.name], type=f.type) for f in schema], schema=schema)
+
+
+def _bare(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` without its ``attrs`` (a shallow copy): pandas deep-copies a frame's attrs into every
+    column it hands out, which a few reads of each of thousands of tickers' frames would pay for."""
+    if not frame.attrs:
+        return frame
+    bare = frame.copy(deep=False)
+    bare.attrs = {}
+    return bare
 
 
 def _day(value) -> str:
@@ -237,7 +412,7 @@ class _Job:
     where: Location
     manifest: Manifest
     parts: list[Path]  # the bars store's files
-    new: dict[str, pd.DataFrame]  # ticker -> the bars read
+    new: Mapping[str, pd.DataFrame]  # ticker -> the bars read
     description: str  # where they were read from
     dates: dict[str, np.ndarray]  # ticker -> its kept bars' dates
     start: float = field(default_factory=time.monotonic)
@@ -266,10 +441,18 @@ def append_bars(cfg, out: str | Path | Location, *, rebuild: bool = False, progr
     job = _open(cfg, out)
     if rebuild:
         return _rebuild(job, progress)
+    # the new bars in one set of columns where they allow it (else frames without the ingest's source
+    # names, which only a rebuild's build uses)
+    job.new = _KeptBars.from_frames(dict(job.new)) or {t: _bare(f) for t, f in job.new.items()}
     last_rows = _last_rows(job.folder, job.manifest)
     kept_last = job.kept_last
-    added = {t: f[f["date"].to_numpy() > kept_last[t]] if t in kept_last else f for t, f in job.new.items()}
-    added = {t: f.reset_index(drop=True) for t, f in added.items() if len(f)}
+    added: Mapping[str, pd.DataFrame]
+    if isinstance(job.new, _KeptBars):
+        after = job.new.per_row(kept_last, np.iinfo(np.int64).min)  # a ticker the folder lacks: all its bars
+        added = job.new.rows_where(job.new.cols["date"].view(np.int64) > after)
+    else:
+        added = {t: f[f["date"].to_numpy() > kept_last[t]] if t in kept_last else f for t, f in job.new.items()}
+        added = {t: f.reset_index(drop=True) for t, f in added.items() if len(f)}
     kept = _load_kept(job.parts, _kept_since(job, added, last_rows))
     revisions = _revisions(job.new, kept, kept_last)
     if revisions:
@@ -307,14 +490,14 @@ def _open(cfg, out: str | Path | Location) -> _Job:
     return _Job(cfg, where, manifest, parts, new, description, _kept_dates(parts), start)
 
 
-def _kept_since(job: _Job, added: dict[str, pd.DataFrame],
+def _kept_since(job: _Job, added: Mapping[str, pd.DataFrame],
                 last_rows: dict[str, np.datetime64]) -> dict[str, np.datetime64]:
     """ticker -> the first kept bar to read: the overlap with the new bars (to check) and the tail that
     its rows to write are computed from (with a per-date pass: of every ticker trading from the first
     possible new row on)."""
     tail = tail_bars(list(job.manifest.features))
     cross = bool(job.manifest.cross_section)
-    firsts = [_first_after(job.dates.get(t), added.get(t), last_rows.get(t)) for t in added]
+    firsts = [_first_after(job.dates.get(t), _dates_of(added, t), last_rows.get(t)) for t in added]
     bound = min((d for d in firsts if d is not None), default=None)  # no new row is earlier
     since: dict[str, np.datetime64] = {}
     for t, d in job.dates.items():
@@ -322,7 +505,7 @@ def _kept_since(job: _Job, added: dict[str, pd.DataFrame],
             continue
         points = []
         if t in job.new:
-            points.append(int(np.searchsorted(d, job.new[t]["date"].to_numpy().min(), "left")))
+            points.append(int(np.searchsorted(d, _dates_of(job.new, t).min(), "left")))
         again = cross and bound is not None and d[-1] >= bound
         if t in added or again:
             after = int(np.searchsorted(d, last_rows[t], "right")) if t in last_rows else 0
@@ -334,31 +517,50 @@ def _kept_since(job: _Job, added: dict[str, pd.DataFrame],
     return since
 
 
-def _first_after(dates: np.ndarray | None, added: pd.DataFrame | None, last_row) -> np.datetime64 | None:
+def _first_after(dates: np.ndarray | None, added: np.ndarray | None, last_row) -> np.datetime64 | None:
     """The date of a ticker's first bar after its last row in the shards (kept or new)."""
     if dates is not None and len(dates):
         i = int(np.searchsorted(dates, last_row, "right")) if last_row is not None else 0
         if i < len(dates):
             return dates[i]
     if added is not None and len(added):
-        return added["date"].to_numpy()[0]
+        return added[0]
     return None
 
 
 # ---- computing the rows ------------------------------------------------------------------------
 
 
-def _windows(tickers: list[str], kept: dict[str, pd.DataFrame], added: dict[str, pd.DataFrame],
+def _plain(frame: pd.DataFrame) -> bool:
+    """Whether ``frame`` holds the bars' columns only, each a plain numpy array (float, int, datetime)."""
+    return list(frame.columns) == _BAR_COLUMNS and all(isinstance(d, np.dtype) and d.kind in "fiuM"
+                                                       for d in frame.dtypes)
+
+
+def _windows(tickers: list[str], kept: Mapping[str, pd.DataFrame], added: Mapping[str, pd.DataFrame],
              start_of: dict[str, Any], tail: int) -> list[tuple[str, pd.DataFrame]]:
     """Each ticker's bars from ``tail`` bars before its first bar at or after ``start_of[ticker]``
     (None: all of them): the kept tail, then the new bars."""
     frames = []
     for t in tickers:
-        parts = [f for f in (kept.get(t), added.get(t)) if f is not None and len(f)]
-        bars = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
         first = start_of.get(t)
-        i = int(np.searchsorted(bars["date"].to_numpy(), first, "left")) if first is not None else 0
-        frames.append((t, bars.iloc[max(0, i - tail):].reset_index(drop=True)))
+        fast = isinstance(kept, _KeptBars) and isinstance(added, _KeptBars)
+        if fast:  # numpy slices of the kept columns and the new bars'
+            parts = [kept.arrays(t)] if isinstance(kept, _KeptBars) and t in kept else []
+            if isinstance(added, _KeptBars) and t in added:
+                parts.append(added.arrays(t))
+            if len(parts) > 1 and any(parts[0][c].dtype != parts[1][c].dtype for c in _BAR_COLUMNS):
+                fast = False  # as pandas would stack them
+        if not fast:
+            frames_of = [f for f in (kept.get(t), added.get(t)) if f is not None and len(f)]
+            bars = pd.concat(frames_of, ignore_index=True) if len(frames_of) > 1 else \
+                frames_of[0].reset_index(drop=True)
+            i = int(np.searchsorted(bars["date"].to_numpy(), first, "left")) if first is not None else 0
+            frames.append((t, bars.iloc[max(0, i - tail):].reset_index(drop=True)))
+            continue
+        cols = parts[0] if len(parts) == 1 else {c: np.concatenate([p[c] for p in parts]) for c in _BAR_COLUMNS}
+        i = int(np.searchsorted(cols["date"], first, "left")) if first is not None else 0
+        frames.append((t, pd.DataFrame({c: v[max(0, i - tail):] for c, v in cols.items()})))
     return frames
 
 
@@ -418,7 +620,7 @@ def _cross_section(rows: pd.DataFrame, names: list[str], spec, cfg, what: str) -
 # ---- the append --------------------------------------------------------------------------------
 
 
-def _new_rows(job: _Job, kept: dict[str, pd.DataFrame], added: dict[str, pd.DataFrame],
+def _new_rows(job: _Job, kept: Mapping[str, pd.DataFrame], added: Mapping[str, pd.DataFrame],
               last_rows: dict[str, np.datetime64]) -> tuple[pd.DataFrame, Any, dict]:
     """The rows to write (raw features, before normalization), the first date written again whole (with
     a per-date pass; else None) and the per-date pass's counts."""
@@ -435,7 +637,7 @@ def _new_rows(job: _Job, kept: dict[str, pd.DataFrame], added: dict[str, pd.Data
     before = a0 - np.timedelta64(1, "ns")
     again = sorted(t for t, d in job.dates.items()
                    if len(d) and (t not in added or last_rows.get(t, before) >= a0)
-                   and max(d[-1], added[t]["date"].to_numpy()[-1] if t in added else d[-1]) >= a0)
+                   and max(d[-1], _dates_of(added, t)[-1] if t in added else d[-1]) >= a0)
     if again:
         more = _compute(_windows(again, kept, added, {t: a0 for t in again}, tail), names, spec, need,
                         {t: a0 for t in again})
@@ -462,7 +664,7 @@ def _next_index(folder: Path) -> int:
     return max(numbers, default=-1) + 1
 
 
-def _write(job: _Job, rows: pd.DataFrame, added: dict[str, pd.DataFrame], a0, cs_record: dict) -> AppendSummary:
+def _write(job: _Job, rows: pd.DataFrame, added: Mapping[str, pd.DataFrame], a0, cs_record: dict) -> AppendSummary:
     """The test segment again with the new rows, the new bars, then the manifest; on any failure before
     the manifest is written, every file written here is removed."""
     manifest, folder = job.manifest, job.folder
@@ -476,13 +678,15 @@ def _write(job: _Job, rows: pd.DataFrame, added: dict[str, pd.DataFrame], a0, cs
     from alchemetric_ray.data.shards import split_files
 
     old_files = [f.local for f in split_files(folder, "test", manifest)]
-    new_tables = _new_tables(rows, list(manifest.features), Normalizer.from_dict(manifest.normalization),
-                             writer.schema, manifest.regression)
+    new_table = _new_table(rows, list(manifest.features), Normalizer.from_dict(manifest.normalization),
+                           writer.schema, manifest.regression)
     try:
-        writer.rewrite(old_files, new_tables, a0)
-        bars_name = bars_store.write_part(folder, _next_index(folder / bars_store.BARS_DIR), sorted(added.items()))
+        writer.rewrite(old_files, new_table, a0)
+        stacked = _stack(added)
+        bars_name = bars_store.write_table_part(folder, _next_index(folder / bars_store.BARS_DIR),
+                                                _bars_table(stacked))
         writer.written.append(folder / bars_name)
-        entry = _entry(job, rows, added, bars_name, writer.rows - manifest.rows.get("test", 0), a0)
+        entry = _entry(job, rows, stacked, bars_name, writer.rows - manifest.rows.get("test", 0), a0)
         tickers = list(manifest.tickers) + sorted(set(rows["ticker"]) - set(manifest.tickers)) if len(rows) \
             else list(manifest.tickers)
         updated = dataclasses.replace(
@@ -542,17 +746,16 @@ def _in_test(plan: SplitPlan, rows: pd.DataFrame) -> np.ndarray:
     return split
 
 
-def _entry(job: _Job, rows: pd.DataFrame, added: dict[str, pd.DataFrame], bars_name: str, added_rows: int,
+def _entry(job: _Job, rows: pd.DataFrame, stacked: pd.DataFrame, bars_name: str, added_rows: int,
            a0) -> dict[str, Any]:
-    """The manifest's record of this append (``appends``)."""
+    """The manifest's record of this append (``appends``); ``stacked``: the new bars (:func:`_stack`)."""
     return {
         "kind": "append",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "source": job.description,
-        "input_hash": _digest(added),
-        "bars": {"file": bars_name, "tickers": len(added), "rows": int(sum(len(f) for f in added.values())),
-                 "first_date": _day(min(f["date"].min() for f in added.values())),
-                 "last_date": _day(max(f["date"].max() for f in added.values()))},
+        "input_hash": _digest(stacked),
+        "bars": {"file": bars_name, "tickers": int(stacked["ticker"].nunique()), "rows": len(stacked),
+                 "first_date": _day(stacked["date"].min()), "last_date": _day(stacked["date"].max())},
         "first_date": _day(rows["date"].min()) if len(rows) else None,
         "last_date": _day(rows["date"].max()) if len(rows) else None,
         "rows": {"train": 0, "val": 0, "test": added_rows},
@@ -568,54 +771,62 @@ class _TestWriter:
     def __init__(self, folder: Path, schema: pa.Schema, n_classes: int):
         self.folder, self.schema = folder, schema
         self.written: list[Path] = []
-        self.pending: list[pa.Table] = []
-        self.pending_rows = 0
         self.rows = 0
         self.classes = [0] * n_classes
         self.index = 0
 
-    def rewrite(self, old_files: list[Path], new_tables: dict[str, pa.Table], a0) -> None:
+    def rewrite(self, old_files: list[Path], new_rows: pa.Table, a0) -> None:
+        """Each old file's rows before ``a0`` (all: None), each ticker's followed by its rows of
+        ``new_rows`` (by ticker then date), then the new rows of tickers no old file holds; a ticker's
+        rows never split across files, a file closed before it would pass ROWS_PER_FILE."""
+        from alchemetric_ray.data.shards import ROWS_PER_FILE
+
         self.folder.mkdir(parents=True, exist_ok=True)
         self.index = _next_index(self.folder)
+        new_runs = {t: (lo, hi) for t, lo, hi in _ticker_runs(new_rows)}
+        pieces: list[pa.Table] = []
+        sizes: list[int] = []  # rows of each ticker, in the order written
         for path in old_files:
             table = pq.read_table(path)
             if table.schema != self.schema:
                 table = table.cast(self.schema)
             if a0 is not None:  # the dates from the first new row on are written again, whole
                 table = table.filter(pc.less(table.column("date"), pa.scalar(a0, pa.timestamp("ns"))))
-            for ticker, lo, hi in _ticker_runs(table):
-                extra = [new_tables.pop(ticker)] if ticker in new_tables else []
-                self.emit(pa.concat_tables([table.slice(lo, hi - lo), *extra]))
-        for ticker in sorted(new_tables):
-            self.emit(new_tables[ticker])
-        self.flush()
-
-    def emit(self, table: pa.Table) -> None:
-        """All the rows of one ticker."""
-        from alchemetric_ray.data.shards import ROWS_PER_FILE
-
-        if not table.num_rows:
-            return
-        if self.pending_rows and self.pending_rows + table.num_rows > ROWS_PER_FILE:
-            self.flush()
-        self.pending.append(table)
-        self.pending_rows += table.num_rows
-        self.rows += table.num_rows
-        if self.classes:
-            labels, counts = np.unique(table.column("label").to_numpy(), return_counts=True)
+            runs = _ticker_runs(table)
+            if not any(t in new_runs for t, _, _ in runs):
+                pieces.append(table)
+                sizes.extend(hi - lo for _, lo, hi in runs)
+                continue
+            both = pa.concat_tables([table, new_rows])
+            take = []
+            for ticker, lo, hi in runs:
+                extra = new_runs.pop(ticker, None)
+                take.append(np.arange(lo, hi))
+                if extra is not None:
+                    take.append(np.arange(table.num_rows + extra[0], table.num_rows + extra[1]))
+                sizes.append(hi - lo + (extra[1] - extra[0] if extra is not None else 0))
+            pieces.append(both.take(pa.array(np.concatenate(take), type=pa.int64())))
+        for ticker in sorted(new_runs):
+            lo, hi = new_runs[ticker]
+            pieces.append(new_rows.slice(lo, hi - lo))
+            sizes.append(hi - lo)
+        rows = pa.concat_tables(pieces) if pieces else new_rows.slice(0, 0)
+        if self.classes and rows.num_rows:
+            labels, counts = np.unique(rows.column("label").to_numpy(), return_counts=True)
             for c, n in zip(labels, counts):
                 self.classes[int(c)] += int(n)
+        for start, length in _file_cuts(sizes, ROWS_PER_FILE):
+            self.write(rows.slice(start, length))
+        self.rows += rows.num_rows
 
-    def flush(self) -> None:
+    def write(self, table: pa.Table) -> None:
         from alchemetric_ray.data.shards import ROWS_PER_ROW_GROUP
 
-        if not self.pending:
-            return
         path = self.folder / f"part-{self.index:05d}.parquet"
         self.written.append(path)
-        pq.write_table(pa.concat_tables(self.pending).combine_chunks(), path, row_group_size=ROWS_PER_ROW_GROUP)
+        # dictionary encoding for the ticker only, as data/shards.py writes
+        pq.write_table(table.combine_chunks(), path, row_group_size=ROWS_PER_ROW_GROUP, use_dictionary=["ticker"])
         self.index += 1
-        self.pending, self.pending_rows = [], 0
 
     def names(self) -> list[str]:
         return [f"{self.folder.name}/{p.name}" for p in self.written if p.parent == self.folder]
@@ -626,6 +837,23 @@ class _TestWriter:
                 path.unlink(missing_ok=True)
             except OSError:  # never made (its folder refused it)
                 pass
+
+
+def _file_cuts(sizes: list[int], per_file: int) -> list[tuple[int, int]]:
+    """(first row, rows) of each file for runs of ``sizes`` rows written in turn, a run never split, a
+    file closed before a run would take it past ``per_file`` rows."""
+    cuts = []
+    start = pending = 0
+    for n in sizes:
+        if not n:
+            continue
+        if pending and pending + n > per_file:
+            cuts.append((start, pending))
+            start, pending = start + pending, 0
+        pending += n
+    if pending:
+        cuts.append((start, pending))
+    return cuts
 
 
 def _cross_record(record: dict, new: dict, folder: Path, manifest: Manifest, a0) -> dict:
@@ -650,19 +878,19 @@ def _cross_record(record: dict, new: dict, folder: Path, manifest: Manifest, a0)
     return out
 
 
-def _new_tables(rows: pd.DataFrame, names: list[str], normalizer: Normalizer, schema: pa.Schema,
-                regression: bool) -> dict[str, pa.Table]:
-    """ticker -> its new rows as the shards hold them: normalized float32 features, the label's type."""
+def _new_table(rows: pd.DataFrame, names: list[str], normalizer: Normalizer, schema: pa.Schema,
+               regression: bool) -> pa.Table:
+    """The new rows (by ticker then date) as the shards hold them: normalized float32 features, the
+    label's type."""
     if rows.empty:
-        return {}
+        return schema.empty_table()
     normed = normalizer.apply(rows[names].to_numpy())
     cols: dict[str, Any] = {"date": rows["date"].to_numpy(), "ticker": rows["ticker"].to_numpy()}
     cols.update({n: normed[:, j] for j, n in enumerate(names)})
     cols.update({"label": rows["label"].to_numpy().astype(np.float32 if regression else np.int64),
                  "fwd_ret": rows["fwd_ret"].to_numpy().astype(np.float32),
                  "label_end": rows["label_end"].to_numpy()})
-    table = pa.Table.from_pydict(cols, schema=schema)
-    return {str(t): table.slice(lo, hi - lo) for t, lo, hi in _ticker_runs(table)}
+    return pa.Table.from_pydict(cols, schema=schema)
 
 
 def _ticker_runs(table: pa.Table) -> list[tuple[str, int, int]]:
