@@ -25,9 +25,11 @@ def test_unknown_feature_suggests():
         feat.resolve_feature_names(["ret_1", "rsi_41"])
 
 
-@pytest.mark.parametrize("t", [80, 200, 450])
-def test_no_look_ahead_changing_the_future_changes_no_past_feature(aapl, t):
-    names = feat.resolve_feature_names(None)
+@pytest.mark.parametrize(("feature_set", "t"), [("basic", 80), ("basic", 200), ("basic", 450), ("alpha158", 70),
+                                               ("alpha158", 250), ("alpha360", 70), ("alpha360", 250)])
+def test_no_look_ahead_changing_the_future_changes_no_past_feature(aapl, feature_set, t):
+    """Every feature set: changing the bars after t changes no feature value up to t."""
+    names = feat.resolve_feature_names(None, feature_set)
     base, _ = feat.compute_features(aapl, names)
     future = aapl.copy()
     rng = np.random.default_rng(t)
