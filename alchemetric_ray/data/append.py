@@ -124,10 +124,13 @@ class _KeptBars(Mapping[str, pd.DataFrame]):
         cols: dict[str, list[np.ndarray]] = {c: [] for c in _BAR_COLUMNS}
         for t in tickers:
             frame = _bare(frames[t])
-            if not len(frame) or not _plain(frame):
+            if not len(frame) or list(frame.columns) != _BAR_COLUMNS:
                 return None
             for c in _BAR_COLUMNS:
-                cols[c].append(frame[c].to_numpy())
+                column = frame[c]
+                if not isinstance(column.dtype, np.dtype) or column.dtype.kind not in "fiuM":
+                    return None
+                cols[c].append(column.to_numpy())
         for c, arrays in cols.items():
             if len({a.dtype for a in arrays}) > 1:
                 return None
@@ -531,37 +534,49 @@ def _first_after(dates: np.ndarray | None, added: np.ndarray | None, last_row) -
 # ---- computing the rows ------------------------------------------------------------------------
 
 
-def _plain(frame: pd.DataFrame) -> bool:
-    """Whether ``frame`` holds the bars' columns only, each a plain numpy array (float, int, datetime)."""
-    return list(frame.columns) == _BAR_COLUMNS and all(isinstance(d, np.dtype) and d.kind in "fiuM"
-                                                       for d in frame.dtypes)
-
-
 def _windows(tickers: list[str], kept: Mapping[str, pd.DataFrame], added: Mapping[str, pd.DataFrame],
              start_of: dict[str, Any], tail: int) -> list[tuple[str, pd.DataFrame]]:
     """Each ticker's bars from ``tail`` bars before its first bar at or after ``start_of[ticker]``
     (None: all of them): the kept tail, then the new bars."""
+    if isinstance(kept, _KeptBars) and isinstance(added, _KeptBars) and \
+            all(kept.cols[c].dtype == added.cols[c].dtype for c in _BAR_COLUMNS):
+        return _gathered_windows(tickers, kept, added, start_of, tail)
     frames = []
     for t in tickers:
         first = start_of.get(t)
-        fast = isinstance(kept, _KeptBars) and isinstance(added, _KeptBars)
-        if fast:  # numpy slices of the kept columns and the new bars'
-            parts = [kept.arrays(t)] if isinstance(kept, _KeptBars) and t in kept else []
-            if isinstance(added, _KeptBars) and t in added:
-                parts.append(added.arrays(t))
-            if len(parts) > 1 and any(parts[0][c].dtype != parts[1][c].dtype for c in _BAR_COLUMNS):
-                fast = False  # as pandas would stack them
-        if not fast:
-            frames_of = [f for f in (kept.get(t), added.get(t)) if f is not None and len(f)]
-            bars = pd.concat(frames_of, ignore_index=True) if len(frames_of) > 1 else \
-                frames_of[0].reset_index(drop=True)
-            i = int(np.searchsorted(bars["date"].to_numpy(), first, "left")) if first is not None else 0
-            frames.append((t, bars.iloc[max(0, i - tail):].reset_index(drop=True)))
-            continue
-        cols = parts[0] if len(parts) == 1 else {c: np.concatenate([p[c] for p in parts]) for c in _BAR_COLUMNS}
-        i = int(np.searchsorted(cols["date"], first, "left")) if first is not None else 0
-        frames.append((t, pd.DataFrame({c: v[max(0, i - tail):] for c, v in cols.items()})))
+        frames_of = [f for f in (kept.get(t), added.get(t)) if f is not None and len(f)]
+        bars = pd.concat(frames_of, ignore_index=True) if len(frames_of) > 1 else frames_of[0].reset_index(drop=True)
+        i = int(np.searchsorted(bars["date"].to_numpy(), first, "left")) if first is not None else 0
+        frames.append((t, bars.iloc[max(0, i - tail):].reset_index(drop=True)))
     return frames
+
+
+def _gathered_windows(tickers: list[str], kept: _KeptBars, added: _KeptBars, start_of: dict[str, Any],
+                      tail: int) -> list[tuple[str, pd.DataFrame]]:
+    """:func:`_windows` by index arithmetic: each window's rows of the two column sets (of the same
+    dtypes) found by offsets, gathered at once into one frame, then cut by ticker."""
+    offset = len(kept.cols["date"])  # the new bars' rows come after the kept ones in the gathered source
+    take: list[np.ndarray] = []
+    lengths = []
+    for t in tickers:
+        klo, khi = kept.bounds.get(t, (0, 0))
+        alo, ahi = added.bounds.get(t, (0, 0))
+        first = start_of.get(t)
+        if first is not None:
+            dates = np.concatenate([kept.cols["date"][klo:khi], added.cols["date"][alo:ahi]])
+            i = int(np.searchsorted(dates, first, "left"))
+        else:
+            i = 0
+        start = max(0, i - tail)
+        nk = khi - klo
+        rows = np.concatenate([np.arange(klo + min(start, nk), khi),
+                               np.arange(offset + alo + max(0, start - nk), offset + ahi)])
+        take.append(rows)
+        lengths.append(len(rows))
+    index = np.concatenate(take) if take else np.zeros(0, dtype=np.int64)
+    big = pd.DataFrame({c: np.concatenate([kept.cols[c], added.cols[c]])[index] for c in _BAR_COLUMNS})
+    ends = np.cumsum(lengths).tolist()
+    return [(t, big.iloc[end - n:end].reset_index(drop=True)) for t, n, end in zip(tickers, lengths, ends)]
 
 
 def _compute(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec, need: int,
