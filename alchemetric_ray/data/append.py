@@ -534,10 +534,15 @@ def _first_after(dates: np.ndarray | None, added: np.ndarray | None, last_row) -
 # ---- computing the rows ------------------------------------------------------------------------
 
 
+_Gathered = tuple[list[str], pd.DataFrame, np.ndarray]  # tickers, their bars one below the other, row counts
+_Windows = list[tuple[str, pd.DataFrame]] | _Gathered
+
+
 def _windows(tickers: list[str], kept: Mapping[str, pd.DataFrame], added: Mapping[str, pd.DataFrame],
-             start_of: dict[str, Any], tail: int) -> list[tuple[str, pd.DataFrame]]:
+             start_of: dict[str, Any], tail: int) -> _Windows:
     """Each ticker's bars from ``tail`` bars before its first bar at or after ``start_of[ticker]``
-    (None: all of them): the kept tail, then the new bars."""
+    (None: all of them): the kept tail, then the new bars; (ticker, frame) pairs, or where both are
+    column sets, the tickers, one frame of all their windows and their row counts."""
     if isinstance(kept, _KeptBars) and isinstance(added, _KeptBars) and \
             all(kept.cols[c].dtype == added.cols[c].dtype for c in _BAR_COLUMNS):
         return _gathered_windows(tickers, kept, added, start_of, tail)
@@ -552,9 +557,9 @@ def _windows(tickers: list[str], kept: Mapping[str, pd.DataFrame], added: Mappin
 
 
 def _gathered_windows(tickers: list[str], kept: _KeptBars, added: _KeptBars, start_of: dict[str, Any],
-                      tail: int) -> list[tuple[str, pd.DataFrame]]:
+                      tail: int) -> _Gathered:
     """:func:`_windows` by index arithmetic: each window's rows of the two column sets (of the same
-    dtypes) found by offsets, gathered at once into one frame, then cut by ticker."""
+    dtypes) found by offsets, gathered at once into one frame."""
     offset = len(kept.cols["date"])  # the new bars' rows come after the kept ones in the gathered source
     take: list[np.ndarray] = []
     lengths = []
@@ -575,19 +580,21 @@ def _gathered_windows(tickers: list[str], kept: _KeptBars, added: _KeptBars, sta
         lengths.append(len(rows))
     index = np.concatenate(take) if take else np.zeros(0, dtype=np.int64)
     big = pd.DataFrame({c: np.concatenate([kept.cols[c], added.cols[c]])[index] for c in _BAR_COLUMNS})
-    ends = np.cumsum(lengths).tolist()
-    return [(t, big.iloc[end - n:end].reset_index(drop=True)) for t, n, end in zip(tickers, lengths, ends)]
+    return list(tickers), big, np.array(lengths, dtype=np.int64)
 
 
-def _compute(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec, need: int,
-             keep_from: dict[str, Any]) -> pd.DataFrame:
-    """compute_group over ``frames``, a group at a time; each ticker's rows from ``keep_from[ticker]`` on
-    (inclusive, a datetime64)."""
+def _compute(frames: _Windows, names: list[str], spec, need: int, keep_from: dict[str, Any]) -> pd.DataFrame:
+    """compute_group over ``frames`` (:func:`_windows`), a group at a time; each ticker's rows from
+    ``keep_from[ticker]`` on (inclusive, a datetime64)."""
     from alchemetric_ray.data.panel import compute_group
 
     out = []
-    for i in range(0, len(frames), GROUP_TICKERS):
-        table = compute_group(frames[i:i + GROUP_TICKERS], names, spec, need).table
+    count = len(frames[0]) if isinstance(frames, tuple) else len(frames)
+    for i in range(0, count, GROUP_TICKERS):
+        if isinstance(frames, tuple):
+            table = _group_table(frames, i, i + GROUP_TICKERS, names, spec, need)
+        else:
+            table = compute_group(frames[i:i + GROUP_TICKERS], names, spec, need).table
         if not table.num_rows:
             continue
         rows = table.to_pandas()
@@ -598,6 +605,35 @@ def _compute(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec, nee
     if not out:
         return pd.DataFrame()
     return pd.concat(out, ignore_index=True)
+
+
+def _group_table(gathered: _Gathered, lo: int, hi: int, names: list[str], spec, need: int) -> pa.Table:
+    """``compute_group(...).table`` of the tickers ``lo:hi`` of ``gathered``, from its frame's rows of
+    them (compute_group's own steps, without a frame per ticker or the bars' digests, unused here)."""
+    from alchemetric_ray.data.features import Panel
+    from alchemetric_ray.data.panel import _arrow, panel_columns
+
+    tickers, bars, lengths = gathered
+    tickers, lengths = tickers[lo:hi], lengths[lo:hi]
+    start = int(_lengths_before(gathered, lo))
+    together = bars.iloc[start:start + int(lengths.sum())].reset_index(drop=True)
+    panel = Panel.from_table(together, lengths)
+    dates = together["date"].to_numpy().astype("datetime64[ns]")
+    cols, _ = panel_columns(panel, dates, names, spec)
+    computed = lengths >= need  # the short ones: no row
+    keep = cols["has_features"] & np.isfinite(cols["label"]) & computed[panel.tid]
+    if not keep.any():
+        return pa.table({})
+    rows_kept = np.flatnonzero(keep)
+    columns = {"date": dates[rows_kept], "ticker": tickers, **{n: cols[n][rows_kept] for n in names},
+               "label": cols["label"][rows_kept], "fwd_ret": cols["fwd_ret"][rows_kept],
+               "label_end": cols["label_end"][rows_kept]}
+    return _arrow(columns, panel.tid[rows_kept])
+
+
+def _lengths_before(gathered: _Gathered, lo: int) -> int:
+    """Rows of ``gathered``'s frame before its ticker ``lo``."""
+    return int(gathered[2][:lo].sum())
 
 
 def _after_last_row(last_rows: dict[str, np.datetime64], tickers) -> dict[str, np.datetime64]:
