@@ -148,10 +148,10 @@ class FeaturesConfig:
         "auto", "Where the features are computed: `true` = as Ray tasks over groups of tickers (and the per-date "
                 "pass by buckets of dates), in the Ray this process runs in, else a local one it starts; `false` = "
                 "in this process; `auto` = Ray tasks in a Ray already running in this process, or on the cluster "
-                "RAY_ADDRESS names (`ray job submit`) for more than one group, or a local Ray it starts for a folder of "
-                "per-ticker files of 80 groups or more (16M bars at the default `group_rows`, judged by the files' "
-                "size: below that, on a 2-core machine, a local Ray's start cost more than its cores saved); else in "
-                "this process. The shards are the same either way.")
+                "RAY_ADDRESS names (`ray job submit`) for more than one group, or a local Ray it starts for a folder "
+                "of per-ticker files of 80 groups or more (16M bars at the default `group_rows`, judged by the files' "
+                "size: below that, on a 2-core machine, a local Ray's start cost more than its cores saved); "
+                "else in this process. The shards are the same either way.")
     group_rows: int = setting(
         200_000, "The bars in one group of tickers, the unit of work of the feature build (a group ends at the "
                  "ticker that reaches this many rows): smaller groups spread more tasks over a cluster, larger "
