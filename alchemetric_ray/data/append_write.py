@@ -1,0 +1,298 @@
+"""How an append writes (:mod:`~alchemetric_ray.data.append`): the test segment again as new part files
+with the new rows, the new bars as a bars part, then the manifest with its ``appends`` entry; every
+file written removed on a failure before the manifest is."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from alchemetric_ray.data import bars_store
+from alchemetric_ray.data.append_bars import bars_table, day, digest, stack
+from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.data.normalize import Normalizer
+from alchemetric_ray.data.splits import SplitPlan
+from alchemetric_ray.errors import ShardError, UserError
+from alchemetric_ray.storage import Location
+
+_PART = re.compile(r"part-(\d+)\.parquet$")
+_Summary = TypeVar("_Summary", covariant=True)
+
+
+class _Job(Protocol[_Summary]):
+    """What writing reads of an append (``append._Job``, which this module cannot import: append.py
+    imports it)."""
+
+    where: Location
+    manifest: Manifest
+    parts: list[Path]
+    description: str
+
+    @property
+    def folder(self) -> Path: ...
+
+    def summary(self, manifest: Manifest, line: str) -> _Summary: ...
+
+
+def _schema(names: list[str], regression: bool) -> pa.Schema:
+    """The shards' columns (data/shards.py writes the same)."""
+    return pa.schema([("date", pa.timestamp("ns")), ("ticker", pa.string()),
+                      *[(n, pa.float32()) for n in names],
+                      ("label", pa.float32() if regression else pa.int64()), ("fwd_ret", pa.float32()),
+                      ("label_end", pa.timestamp("ns"))])
+
+
+def _next_index(folder: Path) -> int:
+    """One past the highest part number in ``folder`` (listed or not): a new name never replaces a file."""
+    numbers = [int(m.group(1)) for p in folder.glob("part-*.parquet") if (m := _PART.search(p.name))]
+    return max(numbers, default=-1) + 1
+
+
+def write(job: _Job[_Summary], rows: pd.DataFrame, added: Mapping[str, pd.DataFrame], a0,
+          cs_record: dict) -> _Summary:
+    """The test segment again with the new rows, the new bars, then the manifest; on any failure before
+    the manifest is written, every file written here is removed."""
+    manifest, folder = job.manifest, job.folder
+    plan = SplitPlan(**manifest.splits)
+    if not rows.empty:
+        rows = rows.sort_values(["ticker", "date"], kind="stable").reset_index(drop=True)
+        plan = dataclasses.replace(plan, test_end=max(plan.test_end, day(rows["date"].max())))
+        rows = rows[_in_test(plan, rows) == 2].reset_index(drop=True)
+    writer = _TestWriter(folder / "split=test", _schema(list(manifest.features), manifest.regression),
+                         len(manifest.classes))
+    from alchemetric_ray.data.shards import split_files
+
+    old_files = [f.local for f in split_files(folder, "test", manifest)]
+    new_table = _new_table(rows, list(manifest.features), Normalizer.from_dict(manifest.normalization),
+                           writer.schema, manifest.regression)
+    try:
+        writer.rewrite(old_files, new_table, a0)
+        stacked = stack(added)
+        bars_name = bars_store.write_table_part(folder, _next_index(folder / bars_store.BARS_DIR),
+                                                bars_table(stacked))
+        writer.written.append(folder / bars_name)
+        entry = _entry(job, rows, stacked, bars_name, writer.rows - manifest.rows.get("test", 0), a0)
+        tickers = list(manifest.tickers) + sorted(set(rows["ticker"]) - set(manifest.tickers)) if len(rows) \
+            else list(manifest.tickers)
+        updated = dataclasses.replace(
+            manifest,
+            splits=plan.as_dict(),
+            rows={**manifest.rows, "test": writer.rows},
+            class_counts={**manifest.class_counts, "test": writer.classes} if writer.classes else
+            manifest.class_counts,
+            tickers=tickers,
+            skipped_tickers={t: why for t, why in manifest.skipped_tickers.items() if t not in set(tickers)},
+            files={**manifest.files, "test": writer.names(),
+                   bars_store.BARS_DIR: [str(p.relative_to(folder)) for p in job.parts] + [bars_name]},
+            cross_section=_cross_record(manifest.cross_section, cs_record, folder, manifest, a0),
+            appends=[*manifest.appends, entry],
+        )
+        updated.write(folder)
+    except OSError as exc:
+        if _committed(folder, len(manifest.appends) + 1):  # written; what failed came after (a folder's sync)
+            raise ShardError(f"{folder}: the append was written, but then: {exc.strerror or exc}") from None
+        writer.remove()
+        if isinstance(exc, UserError):  # already one line (a full disk)
+            raise
+        where = exc.filename or folder
+        raise ShardError(f"{where}: cannot write the append ({exc.strerror or exc}); {job.where} is as it was") \
+            from None
+    except BaseException:
+        if not _committed(folder, len(manifest.appends) + 1):  # an interrupt just after the manifest's rename
+            writer.remove()
+        raise
+    for path in old_files:  # no longer listed: their rows are in the new files
+        if path not in writer.written:
+            path.unlink(missing_ok=True)
+    dates = f"dates {entry['first_date']}..{entry['last_date']}" if entry["first_date"] else \
+        f"bars {entry['bars']['first_date']}..{entry['bars']['last_date']} kept, no label yet"
+    line = (f"appended {entry['rows']['test']} rows for {entry['tickers']} tickers ({dates}) to {job.where}; "
+            f"test segment now {writer.rows} rows")
+    return job.summary(updated, line)
+
+
+def _committed(folder: Path, appends: int) -> bool:
+    """Whether the manifest in ``folder`` is the one that records this append (its ``appends`` count)."""
+    try:
+        return len(Manifest.read(folder).appends) == appends
+    except (ShardError, OSError):
+        return False
+
+
+def _in_test(plan: SplitPlan, rows: pd.DataFrame) -> np.ndarray:
+    """The split of each row (:meth:`SplitPlan.assign`); a row that would land in train or val is refused."""
+    split = plan.assign(rows["date"].to_numpy(), rows["label_end"].to_numpy())
+    early = np.flatnonzero((split == 0) | (split == 1))
+    if len(early):
+        row = rows.iloc[early[0]]
+        raise ShardError(f"{row['ticker']} {day(row['date'])}: the append would add a row before the test segment "
+                         f"(from {plan.test_start}), which would change the train/val segments and the normalization "
+                         f"fitted on train; rebuild instead: --append --rebuild")
+    return split
+
+
+def _entry(job: _Job[Any], rows: pd.DataFrame, stacked: pd.DataFrame, bars_name: str, added_rows: int,
+           a0) -> dict[str, Any]:
+    """The manifest's record of this append (``appends``); ``stacked``: the new bars (:func:`stack`)."""
+    return {
+        "kind": "append",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "source": job.description,
+        "input_hash": digest(stacked),
+        "bars": {"file": bars_name, "tickers": int(stacked["ticker"].nunique()), "rows": len(stacked),
+                 "first_date": day(stacked["date"].min()), "last_date": day(stacked["date"].max())},
+        "first_date": day(rows["date"].min()) if len(rows) else None,
+        "last_date": day(rows["date"].max()) if len(rows) else None,
+        "rows": {"train": 0, "val": 0, "test": added_rows},
+        "tickers": int(rows["ticker"].nunique()) if len(rows) else 0,
+        "rewritten_from": day(a0) if a0 is not None else None,
+    }
+
+
+class _TestWriter:
+    """The test segment's new part files: each ticker's kept rows then its new ones, a ticker never in
+    two files, up to ROWS_PER_FILE rows a file (as data/shards.py writes them), under names no file has."""
+
+    def __init__(self, folder: Path, schema: pa.Schema, n_classes: int):
+        self.folder, self.schema = folder, schema
+        self.written: list[Path] = []
+        self.rows = 0
+        self.classes = [0] * n_classes
+        self.index = 0
+
+    def rewrite(self, old_files: list[Path], new_rows: pa.Table, a0) -> None:
+        """Each old file's rows before ``a0`` (all: None), each ticker's followed by its rows of
+        ``new_rows`` (by ticker then date), then the new rows of tickers no old file holds; a ticker's
+        rows never split across files, a file closed before it would pass ROWS_PER_FILE."""
+        from alchemetric_ray.data.shards import ROWS_PER_FILE
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.index = _next_index(self.folder)
+        new_runs = {t: (lo, hi) for t, lo, hi in _ticker_runs(new_rows)}
+        pieces: list[pa.Table] = []
+        sizes: list[int] = []  # rows of each ticker, in the order written
+        for path in old_files:
+            table = pq.read_table(path)
+            if table.schema != self.schema:
+                table = table.cast(self.schema)
+            if a0 is not None:  # the dates from the first new row on are written again, whole
+                table = table.filter(pc.less(table.column("date"), pa.scalar(a0, pa.timestamp("ns"))))
+            runs = _ticker_runs(table)
+            if not any(t in new_runs for t, _, _ in runs):
+                pieces.append(table)
+                sizes.extend(hi - lo for _, lo, hi in runs)
+                continue
+            both = pa.concat_tables([table, new_rows])
+            take = []
+            for ticker, lo, hi in runs:
+                extra = new_runs.pop(ticker, None)
+                take.append(np.arange(lo, hi))
+                if extra is not None:
+                    take.append(np.arange(table.num_rows + extra[0], table.num_rows + extra[1]))
+                sizes.append(hi - lo + (extra[1] - extra[0] if extra is not None else 0))
+            pieces.append(both.take(pa.array(np.concatenate(take), type=pa.int64())))
+        for ticker in sorted(new_runs):
+            lo, hi = new_runs[ticker]
+            pieces.append(new_rows.slice(lo, hi - lo))
+            sizes.append(hi - lo)
+        rows = pa.concat_tables(pieces) if pieces else new_rows.slice(0, 0)
+        if self.classes and rows.num_rows:
+            labels, counts = np.unique(rows.column("label").to_numpy(), return_counts=True)
+            for c, n in zip(labels, counts):
+                self.classes[int(c)] += int(n)
+        for start, length in _file_cuts(sizes, ROWS_PER_FILE):
+            self.write(rows.slice(start, length))
+        self.rows += rows.num_rows
+
+    def write(self, table: pa.Table) -> None:
+        from alchemetric_ray.data.shards import ROWS_PER_ROW_GROUP
+
+        path = self.folder / f"part-{self.index:05d}.parquet"
+        self.written.append(path)
+        # dictionary encoding for the ticker only, as data/shards.py writes
+        pq.write_table(table.combine_chunks(), path, row_group_size=ROWS_PER_ROW_GROUP, use_dictionary=["ticker"])
+        self.index += 1
+
+    def names(self) -> list[str]:
+        return [f"{self.folder.name}/{p.name}" for p in self.written if p.parent == self.folder]
+
+    def remove(self) -> None:
+        for path in self.written:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:  # never made (its folder refused it)
+                pass
+
+
+def _file_cuts(sizes: list[int], per_file: int) -> list[tuple[int, int]]:
+    """(first row, rows) of each file for runs of ``sizes`` rows written in turn, a run never split, a
+    file closed before a run would take it past ``per_file`` rows."""
+    cuts = []
+    start = pending = 0
+    for n in sizes:
+        if not n:
+            continue
+        if pending and pending + n > per_file:
+            cuts.append((start, pending))
+            start, pending = start + pending, 0
+        pending += n
+    if pending:
+        cuts.append((start, pending))
+    return cuts
+
+
+def _cross_record(record: dict, new: dict, folder: Path, manifest: Manifest, a0) -> dict:
+    """The manifest's record of the per-date pass, its counts brought up to date: the dates the append
+    wrote again (from ``a0`` on) are counted as this pass counted them."""
+    if not record or not new:
+        return record
+    before = 0
+    if a0 is not None:
+        from alchemetric_ray.data.shards import split_files
+
+        seen = set()
+        for file in split_files(folder, "test", manifest):
+            d = pq.read_table(file.local, columns=["date"]).column("date").to_numpy()
+            seen.update(d[d >= np.datetime64(a0, "ns")].tolist())
+        before = len(seen)
+    out = dict(record)
+    out["dates_kept"] = int(record.get("dates_kept", 0)) - before + int(new.get("dates_kept", 0))
+    out["dates_dropped"] = int(record.get("dates_dropped", 0)) + int(new.get("dates_dropped", 0))
+    out["rows_dropped"] = int(record.get("rows_dropped", 0)) + int(new.get("rows_dropped", 0))
+    out["max_names"] = max(int(record.get("max_names", 0)), int(new.get("max_names", 0)))
+    return out
+
+
+def _new_table(rows: pd.DataFrame, names: list[str], normalizer: Normalizer, schema: pa.Schema,
+               regression: bool) -> pa.Table:
+    """The new rows (by ticker then date) as the shards hold them: normalized float32 features, the
+    label's type."""
+    if rows.empty:
+        return schema.empty_table()
+    normed = normalizer.apply(rows[names].to_numpy())
+    cols: dict[str, Any] = {"date": rows["date"].to_numpy(), "ticker": rows["ticker"].to_numpy()}
+    cols.update({n: normed[:, j] for j, n in enumerate(names)})
+    cols.update({"label": rows["label"].to_numpy().astype(np.float32 if regression else np.int64),
+                 "fwd_ret": rows["fwd_ret"].to_numpy().astype(np.float32),
+                 "label_end": rows["label_end"].to_numpy()})
+    return pa.Table.from_pydict(cols, schema=schema)
+
+
+def _ticker_runs(table: pa.Table) -> list[tuple[str, int, int]]:
+    """(ticker, first row, end row) of each run of one ticker in ``table``."""
+    if not table.num_rows:
+        return []
+    tickers = table.column("ticker").to_numpy(zero_copy_only=False)
+    cuts = np.flatnonzero(tickers[1:] != tickers[:-1]) + 1
+    bounds = [0, *cuts.tolist(), len(tickers)]
+    return [(str(tickers[lo]), lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
