@@ -274,15 +274,18 @@ def test_an_interrupted_local_train_keeps_its_epochs_resumes_in_the_next_cell_an
     assert back == {"best": before["best"], "model_dir": before["model_dir"]}
     print(f"interrupt, resume: {first:.0f}s; the cell ended {ended_in:.1f}s after the interrupt")
 
-    # ar.features interrupted while it builds the packaged 88 tickers (its imports warm from a first call):
-    # Interrupted with its one line, and nothing of the shard folder, staged or final, left
+    # ar.features interrupted while it builds a synthetic market of 1,500 tickers x 1,000 days (seconds of work
+    # even vectorized; its imports warm from a first call): Interrupted with its one line, and nothing of the
+    # shard folder, staged or final, left
     warm = k.run(f"import alchemetric_ray as ar\nar.features(ar.load_config(None, 'data.tickers=AAPL'), "
                  f"out={str(tmp_path / 'warm')!r}).tickers")
     assert warm.error is None and warm.result == "['AAPL']", warm.describe()
     target = tmp_path / "all"
     # the cue comes from another thread a second into the call, so the interrupt lands inside ar.features
     cell, ended_in = k.interrupt_on("import threading\nthreading.Timer(1.0, print, ['building']).start()\n"
-                                    f"shards = ar.features(out={str(target)!r})", "building")
+                                    "shards = ar.features(ar.load_config(None, 'data.source=synthetic', "
+                                    "'data.synthetic_tickers=1500', 'data.synthetic_days=1000'), "
+                                    f"out={str(target)!r})", "building")
     # ar.InterruptedBeforeDone: an ar.Interrupted of a call that writes its output whole
     assert cell.error is not None and cell.error["ename"] == "InterruptedBeforeDone", cell.describe()
     assert cell.error["evalue"] == (f"interrupted before the shards in {target} were written (nothing half-written "
