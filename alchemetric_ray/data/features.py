@@ -614,15 +614,20 @@ for _w in ALPHA_WINDOWS:
     _a158(f"cntn_{_w}", _w, f"share of the last {_w} bars whose close fell")(lambda p, w=_w: _counts(p, w)[1].copy())
 for _w in ALPHA_WINDOWS:
     _a158(f"cntd_{_w}", _w, f"cntp_{_w} - cntn_{_w}")(lambda p, w=_w: _counts(p, w)[0] - _counts(p, w)[1])
-for _w in ALPHA_WINDOWS:
-    _a158(f"sump_{_w}", _w, f"sum of the close's rises / sum of its absolute moves over {_w} bars; 0.5 when flat")(
-        lambda p, w=_w: safe_ratio(_close_moves(p, w)[0], _close_moves(p, w)[2], 0.5))
-for _w in ALPHA_WINDOWS:
-    _a158(f"sumn_{_w}", _w, f"sum of the close's falls / sum of its absolute moves over {_w} bars; 0.5 when flat")(
-        lambda p, w=_w: safe_ratio(_close_moves(p, w)[1], _close_moves(p, w)[2], 0.5))
-for _w in ALPHA_WINDOWS:
-    _a158(f"sumd_{_w}", _w, f"(rises - falls) / absolute moves of the close over {_w} bars; 0 when flat")(
-        lambda p, w=_w: safe_ratio(_close_moves(p, w)[0] - _close_moves(p, w)[1], _close_moves(p, w)[2], 0.0))
+def _move_sums(prefix: str, moves: Callable, what: str) -> None:
+    """``{prefix}p/n/d_{w}``: the rises, the falls and their difference over ``what``'s absolute moves."""
+    for w in ALPHA_WINDOWS:
+        _a158(f"{prefix}p_{w}", w, f"sum of {what}'s rises / sum of its absolute moves over {w} bars; 0.5 when flat")(
+            lambda p, w=w: safe_ratio(moves(p, w)[0], moves(p, w)[2], 0.5))
+    for w in ALPHA_WINDOWS:
+        _a158(f"{prefix}n_{w}", w, f"sum of {what}'s falls / sum of its absolute moves over {w} bars; 0.5 when flat")(
+            lambda p, w=w: safe_ratio(moves(p, w)[1], moves(p, w)[2], 0.5))
+    for w in ALPHA_WINDOWS:
+        _a158(f"{prefix}d_{w}", w, f"(rises - falls) / absolute moves of {what} over {w} bars; 0 when flat")(
+            lambda p, w=w: safe_ratio(moves(p, w)[0] - moves(p, w)[1], moves(p, w)[2], 0.0))
+
+
+_move_sums("sum", _close_moves, "the close")
 for _w in ALPHA_WINDOWS:
     _a158(f"vma_{_w}", _w - 1, f"mean volume over {_w} bars / volume; 1 when the volume is 0")(
         lambda p, w=_w: safe_ratio(p.rolling_mean(p.volume, w), p.volume, 1.0))
@@ -632,15 +637,7 @@ for _w in ALPHA_WINDOWS:
 for _w in ALPHA_WINDOWS:
     _a158(f"wvma_{_w}", _w, f"std / mean of |close / previous close - 1| x volume over {_w} bars; 0 when the "
                             "mean is 0")(lambda p, w=_w: _wvma(p, w))
-for _w in ALPHA_WINDOWS:
-    _a158(f"vsump_{_w}", _w, f"sum of the volume's rises / sum of its absolute moves over {_w} bars; 0.5 when flat")(
-        lambda p, w=_w: safe_ratio(_volume_moves(p, w)[0], _volume_moves(p, w)[2], 0.5))
-for _w in ALPHA_WINDOWS:
-    _a158(f"vsumn_{_w}", _w, f"sum of the volume's falls / sum of its absolute moves over {_w} bars; 0.5 when flat")(
-        lambda p, w=_w: safe_ratio(_volume_moves(p, w)[1], _volume_moves(p, w)[2], 0.5))
-for _w in ALPHA_WINDOWS:
-    _a158(f"vsumd_{_w}", _w, f"(rises - falls) / absolute moves of the volume over {_w} bars; 0 when flat")(
-        lambda p, w=_w: safe_ratio(_volume_moves(p, w)[0] - _volume_moves(p, w)[1], _volume_moves(p, w)[2], 0.0))
+_move_sums("vsum", _volume_moves, "the volume")
 
 
 def _alpha360_field(p: Panel, name: str) -> np.ndarray:
