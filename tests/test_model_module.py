@@ -14,7 +14,9 @@ from alchemetric_ray.models import MODELS, build_model, model_spec, register_mod
 
 def test_a_model_declares_its_inputs_hyperparameters_and_cpu_autocast():
     assert {name: spec.inputs for name, spec in MODELS.items()} == {
-        "mlp": "tabular", "lstm": "sequence", "gru": "sequence", "tcn": "sequence", "transformer": "sequence"}
+        "mlp": "tabular", "lstm": "sequence", "gru": "sequence", "tcn": "sequence", "transformer": "sequence",
+        "cs_attention": "tabular"}
+    assert model_spec("cs_attention").hyperparameters == ("hidden", "layers", "dropout", "heads")
     assert model_spec("transformer").hyperparameters == ("hidden", "layers", "dropout", "heads", "window")
     assert model_spec("mlp").cpu_autocast_broken is None
     assert "LSTM fails under CPU autocast" in model_spec("lstm").cpu_autocast_broken

@@ -17,7 +17,7 @@ from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.data.shards import build_shards
 from alchemetric_ray.errors import PlanError
 from alchemetric_ray.hardware import device as dev
-from alchemetric_ray.models import MODELS, model_spec
+from alchemetric_ray.models import MODELS, is_cross_sectional, model_spec
 from alchemetric_ray.placement.plan import plan_resources
 from alchemetric_ray.training.trainer import Execution, build_trainer, run_training
 
@@ -43,8 +43,9 @@ def _final_state(outcome):
 # ---- models: each one can memorise 256 rows (Train's local mode: the loop runs in-process) ------
 
 
+# a cross-sectional model learns a date's ranking, not classes: tests/test_cs_attention.py trains it
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "transformer" else n
-                                  for n in sorted(MODELS)])
+                                  for n in sorted(MODELS) if not is_cross_sectional(MODELS[n])])
 def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
     cfg = _cfg(shards, tmp_path, f"model.name={name}", "model.hidden=128", "model.dropout=0.0", "train.epochs=80",
                "train.lr=0.003", "train.schedule=constant", "train.batch_size=64", "train.weight_decay=0",
@@ -359,7 +360,8 @@ def test_train_cli_bad_input_is_one_line(tmp_path, capsys):
 
     assert main(["train", "--model", "resnet"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "alchemetric-ray train: error: unknown model 'resnet' (known: gru, lstm, mlp, tcn, transformer)"
+    assert err == ("alchemetric-ray train: error: unknown model 'resnet' "
+                   "(known: cs_attention, gru, lstm, mlp, tcn, transformer)")
     assert main(["train", "train.lr=0"]) == 2
     assert (capsys.readouterr().err.strip()
             == "alchemetric-ray train: error: config 'train.lr': 0.0 is invalid, expected > 0")

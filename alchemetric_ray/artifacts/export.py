@@ -126,7 +126,8 @@ def _scores(model: torch.nn.Module, meta: CheckpointMeta, cfg: RunConfig, shards
     if cfg.train.score_test:  # a look at the test segment, asked for
         test = split_frame(shards, "test", manifest.features, manifest)
         x, rows = model_inputs(test, manifest.features, model_spec(cfg.model.name).inputs, cfg.features.window)
-        outputs = predict_proba(model, x, device, precision, regression=manifest.regression)
+        outputs = predict_proba(model, x, device, precision, regression=manifest.regression,
+                                date=rows["date"].to_numpy())
         metrics["test"] = target_metrics(outputs, rows["label"].to_numpy(), rows["fwd_ret"].to_numpy(),
                                          rows["date"].to_numpy(), manifest.classes, prefix="")
         look = ledger.look_entry(f"{command} (train.score_test)", manifest.splits["test_start"],

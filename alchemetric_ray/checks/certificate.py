@@ -61,12 +61,12 @@ def sample_dates(dates: np.ndarray, max_rows: int) -> np.ndarray:
     return np.flatnonzero(np.isin(code, chosen))
 
 
-def _scores(loaded, x: np.ndarray, device, precision) -> np.ndarray:
+def _scores(loaded, x: np.ndarray, device, precision, date: np.ndarray | None = None) -> np.ndarray:
     from alchemetric_ray.scoring.predictions import predict_proba
 
     model = loaded.model.to(device)
     try:
-        proba = predict_proba(model, x, device, precision, regression=loaded.manifest.regression)
+        proba = predict_proba(model, x, device, precision, regression=loaded.manifest.regression, date=date)
     finally:
         loaded.model.to("cpu")
     return direction_score(proba, loaded.manifest.classes)
@@ -109,12 +109,12 @@ def certify(loaded, backends: list[tuple[Any, Any]], reference: tuple[Any, Any])
     x, rows = certificate_rows(loaded)
     dates, classes = rows["date"].to_numpy(), loaded.manifest.classes
     ref_dev, ref_prec = reference
-    ref_score = _scores(loaded, x, ref_dev, ref_prec)
+    ref_score = _scores(loaded, x, ref_dev, ref_prec, dates)
     ref_pos = signal_positions(ref_score, dates, classes, loaded.config)
     ref_ic = _rank_ic(rows, ref_score)
     results = {}
     for device, precision in backends:
-        score = _scores(loaded, x, device, precision)
+        score = _scores(loaded, x, device, precision, dates)
         pos = signal_positions(score, dates, classes, loaded.config)
         flips = float((pos != ref_pos).mean()) if len(pos) else 0.0
         corr = float(spearmanr(score, ref_score).statistic) if len(score) > 2 else float("nan")

@@ -23,7 +23,7 @@ from alchemetric_ray.config import ModelConfig, RunConfig
 from alchemetric_ray.data.features import resolve_feature_names
 from alchemetric_ray.data.labels import LabelSpec
 from alchemetric_ray.hardware import Precision
-from alchemetric_ray.models import build_model, model_spec
+from alchemetric_ray.models import build_model, is_cross_sectional, model_spec
 from alchemetric_ray.scoring.objective import loss_of
 from alchemetric_ray.training.losses import DateGroups
 
@@ -116,7 +116,7 @@ def _forward_loss(model, batch, precision: Precision, loss_fn):
     """The loop's forward: the model under autocast, the loss in float32 outside it."""
     x, y, dates = batch
     with precision.autocast():
-        out = model(x)
+        out = model(x, dates.code) if is_cross_sectional(model) and dates is not None else model(x)
     return out, loss_fn(out, y, dates)
 
 

@@ -172,7 +172,7 @@ class ModelConfig:
                           check=at_least(1))
     dropout: float = setting(0.1, "Dropout probability; 0 = none.",
                              check=Check(lambda value: 0 <= value < 1, "in [0, 1)"))
-    heads: int = setting(4, "Attention heads (transformer only).", check=at_least(1))
+    heads: int = setting(4, "Attention heads (transformer and cs_attention).", check=at_least(1))
     kernel_size: int = setting(3, "Convolution kernel size in bars (tcn only).", check=at_least(1))
 
 
@@ -189,7 +189,8 @@ class TrainConfig:
         "cosine", "Learning-rate schedule over all steps: `cosine` = cosine decay from `lr`; `onecycle` = warm-up "
                   "over the first 30 % of steps, then cosine decay; `constant` = `lr` throughout.")
     loss: Loss = setting(
-        "auto", "The training loss: `auto` = cross-entropy for a class target, MSE for a regression target; `ce` = "
+        "auto", "The training loss: `auto` = cross-entropy for a class target, MSE for a regression target (`ic` "
+                "for a cross-sectional model such as `cs_attention`); `ce` = "
                 "cross-entropy (class targets); `mse` (regression targets); `ic` = minus the Pearson correlation of "
                 "score and label within each date (regression targets, whole dates a batch; needs "
                 "`train.cache_data=true`).")

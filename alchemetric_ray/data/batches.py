@@ -75,15 +75,17 @@ def fingerprint(columns: Batch) -> float:
 # ---- batches of whole dates ------------------------------------------------------------------------
 
 
-def date_batches(dates: torch.Tensor, batch_size: int, seed: int) -> list[tuple[torch.Tensor, list[int]]]:
+def date_batches(dates: torch.Tensor, batch_size: int, seed: int, *,
+                 shuffle: bool = True) -> list[tuple[torch.Tensor, list[int]]]:
     """Row indices of one epoch's batches of whole dates, each with the rows of each of its dates in
     turn (the IC loss's date numbering, made here on the host): the dates in an order drawn from
-    ``seed``, packed in turn into batches of at most ``batch_size`` rows."""
+    ``seed`` (in date order without ``shuffle``), packed in turn into batches of at most ``batch_size``
+    rows (a date wider than that alone in its batch)."""
     _, code = torch.unique(dates, return_inverse=True)
     n_dates = int(code.max()) + 1 if len(code) else 0
     generator = torch.Generator().manual_seed(seed)
     place = torch.empty(n_dates, dtype=torch.long)
-    place[torch.randperm(n_dates, generator=generator)] = torch.arange(n_dates)
+    place[torch.randperm(n_dates, generator=generator) if shuffle else torch.arange(n_dates)] = torch.arange(n_dates)
     rows = torch.argsort(place[code], stable=True)  # rows grouped by date, dates in the seeded order
     sizes = torch.bincount(code, minlength=n_dates)[torch.argsort(place)].tolist()
     batches: list[tuple[torch.Tensor, list[int]]]
@@ -116,6 +118,7 @@ class WorkerBatches:
     train: BatchSource | None = None  # (x, y, date, fwd) of every row, when cached
     val: BatchSource | None = None
     dates: torch.Tensor | None = None  # the cached training rows' dates, in host memory
+    val_dates: torch.Tensor | None = None  # the cached validation rows' dates, in host memory
     shards: tuple | None = None  # (train shard, val shard, collate) when streamed
     fewest: Callable[[int], int] = lambda n: n
     rows_seen: int = 0  # training rows this rank holds (streamed: read in the last epoch)
@@ -149,7 +152,8 @@ class WorkerBatches:
                    train=BatchSource(train, device, path, max_rows=batching.batch_size),
                    val=None if val is None else BatchSource(val, device, path,
                                                             max_rows=VAL_BATCHES * batching.batch_size),
-                   dates=train[2], fewest=fewest, rows_seen=len(train[1]), fingerprint=fingerprint(train),
+                   dates=train[2], val_dates=None if val is None else val[2], fewest=fewest,
+                   rows_seen=len(train[1]), fingerprint=fingerprint(train),
                    val_fingerprint=0.0 if val is None else fingerprint(val))
 
     def steps_per_epoch(self, rows_estimate: int) -> int:
@@ -194,9 +198,16 @@ class WorkerBatches:
         for i in range(0, len(order), size):
             yield cast(Batch, self.train.take(order[i:i + size]))  # the four columns it was given
 
-    def val_batches(self) -> Iterator[Batch]:
+    def val_batches(self, *, whole_dates: bool = False) -> Iterator[Batch]:
+        """This rank's validation rows in batches: spans of the cached rows (or the streamed shard);
+        ``whole_dates``: batches of whole dates (a cross-sectional model's; cached rows only), in date order."""
         self.val_rows = 0
-        if self.val is None:
+        batches: Iterator[Batch]
+        if whole_dates:
+            val, dates = cast(BatchSource, self.val), cast(torch.Tensor, self.val_dates)
+            batches = (cast(Batch, val.take(idx)) for idx, _ in
+                       date_batches(dates, VAL_BATCHES * self.batching.batch_size, seed=0, shuffle=False))
+        elif self.val is None:
             _, val_shard, collate = cast(tuple, self.shards)  # streamed: no cached rows, so the shards
             batches = stream(val_shard, self.batching.batch_size, collate)
         else:

@@ -12,6 +12,7 @@ from alchemetric_ray.models.registry import (
     MODELS,
     ModelSpec,
     build_model,
+    is_cross_sectional,
     load_model_module,
     model_spec,
     register_model,
@@ -21,4 +22,5 @@ for _module in _pkgutil.iter_modules(__path__):
     if _module.name != "registry":
         _importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["MODELS", "ModelSpec", "build_model", "load_model_module", "model_spec", "register_model"]
+__all__ = ["MODELS", "ModelSpec", "build_model", "is_cross_sectional", "load_model_module", "model_spec",
+           "register_model"]

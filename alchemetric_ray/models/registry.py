@@ -89,6 +89,13 @@ def model_spec(model: str | Any) -> ModelSpec:
     return MODELS[model]
 
 
+def is_cross_sectional(model: nn.Module | ModelSpec) -> bool:
+    """Whether the model (DDP-wrapped or not, or its spec) scores a date's stocks together: its forward
+    takes each row's date code (``forward(x, date)``) and its callers hand it whole dates."""
+    cls = model.cls if isinstance(model, ModelSpec) else type(getattr(model, "module", model))
+    return bool(getattr(cls, "cross_sectional", False))
+
+
 def build_model(model_cfg: Any, n_features: int, n_classes: int, window: int = 1) -> nn.Module:
     """Build the model named by ``model_cfg.name`` with the hyperparameters it declares."""
     spec = model_spec(model_cfg)

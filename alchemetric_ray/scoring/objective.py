@@ -29,10 +29,18 @@ def selection_mode(cfg: RunConfig) -> str:
 
 def loss_of(cfg: RunConfig) -> str:
     """The training loss: ``train.loss``, or for "auto" the target's own (mse for a regression
-    target, ce for classes)."""
+    target, ce for classes; the IC loss for a cross-sectional model, which learns a date's ranking)."""
     if cfg.train.loss != "auto":
         return cfg.train.loss
-    return "mse" if cfg.features.label in REGRESSION_LABELS else "ce"
+    if cfg.features.label not in REGRESSION_LABELS:
+        return "ce"
+    from alchemetric_ray.errors import UserError
+    from alchemetric_ray.models import is_cross_sectional, model_spec
+
+    try:
+        return "ic" if is_cross_sectional(model_spec(cfg.model)) else "mse"
+    except UserError:  # an unknown model: refused in one line where the run builds it
+        return "mse"
 
 
 def is_better(value: float, best: float | None, mode: str) -> bool:

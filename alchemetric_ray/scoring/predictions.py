@@ -16,6 +16,7 @@ from alchemetric_ray.data.loaders import make_windows
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.data.shards import split_files
 from alchemetric_ray.hardware import Precision
+from alchemetric_ray.models import is_cross_sectional
 from alchemetric_ray.storage import Location
 
 
@@ -55,14 +56,41 @@ def outputs_of(raw: torch.Tensor, regression: bool) -> torch.Tensor:
 
 
 @torch.no_grad()
-def predict_proba(model: torch.nn.Module, x: np.ndarray, device: torch.device, precision: Precision,
-                  batch_size: int = 8192, *, regression: bool = False) -> np.ndarray:
-    """The model's outputs for ``x``: class probabilities, or (``regression``) its score column."""
+def predict_proba(model: torch.nn.Module, x: np.ndarray, device: torch.device, precision: Precision,  # noqa: PLR0913
+                  batch_size: int = 8192, *, regression: bool = False, date: np.ndarray | None = None) -> np.ndarray:
+    """The model's outputs for ``x``: class probabilities, or (``regression``) its score column.
+
+    A cross-sectional model needs each row's ``date``: it is given whole dates (as many as
+    ``batch_size`` rows hold, a wider date alone), each row's date code beside its features, and its
+    outputs come back in the rows' order."""
     model.eval()
+    cross = is_cross_sectional(model)
+    if cross and date is None:
+        raise ValueError("a cross-sectional model scores whole dates: pass each row's date")
+    code = np.unique(np.asarray(date), return_inverse=True)[1].reshape(-1) if cross else np.zeros(len(x), np.int64)
+    order = np.argsort(code, kind="stable") if cross else np.arange(len(x))
+    bounds = _date_bounds(code[order], batch_size) if cross else range(0, len(x) + batch_size, batch_size)
     out = []
-    for i in range(0, len(x), batch_size):
-        xb = torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size])).to(device)
+    for start, stop in zip(bounds, bounds[1:]):
+        rows = order[start:stop]
+        xb = torch.from_numpy(np.ascontiguousarray(x[rows] if cross else x[start:stop])).to(device)
         with precision.autocast():
-            raw = model(xb)
+            raw = model(xb, torch.from_numpy(code[rows]).to(device)) if cross else model(xb)
         out.append(outputs_of(raw, regression).cpu().numpy())
-    return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+    if not out or not len(x):
+        return np.zeros((0, 0), np.float32)
+    scored = np.concatenate(out)
+    result = np.empty_like(scored)
+    result[order] = scored
+    return result
+
+
+def _date_bounds(sorted_code: np.ndarray, batch_size: int) -> list[int]:
+    """Where batches of whole dates start and end in rows sorted by date: dates packed in turn, at most
+    ``batch_size`` rows a batch unless one date alone holds more."""
+    ends = (np.flatnonzero(np.r_[sorted_code[1:] != sorted_code[:-1], True]) + 1).tolist() if len(sorted_code) else []
+    bounds = [0]
+    for begins, end in zip([0, *ends[:-1]], ends):
+        if end - bounds[-1] > batch_size and begins > bounds[-1]:
+            bounds.append(begins)
+    return [*bounds, len(sorted_code)] if ends else bounds

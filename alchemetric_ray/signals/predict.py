@@ -66,7 +66,8 @@ class ModelPredictor:
             x = np.asarray(batch["x"], dtype=np.float32)
         else:
             x = np.stack([np.asarray(batch[f], dtype=np.float32) for f in self.features], axis=1)
-        proba = predict_proba(self.model, x, self.device, self.precision, regression=self.loaded.manifest.regression)
+        proba = predict_proba(self.model, x, self.device, self.precision, regression=self.loaded.manifest.regression,
+                              date=batch["date"])
         columns = {k: batch[k] for k in ("date", "ticker", "fwd_ret", "effective_date")}
         columns["proba"] = proba.astype(np.float32)
         columns["device"] = np.full(len(proba), str(self.device))
@@ -262,7 +263,11 @@ def predict(model: str | Path | Location | LoadedModel, data: str | None, out: s
     cfg = cfg or loaded.config
     _check_paths(data, out)
     claim_signals_file(out, what="signals output")  # before any work: a folder or a foreign file is refused
+    from alchemetric_ray.models import is_cross_sectional
+
     here = scored_here(cfg)
+    if here is None and is_cross_sectional(loaded.model):
+        here = "cpu"  # a cross-sectional model scores whole dates: every ticker's rows together, in this process
     if here is None:
         ensure_ray(cfg)
     with tempfile.TemporaryDirectory(prefix="alchemetric-predict-") as tmp:
@@ -310,10 +315,14 @@ def scored_here(cfg: RunConfig) -> str | None:
 def _score_here(staging: Path, windows, loaded, model_dir: Location, kind: str) -> pd.DataFrame:
     """The staged inputs scored in this process, batch by batch, as one actor of the pool would."""
     from alchemetric_ray.data.loaders import folder_batches
+    from alchemetric_ray.models import is_cross_sectional
 
     predictor = ModelPredictor(model_dir.path if model_dir.is_local else model_dir.uri, kind, loaded.manifest.features,
                                loaded.mode, loaded=loaded)
-    parts = [predictor(batch) for batch in folder_batches(staging, windows=windows)]
+    batches = list(folder_batches(staging, windows=windows))
+    if batches and is_cross_sectional(loaded.model):  # whole dates: the files' rows scored together
+        batches = [{k: np.concatenate([b[k] for b in batches]) for k in batches[0]}]
+    parts = [predictor(batch) for batch in batches]
     columns = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]} if parts else {}
     proba = columns.pop("proba", np.zeros((0, 0), np.float32))
     return pd.DataFrame({**columns, "proba": list(proba)})

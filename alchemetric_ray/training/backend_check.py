@@ -30,7 +30,7 @@ from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import KnownBugError
 from alchemetric_ray.hardware import known_bugs as kb
 from alchemetric_ray.hardware.precision import Precision
-from alchemetric_ray.models import build_model, model_spec
+from alchemetric_ray.models import build_model, is_cross_sectional, model_spec
 from alchemetric_ray.scoring.objective import loss_of
 from alchemetric_ray.training.losses import DateGroups, loss_kind
 
@@ -103,6 +103,9 @@ def check_backend(cfg: RunConfig, n_features: int, outputs: int, device: torch.d
     if fixable:
         # trace None: no rule on the trace ran, so no matched call for rows_below to measure
         micro = kb.rows_below(fixable, cast(kb.Trace, trace), backend) if world == 1 else None
+        if is_cross_sectional(model_spec(cfg.model)):
+            raise KnownBugError(f"{fixable[0].line(backend)} (the workaround, micro-batches, would cut the dates of "
+                                f"the cross-sectional model {cfg.model.name!r} apart; lower train.batch_size)")
         if not micro:
             why = ("the workaround (micro-batches) needs one worker" if world > 1
                    else "micro-batches cannot bring K under the limit")
@@ -124,9 +127,13 @@ def check_backend(cfg: RunConfig, n_features: int, outputs: int, device: torch.d
     return check
 
 
-def forward(model: torch.nn.Module, x: torch.Tensor, micro_rows: int) -> torch.Tensor:
+def forward(model: torch.nn.Module, x: torch.Tensor, micro_rows: int, date: torch.Tensor | None = None) -> torch.Tensor:
     """``model(x)``, in micro-batches of ``micro_rows`` rows when set and smaller than the batch (their
-    outputs concatenated: the caller's one loss and backward give the whole batch's gradient)."""
+    outputs concatenated: the caller's one loss and backward give the whole batch's gradient).  A
+    cross-sectional model gets each row's date code (``date``) and its batch whole: check_backend
+    refuses micro-batches for it, since they would cut its dates apart."""
+    if date is not None:
+        return model(x, date)
     if not micro_rows or len(x) <= micro_rows:
         return model(x)
     return torch.cat([model(part) for part in x.split(micro_rows)])

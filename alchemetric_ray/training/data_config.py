@@ -12,7 +12,8 @@ dataset through its own iterator, which spares Ray one coordinator actor per dat
 With the IC loss (``by_date``) the train split is split by *date*, not by row: a correlation
 across a date's stocks needs all of them on one rank.  Each rank reads the split and keeps the
 dates whose day number modulo the world size is its rank; the loop then evens out the step
-counts.
+counts.  A cross-sectional model (``val_by_date``) scores a date's stocks together, so the validation
+split is split by date as well: the same disjoint, complete parts, each date whole on one rank.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ EQUAL_SPLIT = ("train",)
 class CompleteValidationConfig(DataConfig):
     """``DataConfig`` with ``train`` split equally and every other dataset split completely."""
 
-    def __init__(self, execution_options=None, *, by_date: bool = False):
+    def __init__(self, execution_options=None, *, by_date: bool = False, val_by_date: bool = False):
         super().__init__(datasets_to_split="all", execution_options=execution_options)
-        self._options, self._by_date = execution_options, by_date
+        self._options, self._by_date, self._val_by_date = execution_options, by_date, val_by_date
 
     def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
         if world_size == 1:
             return [{name: self._whole(name, ds) for name, ds in datasets.items()}]
-        by_date = {name for name in EQUAL_SPLIT if name in datasets and self._by_date}
+        by_date = {name for name in datasets if (name in EQUAL_SPLIT and self._by_date)
+                   or (name not in EQUAL_SPLIT and self._val_by_date)}
         equal = {name: ds for name, ds in datasets.items() if name in EQUAL_SPLIT and name not in by_date}
         output = super().configure(equal, world_size, worker_handles, worker_node_ids, **kwargs)
         output = output or [{} for _ in range(world_size)]
@@ -46,7 +48,7 @@ class CompleteValidationConfig(DataConfig):
                                                                         batch_format="pyarrow")
                 output[rank][name] = part.iterator()
         for name, ds in datasets.items():
-            if name in EQUAL_SPLIT:
+            if name in EQUAL_SPLIT or name in by_date:
                 continue
             ds = self._prepared(name, ds)
             for rank, part in enumerate(ds.streaming_split(world_size, equal=False, locality_hints=worker_node_ids)):

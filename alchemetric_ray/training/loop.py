@@ -63,7 +63,7 @@ from alchemetric_ray.hardware.device import on_reference
 from alchemetric_ray.hardware.inventory import cpu_count
 from alchemetric_ray.hardware.optimizer import fused_adamw_supported
 from alchemetric_ray.hardware.staging import HOST, gpu_sharers
-from alchemetric_ray.models import build_model, model_spec
+from alchemetric_ray.models import build_model, is_cross_sectional, model_spec
 from alchemetric_ray.placement.plan import ResourcePlan
 from alchemetric_ray.scoring.metrics import target_metrics
 from alchemetric_ray.scoring.objective import is_better, loss_of, selection_metric, selection_mode
@@ -110,7 +110,7 @@ def run_loop(config: dict[str, Any], runtime: TrainGroup | TrialProcess | LocalR
     metric = selection.metric
     shadow = _shadow(cfg, core, worker, trainables, known, loss_on)
     training = Training(model, trainables, loss_on(worker.device), data, worker, train_cfg.seed, known.micro_rows,
-                        shadow)
+                        shadow, is_cross_sectional(core))
 
     state = _resume(trainables, worker, runtime, train_cfg.epochs)
     start_epoch = state.epoch + 1
@@ -251,6 +251,7 @@ class Training:
     seed: int
     micro_rows: int = 0
     shadow: ShadowCheck | None = None
+    cross_sectional: bool = False  # the model scores a date's stocks together: it gets each row's date code
 
 
 def _place_worker(cfg: RunConfig, plan: ResourcePlan, runtime: TrainGroup | TrialProcess | LocalRun) -> _Worker:
@@ -335,8 +336,9 @@ def _train_epoch(training: Training, epoch: int) -> tuple[float, float, int]:
         if shadow is not None and shadow.due():
             cpu_dates = DateGroups.from_sizes(date_rows) if date_rows is not None else on_reference(date)
             shadow((x, y, dates), (on_reference(host_x), on_reference(host_y), cpu_dates), epoch=epoch + 1, step=step)
+        code = dates.code if training.cross_sectional and isinstance(dates, DateGroups) else None
         with worker.precision.autocast():
-            out = forward(model, x, training.micro_rows)
+            out = forward(model, x, training.micro_rows, code)
         loss = loss_fn(out, y, dates)  # float32, outside autocast
         outcome = trainables.step(loss, epoch=epoch + 1, step=step)  # epochs from 1 in its messages
         trainables.scheduler.step()
@@ -363,8 +365,10 @@ def _validate_and_decide(core: nn.Module, data: WorkerBatches, state: LoopState,
     and updates ``state.best`` and ``state.bad_epochs``; its decision is broadcast, so that every
     rank stops at the same epoch.
     """
-    outputs, labels, dates, fwd = _gather(_predict(core, data.val_batches(), worker.device, worker.precision,
-                                                   manifest.regression, manifest.rows["val"]), worker.world)
+    cross = is_cross_sectional(core)  # a date's stocks scored together: batches of whole dates
+    outputs, labels, dates, fwd = _gather(_predict(core, data.val_batches(whole_dates=cross), worker.device,
+                                                   worker.precision, manifest.regression, manifest.rows["val"]),
+                                          worker.world)
     metrics: dict[str, Any] = {}
     decision = [False, False, state.best]
     if worker.rank == 0:
@@ -440,9 +444,11 @@ def _predict(model, batches, device, precision, regression: bool, capacity: int)
     model.eval()
     held: list[np.ndarray] = []
     rows = 0
+    cross = is_cross_sectional(model)
     for x, y, date, fwd in batches:
         with precision.autocast():
-            raw = model(x.to(device, non_blocking=True))
+            x = x.to(device, non_blocking=True)
+            raw = model(x, date.to(device, non_blocking=True)) if cross else model(x)
         # .cpu(): the device path's batches live on the GPU
         values = [t.cpu().numpy() for t in (outputs_of(raw, regression), y, date, fwd)]
         n = len(values[1])

@@ -40,7 +40,9 @@ from torch import nn
 from alchemetric_ray.errors import ShadowDivergence
 from alchemetric_ray.hardware.device import shadowed_by_default, synchronize
 from alchemetric_ray.hardware.precision import Precision
+from alchemetric_ray.models import is_cross_sectional
 from alchemetric_ray.training.backend_check import forward
+from alchemetric_ray.training.losses import DateGroups
 
 BUDGET = 0.05  # adaptive checks cost at most this share of the step time
 FIRST_GAP = 10  # steps between the first check and the second (which measures the step time)
@@ -208,7 +210,7 @@ class ShadowCheck:
         self.core.eval()
         try:
             with self.precision.autocast():
-                out = forward(self.core, x, self.micro_rows)
+                out = forward(self.core, x, self.micro_rows, _code(self.core, dates))
             loss = self.loss_fn(out, y, dates)
             scaling = self.scaler is not None and self.scaler.is_enabled()
             scaler = cast(torch.amp.GradScaler, self.scaler)  # read below only when scaling: not None
@@ -230,7 +232,9 @@ class ShadowCheck:
                 p.copy_(w.view_as(p))
         self.reference.eval()
         cx, cy, cdates = cpu_batch
-        reference_loss = self.reference_loss_fn(self.reference(cx.float()), cy, cdates)
+        code = _code(self.reference, cdates)
+        reference_out = self.reference(cx.float()) if code is None else self.reference(cx.float(), code)
+        reference_loss = self.reference_loss_fn(reference_out, cy, cdates)
         reference_grads = torch.autograd.grad(reference_loss, self.reference_params, allow_unused=True)
         # the comparison in numpy, on host memory only (nothing here reads the device again)
         reference = torch.cat([reference_loss.detach().reshape(1)] + [
@@ -289,3 +293,8 @@ class _Errors:
             return 0.0
         return max(self.loss / tol.loss, self.gradient / tol.gradient,
                    max(self.parameters, default=0.0) / tol.parameter)
+
+
+def _code(model: nn.Module, dates) -> torch.Tensor | None:
+    """Each row's date code for a cross-sectional model (its batches hold whole dates), else None."""
+    return dates.code if is_cross_sectional(model) and isinstance(dates, DateGroups) else None

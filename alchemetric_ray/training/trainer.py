@@ -26,7 +26,7 @@ from alchemetric_ray.errors import ConfigError, Interrupted, StorageError, Train
 from alchemetric_ray.fsutil import is_uri, safe_child
 from alchemetric_ray.hardware.records import require_doctor_checked_precision
 from alchemetric_ray.interrupts import seen_during
-from alchemetric_ray.models import model_spec
+from alchemetric_ray.models import is_cross_sectional, model_spec
 from alchemetric_ray.placement.autoscale import CONTROLLER_FAILURE_LIMIT, run_bundles, scale_up
 from alchemetric_ray.placement.capacity import discover_capacity
 from alchemetric_ray.placement.plan import ResourcePlan, plan_resources
@@ -113,11 +113,29 @@ def check_compatible(cfg: RunConfig, manifest: Manifest) -> None:
     for split in ("train", "val"):
         if manifest.rows[split] == 0:
             raise TrainError(f"the {split} split of the shards is empty")
+    if is_cross_sectional(spec):
+        _check_cross_sectional(cfg, manifest)
     widest = (manifest.cross_section or {}).get("max_names", 0)
     if loss_of(cfg) == "ic" and cfg.train.batch_size < widest:
         raise TrainError(f"config 'train.batch_size': {cfg.train.batch_size} rows is smaller than a date's "
                          f"cross-section ({widest} stocks on a date in the shards), and the IC loss needs whole "
                          f"dates in a batch; set train.batch_size to {widest} or more")
+
+
+def _check_cross_sectional(cfg: RunConfig, manifest: Manifest) -> None:
+    """A cross-sectional model learns a date's ranking: a regression target, the IC loss, whole dates
+    (the cached data path)."""
+    name = cfg.model.name
+    if not manifest.regression:
+        raise TrainError(f"config 'model.name': {name} scores a date's stocks together and trains with the IC loss, "
+                         f"which needs a regression target, not features.label={manifest.label['scheme']}; "
+                         "use features.label=cs_rank or cs_zscore")
+    if loss_of(cfg) != "ic":
+        raise TrainError(f"config 'train.loss': {name} trains with the IC loss on whole dates, not "
+                         f"{cfg.train.loss}; set train.loss=ic (or auto)")
+    if not cfg.train.cache_data:
+        raise TrainError(f"config 'train.cache_data': {name} needs whole dates in every batch, which only the cached "
+                         "data path gives; set train.cache_data=true")
 
 
 def loop_config(cfg: RunConfig, manifest: Manifest, plan: ResourcePlan, *, epoch_lines: bool = True) -> dict:
@@ -134,7 +152,8 @@ def data_config(cfg: RunConfig):
     options = DataConfig.default_ingest_options()
     if cfg.train.deterministic:
         options.preserve_order = True
-    return CompleteValidationConfig(execution_options=options, by_date=loss_of(cfg) == "ic")
+    return CompleteValidationConfig(execution_options=options, by_date=loss_of(cfg) == "ic",
+                                    val_by_date=is_cross_sectional(model_spec(cfg.model)))
 
 
 @dataclass(frozen=True)
