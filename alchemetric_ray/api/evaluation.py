@@ -301,6 +301,24 @@ class Evaluation:
         """``signals.parquet``: the model's signals on the scored rows."""
         return _shown(self._location(SIGNALS_PARQUET))
 
+    @property
+    def tear_sheet(self) -> dict[str, Any] | None:
+        """The tear sheet of the model's signal on the scored segment (``evaluation.json``'s
+        ``tear_sheet``; ``signals/tearsheet.py`` defines each figure): ``quantile_returns``,
+        ``ic_decay`` and ``ic_by_month`` as DataFrames, ``spread`` and ``turnover`` as dicts, ``horizon``,
+        ``quantiles``, and ``pngs``, its plots (paths beside the report where the folder is known).
+        None for a record written before the tear sheet."""
+        sheet = self._record.get("tear_sheet")
+        if not sheet:
+            return None
+        tables = {key: pd.DataFrame(sheet.get(key) or [], columns=columns) for key, columns in
+                  (("quantile_returns", ["quantile", "mean", "days"]), ("ic_decay", ["horizon", "mean", "days"]),
+                   ("ic_by_month", ["month", "mean", "days"]))}
+        for table in tables.values():
+            table["mean"] = table["mean"].astype("float64")  # None (undefined) as NaN
+        pngs = [_shown(self._location(name)) or name for name in sheet.get("pngs") or []]
+        return {**copy.deepcopy(sheet), **tables, "pngs": pngs}
+
     def as_dict(self) -> dict[str, Any]:
         """``evaluation.json``'s record (a copy)."""
         return copy.deepcopy(self._record)

@@ -14,13 +14,15 @@ at the next open).  Optional walk-forward folds retrain the model per fold.
 
 Its parts: what is scored and each contender's row (``signals/contenders.py``), the trials behind the
 model and its deflated Sharpe ratio (``signals/selection.py``), the walk-forward refits
-(``signals/walk_forward.py``), the report (``signals/report.py``) and the record an evaluation returns
-(``signals/records.py``).  This module runs them in order, with the one model the command loaded, and
-keeps the ledger of looks at the test segment.
+(``signals/walk_forward.py``), the tear sheet of the model's signal (``signals/tearsheet.py``), the
+report (``signals/report.py``) and the record an evaluation returns (``signals/records.py``).  This
+module runs them in order, with the one model the command loaded, and keeps the ledger of looks at the
+test segment.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, cast
 import pandas as pd
 
 from alchemetric_ray.artifacts import ledger
-from alchemetric_ray.config import RunConfig
+from alchemetric_ray.config import DataConfig, DuplicatePolicy, RunConfig
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import EvaluationError
 from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text
@@ -45,6 +47,7 @@ from alchemetric_ray.signals.predict import inputs_frame, loaded_model, model_lo
 from alchemetric_ray.signals.records import Evaluation, Looks, ModelInfo, NewData
 from alchemetric_ray.signals.report import plot_equity, render_report
 from alchemetric_ray.signals.selection import selection_inputs
+from alchemetric_ray.signals.tearsheet import TearSheet, bar_opens, tear_sheet, write_pngs
 from alchemetric_ray.signals.walk_forward import PooledWalkForward, pooled_walk_forward, walk_forward
 from alchemetric_ray.storage import Location, locate
 
@@ -58,6 +61,23 @@ def evaluate_signals(model_signals: pd.DataFrame, inputs: pd.DataFrame, manifest
     ``selection``: the trials behind the model (:func:`selection_inputs`), for its deflated Sharpe."""
     contenders = contender_frames(model_signals, inputs, manifest, cfg, segment=segment)
     return score_contenders(contenders, manifest, cfg, selection=selection)
+
+
+def segment_tear_sheet(signals: pd.DataFrame, loaded: LoadedModel, data: str | None, segment: Segment,
+                       on_duplicate: DuplicatePolicy | None = None) -> TearSheet:
+    """The tear sheet (``signals/tearsheet.py``) of the model's ``signals`` on the scored ``segment``,
+    its returns from the opens of the bars the signals were computed from (``data``, else the model's
+    own data, read again as :func:`~alchemetric_ray.signals.predict.inputs_frame` reads them), at the
+    model's label horizon."""
+    from alchemetric_ray.bars.sources import open_source
+
+    dates = pd.to_datetime(signals["date"])
+    rows = signals[(dates >= pd.Timestamp(segment.start)) & (dates <= pd.Timestamp(segment.end))]
+    own = loaded.config.data
+    source_cfg = (DataConfig(path=data, source="files", on_duplicate=on_duplicate or own.on_duplicate) if data
+                  else dataclasses.replace(own, on_duplicate=on_duplicate or own.on_duplicate))
+    opens = bar_opens(open_source(source_cfg).bars, rows["ticker"].unique(), segment.start)
+    return tear_sheet(rows[["date", "ticker", "score"]], opens, horizon=int(loaded.manifest.label["horizon"]))
 
 
 def evaluate(model: str | Path | Location | LoadedModel, data: str | None, out_dir: str | Path | Location,
@@ -101,7 +121,10 @@ def evaluate(model: str | Path | Location | LoadedModel, data: str | None, out_d
         earlier = ledger.looks_at(model_dir, splits["test_start"], splits["test_end"])
         result.looks = Looks(test_start=splits["test_start"], test_end=splits["test_end"], count=len(earlier) + 1,
                              earlier=earlier, this=look)
+        result.tear_sheet = segment_tear_sheet(signals, loaded, data, result.segment,
+                                               on_duplicate=cfg.data.on_duplicate if data else None)
         plot_equity(result, tmp / "equity.png")
+        write_pngs(result.tear_sheet, tmp)
         atomic_write_text(tmp / "report.md", render_report(result))
         atomic_write_json(tmp / "evaluation.json", result.as_dict())
     what = ("pooled walk-forward and test segment" if pooled else "new data" if data else "test segment") + \

@@ -2,8 +2,8 @@
 returns, the report and the command line read, and whose :meth:`Evaluation.as_dict` is
 ``evaluation.json``.  The segment's own parts (contender rows, verdict, selection) are
 ``signals/contenders.py``'s, the walk-forward's ``signals/walk_forward.py``'s; this module adds what
-an evaluation knows beyond its segment: the model scored, the new data it was scored on, and the
-looks at the test segment.
+an evaluation knows beyond its segment: the model scored, the new data it was scored on, the looks
+at the test segment, and the tear sheet of the model's signal on the segment (``signals/tearsheet.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from alchemetric_ray.signals.contenders import DataWindow, Segment, SegmentResult
+from alchemetric_ray.signals.tearsheet import TearSheet
 from alchemetric_ray.signals.walk_forward import FoldsWalkForward, PooledWalkForward
 
 
@@ -67,15 +68,17 @@ class Looks:
 class Evaluation(SegmentResult):
     """One evaluation: the scored segment (the fields of :class:`SegmentResult`: the model's test
     segment, or new data's window) and, where there are any, the new data it came from, the
-    walk-forward, the model and the looks at the test segment."""
+    walk-forward, the model, the looks at the test segment and the model's tear sheet."""
 
     data: NewData | None = None
     walk_forward: FoldsWalkForward | PooledWalkForward | None = None
     model: ModelInfo | None = None
     looks: Looks | None = None
+    tear_sheet: TearSheet | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """What ``evaluation.json`` holds, in its order: the segment's keys, then ``data`` and
-        ``walk_forward`` where present, then ``model`` and ``looks``."""
-        parts = {"data": self.data, "walk_forward": self.walk_forward, "model": self.model, "looks": self.looks}
+        ``walk_forward`` where present, then ``model``, ``looks`` and ``tear_sheet``."""
+        parts = {"data": self.data, "walk_forward": self.walk_forward, "model": self.model, "looks": self.looks,
+                 "tear_sheet": self.tear_sheet}
         return {**super().as_dict(), **{key: part.as_dict() for key, part in parts.items() if part is not None}}

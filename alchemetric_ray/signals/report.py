@@ -1,7 +1,7 @@
 """The evaluation's report: the equity plot (``equity.png``) drawn from the contenders' rows, the
-Markdown of ``report.md`` and the terminal's verdict table, both rendered from the evaluation's
-record (:class:`~alchemetric_ray.signals.records.Evaluation`), figure for figure what
-``evaluation.json`` holds.
+Markdown of ``report.md`` (with the tear sheet's tables and its plots, ``signals/tearsheet.py``) and
+the terminal's verdict table, both rendered from the evaluation's record
+(:class:`~alchemetric_ray.signals.records.Evaluation`), figure for figure what ``evaluation.json`` holds.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pandas as pd
 from alchemetric_ray.artifacts import ledger
 from alchemetric_ray.signals.contenders import FEW_TICKERS, LIGHTGBM, ContenderRow, SegmentResult
 from alchemetric_ray.signals.records import ModelInfo
+from alchemetric_ray.signals.tearsheet import PNGS, TearSheet
 from alchemetric_ray.signals.walk_forward import FoldsWalkForward, PooledWalkForward
 
 if TYPE_CHECKING:
@@ -210,6 +211,44 @@ def _selection_lines(result: Evaluation) -> list[str]:
             "days. The table's L/S Sharpe is net of costs and annualised, not deflated.", ""]
 
 
+def _tear_sheet_section(sheet: TearSheet | None) -> list[str]:
+    """The tear sheet of the model's signal on the scored segment: its tables and its plots."""
+    if sheet is None:
+        return []
+    h, bp = sheet.horizon, "{:+.1f}"
+    lines = ["## Tear sheet", "",
+             f"The deep model's score on the scored segment. Returns run from the open after the signal's bar to the "
+             f"open h bars later (h = {h}, the label's horizon, unless said); quantiles of the score per date "
+             f"({sheet.quantiles}, on dates with at least {sheet.quantiles} names: {sheet.days} dates). Definitions: "
+             "docs/evaluation.md, *Tear sheet*.", "",
+             f"| quantile | mean {h}-bar return (bp) | dates |", "|---|---|---|"]
+    for row in sheet.quantile_returns:
+        lines.append(f"| Q{row['quantile']} | {_f(_bp(row['mean']), bp)} | {row['days']} |")
+    spread = sheet.spread
+    lines += [f"| top - bottom | {_f(_bp(spread['mean']), bp)} (sd {_f(_bp(spread['std']), '{:.1f}')}) | "
+              f"{spread['days']} |", "",
+              f"![quantile returns]({PNGS['quantiles']})", "",
+              "IC decay: the mean daily rank IC of the score against the h-bar return.", "",
+              "| h | " + " | ".join(str(r["horizon"]) for r in sheet.ic_decay) + " |",
+              "|---|" + "---|" * len(sheet.ic_decay),
+              "| rank IC | " + " | ".join(_f(r["mean"], "{:+.3f}") for r in sheet.ic_decay) + " |",
+              "| dates | " + " | ".join(str(r["days"]) for r in sheet.ic_decay) + " |", "",
+              f"![IC decay]({PNGS['ic_decay']})", "",
+              f"| month | rank IC ({h}-bar) | dates |", "|---|---|---|"]
+    lines += [f"| {r['month']} | {_f(r['mean'], '{:+.4f}')} | {r['days']} |" for r in sheet.ic_by_month]
+    turnover = sheet.turnover
+    lines += ["", f"![rank IC by month]({PNGS['ic_month']})", "",
+              f"Turnover (the share of a quantile's names that were not in it on the previous date), mean over "
+              f"{turnover['days']} dates: top quantile {_f(turnover['top'], '{:.2f}')}, bottom quantile "
+              f"{_f(turnover['bottom'], '{:.2f}')}.", "",
+              f"![turnover]({PNGS['turnover']})", ""]
+    return lines
+
+
+def _bp(value: float | None) -> float | None:
+    return None if value is None else value * 1e4
+
+
 def render_report(result: Evaluation) -> str:
     seg, v, model = result.segment, result.verdict, cast(ModelInfo, result.model)  # cast: evaluate sets it first
     lines = [f"# Evaluation: {model.name} ({model.id})", "",
@@ -240,4 +279,5 @@ def render_report(result: Evaluation) -> str:
         lines += _pooled_section(result.walk_forward)
     elif result.walk_forward:
         lines += _folds_section(result.walk_forward)
+    lines += _tear_sheet_section(result.tear_sheet)
     return "\n".join(lines) + "\n"

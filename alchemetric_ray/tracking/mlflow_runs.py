@@ -298,13 +298,15 @@ class Tracker(RunLog):
         return self.version
 
     def log_evaluation(self, report_dir: Location | Path, result) -> None:
-        """An evaluation's report, evaluation.json and equity.png as artifacts; its verdict as tags, and
-        the model's figures (rank IC and its interval, long-short Sharpe and return, signal, edge, the
-        difference to the best baseline) as numbers (:meth:`log_figures`).  ``result``: the evaluation's
-        record (``signals.records.Evaluation``), read here, never changed."""
+        """An evaluation's report, evaluation.json, equity.png and the tear sheet's PNGs as artifacts; its
+        verdict as tags, and the model's figures (rank IC and its interval, long-short Sharpe and return,
+        signal, edge, the difference to the best baseline) as numbers (:meth:`log_figures`).  ``result``:
+        the evaluation's record (``signals.records.Evaluation``), read here, never changed."""
         if not self.run_id:
             return
-        for file in ("report.md", "evaluation.json", "equity.png"):
+        from alchemetric_ray.signals.tearsheet import PNGS
+
+        for file in ("report.md", "evaluation.json", "equity.png", *PNGS.values()):
             path = Path(report_dir) / file if not isinstance(report_dir, Location) else report_dir / file
             exists = path.is_file()
             if exists:
