@@ -244,11 +244,11 @@ def _quantile_figures(rows: pd.DataFrame, quantiles: int) -> tuple[pd.DataFrame,
     index = pd.DatetimeIndex(dates[has], name="date")
     returns = pd.DataFrame(mean[has], index=index, columns=range(1, quantiles + 1))
     spread = pd.Series(mean[has, quantiles - 1] - mean[has, 0], index=index, name="spread")
-    member = np.zeros((quantiles + 1, n_dates, len(tickers)), dtype=bool)
-    member[q, dcode, tcode] = True
     shares = {}
     for name, k in (("top", quantiles), ("bottom", 1)):
-        now, before = member[k, 1:], member[k, :-1]
+        member = np.zeros((n_dates, len(tickers)), dtype=bool)  # date x name: in quantile k that date
+        member[dcode[q == k], tcode[q == k]] = True
+        now, before = member[1:], member[:-1]
         with np.errstate(invalid="ignore", divide="ignore"):
             shares[name] = (now & ~before).sum(axis=1) / now.sum(axis=1)
     both = has[1:] & has[:-1]  # a date and its previous date both have quantiles
