@@ -319,6 +319,15 @@ class Evaluation:
         pngs = [_shown(self._location(name)) or name for name in sheet.get("pngs") or []]
         return {**copy.deepcopy(sheet), **tables, "pngs": pngs}
 
+    @property
+    def seeds(self) -> pd.DataFrame | None:
+        """A seed ensemble's members (``train.seeds``), each scored alone on the segment: one row per
+        seed with its rank IC (``evaluation.json``'s ``seeds``); None for a model of one seed."""
+        spread = self._record.get("seeds")
+        if not spread:
+            return None
+        return pd.DataFrame({"seed": spread["seeds"], "rank_ic": pd.Series(spread["rank_ic"], dtype="float64")})
+
     def as_dict(self) -> dict[str, Any]:
         """``evaluation.json``'s record (a copy)."""
         return copy.deepcopy(self._record)

@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -82,9 +82,35 @@ def export_model(checkpoint, cfg: RunConfig, shards: str | Path | Location, *,
     the card) only with ``train.score_test``, and that look is recorded (``ledger``).  ``selection``
     is what chose this model (a sweep's trials, from ``tune``); without it, this one run is the one
     trial.  The looks and trials of a model this one replaces are carried over (``ledger.carried``)."""
+    return _export(_read_checkpoint(checkpoint), cfg, shards, extra=extra, command=command, selection=selection)
+
+
+def export_ensemble(checkpoints: list, cfg: RunConfig, shards: str | Path | Location, *,
+                    command: str = "train") -> Location:
+    """Export the best checkpoints of one run per seed (``train.seeds`` of them, in seed order) as one
+    model: a :class:`~alchemetric_ray.models.ensemble.SeedEnsemble` of them, its validation metrics
+    (what ``metrics.json``'s ``val`` and the card show) those of the average, each seed's own best
+    epoch and validation metrics under ``seeds``."""
+    from dataclasses import replace
+
+    read = [_read_checkpoint(checkpoint) for checkpoint in checkpoints]
+    meta = read[0][1]
+    model = _build(cfg, meta.manifest)
+    for member, (state, _) in zip(cast(torch.nn.ModuleList, model.members), read):
+        member.load_state_dict(state["model"])
+    val = split_metrics(model, cfg, meta.manifest, shards, "val", prefix="val_")
+    seeds = [{"seed": cfg.train.seed + i, "best_epoch": m.epoch + 1,
+              "val": {k.removeprefix("val_"): v for k, v in m.metrics.items()}} for i, (_, m) in enumerate(read)]
+    return _export(({"model": model.state_dict()}, replace(meta, metrics=val)), cfg, shards, extra={"seeds": seeds},
+                   command=command)
+
+
+def _export(read: tuple[dict[str, Any], CheckpointMeta], cfg: RunConfig, shards: str | Path | Location, *,
+            extra: dict | None = None, command: str = "train", selection: dict | None = None) -> Location:
+    """Export (tensors, their meta) as the model ``storage.name`` (:func:`export_model`'s folder)."""
     from alchemetric_ray.artifacts import ledger
 
-    state, meta = _read_checkpoint(checkpoint)
+    state, meta = read
     model = _build(cfg, meta.manifest)
     model.load_state_dict(state["model"])
     metrics, look = _scores(model, meta, cfg, shards, command)
@@ -118,23 +144,29 @@ def _scores(model: torch.nn.Module, meta: CheckpointMeta, cfg: RunConfig, shards
     from alchemetric_ray.scoring.baselines import baseline_scores
 
     manifest = meta.manifest
-    device = resolve_device("cpu", source="the export (scores on the CPU)").device
-    precision = resolve_precision("fp32", device)
     val = {k.removeprefix("val_"): v for k, v in meta.metrics.items()}
     metrics = {"best_epoch": meta.epoch + 1, "selection_metric": selection_metric(cfg), "val": val}
     look = None
     if cfg.train.score_test:  # a look at the test segment, asked for
-        test = split_frame(shards, "test", manifest.features, manifest)
-        x, rows = model_inputs(test, manifest.features, model_spec(cfg.model.name).inputs, cfg.features.window)
-        outputs = predict_proba(model, x, device, precision, regression=manifest.regression,
-                                date=rows["date"].to_numpy())
-        metrics["test"] = target_metrics(outputs, rows["label"].to_numpy(), rows["fwd_ret"].to_numpy(),
-                                         rows["date"].to_numpy(), manifest.classes, prefix="")
+        metrics["test"] = split_metrics(model, cfg, manifest, shards, "test")
         look = ledger.look_entry(f"{command} (train.score_test)", manifest.splits["test_start"],
                                  manifest.splits["test_end"], "the exported model's and the baselines' test metrics")
     metrics["baselines"] = baseline_scores(shards, manifest, seed=cfg.train.seed,
                                            splits=("val", "test") if look else ("val",))
     return metrics, look
+
+
+def split_metrics(model: torch.nn.Module, cfg: RunConfig, manifest: Manifest, shards: str | Path | Location,
+                  split: str, *, prefix: str = "") -> dict[str, Any]:
+    """The model's target and signal metrics on one split of the shards, scored on the CPU in float32."""
+    device = resolve_device("cpu", source="the export (scores on the CPU)").device
+    frame = split_frame(shards, split, manifest.features, manifest)
+    x, rows = model_inputs(frame, manifest.features, model_spec(cfg.model.name).inputs, cfg.features.window)
+    dates = rows["date"].to_numpy()
+    outputs = predict_proba(model, x, device, resolve_precision("fp32", device), regression=manifest.regression,
+                            date=dates)
+    return target_metrics(outputs, rows["label"].to_numpy(), rows["fwd_ret"].to_numpy(), dates, manifest.classes,
+                          prefix=prefix)
 
 
 def _trial(command: str, manifest: Manifest, val: dict[str, Any], selection: dict | None) -> ledger.Trial:
@@ -218,7 +250,13 @@ def estimated_export_bytes(cfg: RunConfig, manifest: Manifest) -> int:
 
 
 def _build(cfg: RunConfig, manifest: Manifest) -> torch.nn.Module:
-    return build_model(cfg.model, len(manifest.features), manifest.outputs, window=cfg.features.window)
+    """The run's model for ``manifest``'s features; with ``train.seeds`` > 1, a seed ensemble of that many."""
+    from alchemetric_ray.models.ensemble import SeedEnsemble
+
+    def one() -> torch.nn.Module:
+        return build_model(cfg.model, len(manifest.features), manifest.outputs, window=cfg.features.window)
+
+    return one() if cfg.train.seeds == 1 else SeedEnsemble([one() for _ in range(cfg.train.seeds)])
 
 
 def load_model(path: str | Path | Location) -> LoadedModel:

@@ -198,6 +198,10 @@ class TrainConfig:
         False, "Weight the cross-entropy by inverse class frequency in the train segment.")
     grad_clip: float = setting(1.0, "Maximum gradient norm; 0 = no clipping.", check=at_least(0))
     seed: int = setting(0, "Seed of the weights, the shuffles and the baselines.")
+    seeds: int = setting(
+        1, "Models trained, one Ray Train run each at seeds `seed`, `seed`+1, ...; more than 1 = a seed ensemble: the "
+           "exported model scores their average, and the evaluation reports each seed's rank IC beside it.",
+        check=at_least(1))
     patience: int = setting(
         5, "Epochs without improvement of the selection metric before training stops early; 0 = never stop early.",
         check=at_least(0))

@@ -92,8 +92,8 @@ def model_spec(model: str | Any) -> ModelSpec:
 def is_cross_sectional(model: nn.Module | ModelSpec) -> bool:
     """Whether the model (DDP-wrapped or not, or its spec) scores a date's stocks together: its forward
     takes each row's date code (``forward(x, date)``) and its callers hand it whole dates."""
-    cls = model.cls if isinstance(model, ModelSpec) else type(getattr(model, "module", model))
-    return bool(getattr(cls, "cross_sectional", False))
+    found = model.cls if isinstance(model, ModelSpec) else getattr(model, "module", model)  # DDP: its module
+    return bool(getattr(found, "cross_sectional", False))
 
 
 def build_model(model_cfg: Any, n_features: int, n_classes: int, window: int = 1) -> nn.Module:

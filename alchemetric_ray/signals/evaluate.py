@@ -46,6 +46,7 @@ from alchemetric_ray.signals.contenders import (
 from alchemetric_ray.signals.predict import inputs_frame, loaded_model, model_location, predict
 from alchemetric_ray.signals.records import Evaluation, Looks, ModelInfo, NewData
 from alchemetric_ray.signals.report import plot_equity, render_report
+from alchemetric_ray.signals.seeds import seed_spread
 from alchemetric_ray.signals.selection import selection_inputs
 from alchemetric_ray.signals.tearsheet import TearSheet, bar_opens, tear_sheet, write_pngs
 from alchemetric_ray.signals.walk_forward import PooledWalkForward, pooled_walk_forward, walk_forward
@@ -123,6 +124,9 @@ def evaluate(model: str | Path | Location | LoadedModel, data: str | None, out_d
                              earlier=earlier, this=look)
         result.tear_sheet = segment_tear_sheet(signals, loaded, data, result.segment,
                                                on_duplicate=cfg.data.on_duplicate if data else None)
+        result.seeds = seed_spread(loaded, inputs, result.segment.start, result.segment.end)
+        if result.seeds is not None:  # a seed ensemble: the verdict line names how far its seeds lie apart
+            result.verdict = dataclasses.replace(result.verdict, line=f"{result.verdict.line} ({result.seeds.line()})")
         plot_equity(result, tmp / "equity.png")
         write_pngs(result.tear_sheet, tmp)
         atomic_write_text(tmp / "report.md", render_report(result))

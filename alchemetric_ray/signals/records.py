@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from alchemetric_ray.signals.contenders import DataWindow, Segment, SegmentResult
+from alchemetric_ray.signals.seeds import SeedSpread
 from alchemetric_ray.signals.tearsheet import TearSheet
 from alchemetric_ray.signals.walk_forward import FoldsWalkForward, PooledWalkForward
 
@@ -75,10 +76,11 @@ class Evaluation(SegmentResult):
     model: ModelInfo | None = None
     looks: Looks | None = None
     tear_sheet: TearSheet | None = None
+    seeds: SeedSpread | None = None  # a seed ensemble's members, each scored alone (``signals/seeds.py``)
 
     def as_dict(self) -> dict[str, Any]:
         """What ``evaluation.json`` holds, in its order: the segment's keys, then ``data`` and
-        ``walk_forward`` where present, then ``model``, ``looks`` and ``tear_sheet``."""
+        ``walk_forward`` where present, then ``model``, ``looks``, ``tear_sheet`` and ``seeds``."""
         parts = {"data": self.data, "walk_forward": self.walk_forward, "model": self.model, "looks": self.looks,
-                 "tear_sheet": self.tear_sheet}
+                 "tear_sheet": self.tear_sheet, "seeds": self.seeds}
         return {**super().as_dict(), **{key: part.as_dict() for key, part in parts.items() if part is not None}}

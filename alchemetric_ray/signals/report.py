@@ -270,6 +270,10 @@ def render_report(result: Evaluation) -> str:
         lines += [f"> Cross-sectional model ({model.label}): its labels or features compare the stocks "
                   "of each date. Survivorship: those stocks are the tickers in the data, i.e. listed at its end date; "
                   "stocks delisted earlier are missing from every date, which flatters long-short results.", ""]
+    if result.seeds is not None:
+        lines += [f"> Seed ensemble: the model scores the average of {len(result.seeds.seeds)} models trained at seeds "
+                  f"{', '.join(map(str, result.seeds.seeds))}; each alone has a rank IC of "
+                  f"{', '.join(f'{v:+.4f}' for v in result.seeds.rank_ic)} on this segment.", ""]
     lines += _looks_lines(result.looks)
     lines += _selection_lines(result)
     lines += _contender_table(result.rows)

@@ -11,7 +11,9 @@ trials build their ``TorchTrainer`` with ``build_trainer`` too); the Ray session
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -61,6 +63,7 @@ class TrainOutcome:
     tensorboard: Location | None = None  # the run's TensorBoard event files
     config: RunConfig | None = None  # the run's config, with the shards' target (adopt_target)
     log: RunLog = field(default_factory=RunLog)  # the run's log (MLflow's, or none), open for an evaluation
+    seeds: list[TrainOutcome] = field(default_factory=list)  # train.seeds > 1: each seed's run, in seed order
 
 
 def prepare_shards(cfg: RunConfig, *, progress: bool = True) -> Location:
@@ -339,6 +342,8 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     from alchemetric_ray.tracking.mlflow_runs import run_log
     from alchemetric_ray.tracking.tensorboard import SUBDIR, write_hparams
 
+    if cfg.train.seeds > 1:
+        return _run_seeds(cfg, export=export, local_mode=local_mode, progress=progress, name=name)
     started = time.monotonic()
     run = prepare_run(cfg, export=export, name=name, progress=progress, local_mode=local_mode)
     cfg = run.cfg
@@ -363,6 +368,47 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
         done = f"after epoch {cast(Kept, latest).epoch + 1} of {cfg.train.epochs}"  # a best one, so a latest
         outcome.model_dir = _export_logged(cfg, outcome, log, done)
     log.finalize()  # an evaluation after this still logs into the run (cli.py)
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def _run_seeds(cfg: RunConfig, *, export: bool, local_mode: bool | None, progress: bool,
+               name: str | None) -> TrainOutcome:
+    """``train.seeds`` > 1: one whole run per seed (``train.seed``, +1, ...), named ``<run>-seed<i>``
+    (``--resume`` continues the latest such set: finished seeds train nothing again), then the seed
+    ensemble of their best checkpoints exported as the model, logged and registered in the last seed's
+    run.  The outcome is the last seed's, with the ensemble's model and config and every seed's run."""
+    from alchemetric_ray.artifacts.export import export_ensemble
+
+    started = time.monotonic()
+    if export:  # refused now, not after the first seed's training
+        check_models_dir(cfg.storage.models_dir)
+        claim_model_folder(cfg)
+    base = re.sub(r"-seed\d+$", "", name or run_name(cfg))
+    outcomes: list[TrainOutcome] = []
+    for i in range(cfg.train.seeds):
+        seed = cfg.train.seed + i
+        print(f"seed {i + 1} of {cfg.train.seeds}: train.seed={seed}, run {base}-seed{i}", flush=True)
+        # the first seed's run builds the shards (where data.path holds bars); the others read them
+        data = [f"data.path={outcomes[0].shards.uri}"] if outcomes else []
+        outcomes.append(run_training(cfg.replace(f"train.seed={seed}", "train.seeds=1", *data), export=False,
+                                     local_mode=local_mode, progress=progress, name=f"{base}-seed{i}"))
+    # the model's config: the first seed's (its data section names the bars, not the shards), all seeds
+    first = cast(RunConfig, outcomes[0].config)
+    outcome = dataclasses.replace(outcomes[-1], run_name=base, config=first.replace(f"train.seeds={cfg.train.seeds}"),
+                                  seeds=outcomes)
+    if export:
+        missing = [o.run_name for o in outcomes if o.best_checkpoint is None]
+        if missing:
+            raise TrainError(f"run {missing[0]} has no checkpoint to export: the seed ensemble needs every seed's")
+        try:
+            outcome.model_dir = export_ensemble([o.best_checkpoint for o in outcomes], cast(RunConfig, outcome.config),
+                                                outcome.shards)
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted after the {cfg.train.seeds} seeds' training, while exporting their "
+                              "ensemble (nothing of it written)") from None
+        outcome.log.log_artifacts(outcome.model_dir / "model_card.md")
+        outcome.log.register(outcome.model_dir)
     outcome.seconds = time.monotonic() - started
     return outcome
 
