@@ -220,7 +220,7 @@ def test_a_cs_rank_model_trains_with_mse_reports_ic_and_predicts_scores(ray_sess
     metrics = json.loads((outcome.model_dir / "metrics.json").read_text())
     assert metrics["selection_metric"] == "val_rank_ic"
     assert {"mse", "ic", "rank_ic"} <= set(metrics["test"])
-    assert set(metrics["baselines"]) == {"mean", "ridge_regression", "hist_gradient_boosting"}
+    assert set(metrics["baselines"]) == {"mean", "ridge_regression", "hist_gradient_boosting", "lightgbm"}
     card = (outcome.model_dir / "model_card.md").read_text()
     assert "| model | val rank IC | test rank IC | test IC | test MSE |" in card and "Survivorship" in card
 

@@ -326,7 +326,7 @@ def test_train_cli_exports_a_model_that_predicts_like_its_checkpoint(ray_session
     assert meta["device"]["device"] == "cpu" and "resource plan" in meta["device"]["reason"]
     assert meta["precision"]["mode"] == "fp32" and meta["precision"]["reason"]
     metrics = json.loads((model_dir / "metrics.json").read_text())
-    assert set(metrics["baselines"]) == {"majority", "logistic_regression", "hist_gradient_boosting"}
+    assert set(metrics["baselines"]) == {"majority", "logistic_regression", "hist_gradient_boosting", "lightgbm"}
     # the test segment stays sealed: not scored at export, no look recorded; the card says so
     assert "test" not in metrics and all(set(b) == {"val"} for b in metrics["baselines"].values())
     assert "sealed, not scored at export" in card and not (model_dir / "looks").exists()
