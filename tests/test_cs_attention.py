@@ -184,3 +184,46 @@ def test_cs_attention_under_ddp_splits_dates_across_two_workers_and_predicts_who
     assert len(signals) > 0 and np.isfinite(signals["score"]).all()
     written = pd.read_parquet(tmp_path / "signals.parquet")
     assert len(written) == len(signals) and written.groupby("date")["ticker"].nunique().max() == 40
+
+
+def test_cs_attention_takes_the_precision_rules_of_the_others_and_learns_under_cpu_bf16_autocast(monkeypatch):
+    """Plan and precision as for every model: auto on a CUDA GPU (probes patched) is bf16 on Ampere and
+    fp16 with a GradScaler on Volta, float32 off CUDA; and a real bf16-autocast step on the CPU (the IC
+    loss in float32 outside autocast, as the loop computes it) lowers the loss of a date-relative task."""
+    from alchemetric_ray.hardware import device as dev
+    from alchemetric_ray.hardware import precision as prec
+    from alchemetric_ray.hardware.optimizer import OptimizerStep
+    from alchemetric_ray.hardware.precision import resolve_precision
+    from alchemetric_ray.models import build_model, model_spec
+    from alchemetric_ray.training.losses import DateGroups, make_loss
+
+    spec = model_spec("cs_attention")
+    for capability, bf16, expected in (((8, 0), True, ("bf16", False)), ((7, 0), False, ("fp16", True))):
+        monkeypatch.setattr(dev, "cuda_capability", lambda i, c=capability: c)
+        monkeypatch.setattr(prec, "cuda_bf16_native", lambda b=bf16: b)
+        p = resolve_precision("auto", torch.device("cuda", 0), model=spec)
+        assert (p.mode, p.use_scaler) == expected
+    assert resolve_precision("auto", torch.device("cpu"), model=spec).mode == "fp32"
+
+    torch.manual_seed(0)
+    cpu = torch.device("cpu")
+    settings = load_config(None, ["model.name=cs_attention", "model.hidden=16", "model.dropout=0"]).model
+    model = build_model(settings, 2, 1)
+    x = torch.randn(400, 2)
+    sizes = [40] * 10
+    groups = DateGroups.from_sizes(sizes)
+    own = x[:, 1]
+    centre = torch.repeat_interleave(torch.stack([part.mean() for part in own.split(40)]), 40)
+    y = -(own - centre).abs()
+    x[:, 1] = own + torch.repeat_interleave(torch.randn(10) * 10, 40)  # the level moves from date to date
+    precision = resolve_precision("bf16", cpu, model=spec)
+    loss_fn = make_loss("ic")
+    step = OptimizerStep(torch.optim.AdamW(model.parameters(), lr=3e-3), precision, grad_clip=1.0)
+    losses = []
+    for i in range(120):
+        with precision.autocast():
+            out = model(x, groups.code)
+        loss = loss_fn(out, y, groups)
+        losses.append(float(loss))
+        assert not step(loss, epoch=0, step=i).skipped
+    assert losses[-1] < losses[0] - 0.3, losses[::20]
