@@ -277,6 +277,22 @@ def _doctor(args: argparse.Namespace, cfg: RunConfig) -> int:
     return report.verdict.exit_code
 
 
+def _promote_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="model_dir", required=True, metavar="MODELS_URI",
+                   help="the registered version to make champion: models:/NAME/VERSION (the registry: "
+                        "tracking.mlflow_uri or MLFLOW_TRACKING_URI)")
+    p.add_argument("--reason", default=None, help="why, recorded as a tag on the versions (default: promoted by hand)")
+
+
+@command("promote", "make a registered version the champion (the one it replaces becomes previous): promote or roll "
+                    "back", _promote_args)
+def _promote(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from alchemetric_ray import api
+
+    print(api.promote(args.model_dir, reason=args.reason, cfg=cfg).line())
+    return 0
+
+
 # ---- entry point ---------------------------------------------------------------------------
 
 

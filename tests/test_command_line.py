@@ -14,7 +14,7 @@ from alchemetric_ray.cli import COMMANDS, parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED = {"features": ["--out", "X"], "predict": ["--model", "M", "--out", "S"],
-            "evaluate": ["--model", "M", "--out", "R"]}
+            "evaluate": ["--model", "M", "--out", "R"], "promote": ["--model", "models:/M/1"]}
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -270,8 +270,14 @@ def test_a_resumed_run_continues_its_mlflow_run_and_evaluations_tag_the_versions
     assert first["model"]["id"].startswith("models:/resumed/1 sha256:"), first["model"]["id"]
     signals = pd.read_parquet(tmp_path / "eval" / "signals.parquet")
     assert set(signals["model_id"]) == {first["model"]["id"]}
-    # a second evaluate of the same version counts the first one's look (it went back beside the model)
-    client.set_registered_model_alias("resumed", "champion", "1")
+    # a second evaluate of the same version counts the first one's look (it went back beside the model);
+    # `promote` made version 1 the champion (the first one: nothing to replace)
+    registry = f"tracking.mlflow_uri={mlflow_server}"
+    capsys.readouterr()
+    assert cli.main(["promote", "--model", "models:/resumed/1", "--reason", "the first evaluated version",
+                     registry]) == 0
+    assert capsys.readouterr().out == ("promoted models:/resumed/1 to champion (the first champion): the first "
+                                       "evaluated version\n")
     assert cli.main(["evaluate", "--model", "models:/resumed@champion", "--data", str(stocknet_dir), "--device", "cpu",
                      "--out", str(tmp_path / "eval2"), "data.tickers=AAPL,MSFT",
                      f"tracking.mlflow_uri={mlflow_server}"]) == 0
@@ -287,6 +293,57 @@ def test_a_resumed_run_continues_its_mlflow_run_and_evaluations_tag_the_versions
     cfg = load_config(None, [f"tracking.mlflow_uri={mlflow_server}"])
     loaded = load_model(download_model("models:/resumed/2", cfg, tmp_path / "download"))
     assert loaded.manifest.tickers == ["AAPL", "MSFT"] and not loaded.model.training
+    _promotions(client, cfg, registry, stocknet_dir, tmp_path, capsys)
+
+
+def _promotions(client, cfg, registry: str, bars: Path, tmp_path: Path, capsys) -> None:
+    """Issue 43 item 3 on the registered model "resumed" (versions 1, champion, and 2): promote 2, predict
+    follows ``@champion``, roll back, an interrupted promotion completed by running it again, bad input."""
+    import alchemetric_ray as ar
+
+    def aliases(version: str) -> list[str]:
+        return sorted(client.get_model_version("resumed", version).aliases)
+
+    promotion = ar.promote("models:/resumed/2", reason="a better rank IC", cfg=cfg)
+    assert promotion.line() == "promoted models:/resumed/2 to champion; version 1 is now previous: a better rank IC"
+    assert (aliases("2"), aliases("1")) == (["champion"], ["previous"])
+    tags = client.get_model_version("resumed", "2").tags
+    assert (tags["promotion.reason"], tags["promotion.replaced"]) == ("a better rank IC", "1") and tags["promotion.at"]
+    assert client.get_model_version("resumed", "1").tags["demotion.reason"] == "replaced by version 2: a better rank IC"
+    # predict --model models:/NAME@champion follows the alias
+    capsys.readouterr()
+    assert cli.main(["predict", "--model", "models:/resumed@champion", "--data", str(bars), "--device", "cpu",
+                     "--out", str(tmp_path / "champion.parquet"), "data.tickers=AAPL,MSFT", registry]) == 0
+    ids = set(pd.read_parquet(tmp_path / "champion.parquet")["model_id"])
+    assert len(ids) == 1 and ids.pop().startswith("models:/resumed/2 (alias champion) sha256:")
+    capsys.readouterr()
+
+    # roll back: the older version promoted again, with its reason; the one it replaces becomes previous
+    assert cli.main(["promote", "--model", "models:/resumed/1", "--reason", "roll back: live drawdown", registry]) == 0
+    assert capsys.readouterr().out.startswith("promoted models:/resumed/1 to champion; version 2 is now previous")
+    assert (aliases("1"), aliases("2")) == (["champion"], ["previous"])
+
+    # a promotion killed after moving `champion` (before `previous`): the same promotion run again completes it
+    for key, value in (("promotion.reason", "killed half-way"), ("promotion.at", "2026-12-05T00:00:00Z"),
+                       ("promotion.replaced", "1")):
+        client.set_model_version_tag("resumed", "2", key, value)
+    client.set_registered_model_alias("resumed", "champion", "2")  # what the kill left: previous still on 2
+    assert cli.main(["promote", "--model", "models:/resumed/2", registry]) == 0
+    assert capsys.readouterr().out == ("models:/resumed/2 is already champion (since 2026-12-05T00:00:00Z): nothing "
+                                       "moved\n")
+    assert (aliases("2"), aliases("1")) == (["champion"], ["previous"])
+    assert client.get_model_version("resumed", "1").tags["demotion.reason"] == "replaced by version 2: killed half-way"
+
+    # bad input: one line each, nothing moved
+    for model, message in (("models:/resumed/9", "promote: --model models:/resumed/9: "),
+                           (str(tmp_path), f"promote: --model '{tmp_path}' is not a registered version")):
+        assert cli.main(["promote", "--model", model, registry]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+    down = f"tracking.mlflow_uri=http://127.0.0.1:{free_port()}"  # no server there: refused before any move
+    assert cli.main(["promote", "--model", "models:/resumed/1", down]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert (aliases("2"), aliases("1")) == (["champion"], ["previous"])
 
 
 @pytest.mark.slow

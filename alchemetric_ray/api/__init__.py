@@ -1,6 +1,17 @@
 """The Python API: one function per command, returning typed results (see ``alchemetric_ray/__init__.py``)."""
 
-from alchemetric_ray.api.calls import doctor, env, evaluate, features, load_config, load_model, predict, train, tune
+from alchemetric_ray.api.calls import (
+    doctor,
+    env,
+    evaluate,
+    features,
+    load_config,
+    load_model,
+    predict,
+    promote,
+    train,
+    tune,
+)
 from alchemetric_ray.api.history import load_result, runs
 
 
@@ -12,5 +23,5 @@ def submit(command: str, cfg=None, *, address: str, data=None, **options):
     return submit_job(command, cfg, address=address, data=data, **options)
 
 
-__all__ = ["doctor", "env", "evaluate", "features", "load_config", "load_model", "load_result", "predict", "runs",
-           "submit", "train", "tune"]
+__all__ = ["doctor", "env", "evaluate", "features", "load_config", "load_model", "load_result", "predict", "promote",
+           "runs", "submit", "train", "tune"]

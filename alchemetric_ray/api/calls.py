@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from alchemetric_ray.api.evaluation import Evaluation
+    from alchemetric_ray.tracking.registry import Promotion
 
 
 
@@ -210,6 +211,17 @@ def evaluate(model: Any, data: Any = None, *, out: str | Path | None = None, wal
     with api_call("evaluate"):
         return evaluate_with(as_model(model, cfg), data, out=out, walk_forward=walk_forward, overrides=overrides,
                              cfg=cfg)
+
+
+def promote(model: str, *, reason: str | None = None, cfg: RunConfig | None = None) -> Promotion:
+    """Make the registered version ``model`` (``models:/NAME/VERSION``) the ``champion`` of its model,
+    the version it replaces ``previous``, the reason recorded as tags on both (the registry:
+    ``cfg.tracking.mlflow_uri``); a roll back is the promotion of an older version.  ``predict`` and
+    ``evaluate`` of ``models:/NAME@champion`` then use it."""
+    with api_call("promote"):
+        from alchemetric_ray.tracking.registry import promote as run_promotion
+
+        return run_promotion(str(model), cfg or _load_config(), reason=reason)
 
 
 def load_model(where: str | Path | Model, cfg: RunConfig | None = None) -> Model:

@@ -361,7 +361,8 @@ class _Plan:
         self.cfg, self.run, self.args, self.result_at = cfg, run, args, result_at
 
 
-COMMANDS = ("env", "features", "train", "tune", "predict", "evaluate", "doctor")  # cli.py's (tests/test_api.py)
+# cli.py's (tests/test_api.py)
+COMMANDS = ("env", "features", "train", "tune", "predict", "evaluate", "doctor", "promote")
 RESULT_COMMANDS = ("features", "train", "tune", "predict", "evaluate")  # the commands that save a result
 OUT_COMMANDS = ("features", "predict", "evaluate")  # the commands with a required --out
 
