@@ -36,7 +36,7 @@ check-platform:
 
 # The main job on the packaged stocknet prices: features -> train -> the held-back test segment vs the baselines.
 demo: install
-	$(BIN)/python jobs/train.py --evaluate
+	$(BIN)/python jobs/train.py --evaluate train.seeds=3
 
 # The sweep-report test renders HTML in Debian's headless chromium; installed here when missing.
 test-deps:

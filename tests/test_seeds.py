@@ -57,6 +57,7 @@ def test_three_seeds_train_three_runs_export_their_ensemble_and_the_evaluation_n
     assert [s.split(":")[0] for s in starts] == ["seed 1 of 3", "seed 2 of 3", "seed 3 of 3"], out[-3000:]
     assert [s.split(", run ")[0].split(": ")[1] for s in starts] == ["train.seed=0", "train.seed=1", "train.seed=2"]
     assert out.count("features: building shards") == 1  # the first seed's run builds them; the others read them
+    assert out.count("resource plan:") == 1 and out.count("train loop ") == 1  # the later seeds run the same plan
     model_dir = tmp_path / "models" / "ens"
     loaded = load_model(model_dir)
     assert type(loaded.model).__name__ == "SeedEnsemble" and len(loaded.model.members) == 3

@@ -227,8 +227,8 @@ class Prepared:
     reader: ShardReader | None = None  # the loop's cached shards read here with pyarrow: no Ray Data, no Ray
 
 
-def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, name: str | None = None,
-                progress: bool = True, local_mode: bool | None = None) -> Prepared:
+def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, name: str | None = None,  # noqa: PLR0913
+                progress: bool = True, local_mode: bool | None = None, show_plan: bool = True) -> Prepared:
     """The steps before ``fit()`` that ``train`` and ``tune`` share, in one order: the cheap checks
     first, then the plan (with Ray, where the run needs it: :func:`plan_run`; before any shard is
     written), the shards and what they must hold.
@@ -258,7 +258,8 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     if export:  # the model's real size, now that its inputs are known
         check_models_dir(cfg.storage.models_dir, estimated_export_bytes(cfg, manifest))
     name = name or run_name(cfg, sweep=sweep)
-    print(("resource plan per trial:\n" if sweep else "resource plan:\n") + plan.describe(), flush=True)
+    if show_plan:  # a seed ensemble's later seeds run the first one's plan: said once
+        print(("resource plan per trial:\n" if sweep else "resource plan:\n") + plan.describe(), flush=True)
     if sweep:
         return Prepared(name, cfg, plan, shards, manifest, None)
     inputs = model_spec(cfg.model.name).inputs
@@ -331,7 +332,7 @@ def _check_storage_for_new_nodes(cfg: RunConfig, plan: ResourcePlan) -> None:
 
 
 def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None = None, progress: bool = True,
-                 name: str | None = None) -> TrainOutcome:
+                 name: str | None = None, show_plan: bool = True) -> TrainOutcome:
     """The ``train`` command: prepare, ask for the workers and wait (placement/autoscale.py), ``fit()``,
     export.  The autoscaler's resource request is cleared however the fit ends.
 
@@ -345,10 +346,11 @@ def run_training(cfg: RunConfig, *, export: bool = True, local_mode: bool | None
     if cfg.train.seeds > 1:
         return _run_seeds(cfg, export=export, local_mode=local_mode, progress=progress, name=name)
     started = time.monotonic()
-    run = prepare_run(cfg, export=export, name=name, progress=progress, local_mode=local_mode)
+    run = prepare_run(cfg, export=export, name=name, progress=progress, local_mode=local_mode, show_plan=show_plan)
     cfg = run.cfg
-    print(f"train loop       {'in this process (Ray Train local mode)' if run.local else 'a Ray Train worker group'} "
-          f"({run.local_why})", flush=True)
+    if show_plan:
+        loop = "in this process (Ray Train local mode)" if run.local else "a Ray Train worker group"
+        print(f"train loop       {loop} ({run.local_why})", flush=True)
     where = storage_location(cfg)
     folder = RunFolder(where / run.name, keep=cfg.storage.num_to_keep, metric=selection_metric(cfg),
                        mode=selection_mode(cfg))
@@ -392,7 +394,8 @@ def _run_seeds(cfg: RunConfig, *, export: bool, local_mode: bool | None, progres
         # the first seed's run builds the shards (where data.path holds bars); the others read them
         data = [f"data.path={outcomes[0].shards.uri}"] if outcomes else []
         outcomes.append(run_training(cfg.replace(f"train.seed={seed}", "train.seeds=1", *data), export=False,
-                                     local_mode=local_mode, progress=progress, name=f"{base}-seed{i}"))
+                                     local_mode=local_mode, progress=progress, name=f"{base}-seed{i}",
+                                     show_plan=not outcomes))
     # the model's config: the first seed's (its data section names the bars, not the shards), all seeds
     first = cast(RunConfig, outcomes[0].config)
     outcome = dataclasses.replace(outcomes[-1], run_name=base, config=first.replace(f"train.seeds={cfg.train.seeds}"),
