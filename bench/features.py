@@ -149,9 +149,13 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--only-append", action="store_true", help="item 5 only: the universe without its last "
                         "21 days built, then those days appended")
+    parser.add_argument("--only-cores", action="store_true", help="item 3 only: the 1M-row universe on one core "
+                        "and on all, against the plain script")
     args = parser.parse_args()
     if args.only_append:
         return only_append(args)
+    if args.only_cores:
+        return only_cores(args)
     cores = os.cpu_count() or 1
     figures: dict = {}
     scratch = Path(tempfile.mkdtemp(prefix="alchemetric-bench-features-"))
@@ -182,25 +186,8 @@ def main() -> None:
               f"= {added['seconds'] / built['seconds']:.3f} (target <= 0.05)", flush=True)
 
         # 3 and 4: the 1M-row universe, one core and two, against the plain script on one core
-        # one core: in the driver (no Ray: the fastest one-core build) and as Ray tasks on a one-CPU Ray
-        one = child(REPO, [f"data.path={small}", "features.distributed=false"], scratch / "one", cpus=None,
-                    one_core=True)
-        one_ray = child(REPO, [f"data.path={small}"], scratch / "one-ray", cpus=1, one_core=True)
-        two = child(REPO, [f"data.path={small}"], scratch / "two", cpus=cores)
-        ref = reference(small, scratch / "reference.parquet")
-        figures["cores"] = {"input_rows": rows_small, "ours_one_core": one, "ours_one_core_ray": one_ray,
-                            "ours_all_cores": two, "reference": ref,
-                            "ours_vs_reference_one_core": ref["seconds"] / one["warm_seconds"],
-                            "all_cores_vs_one": one["warm_seconds"] / two["warm_seconds"],
-                            "all_cores_vs_one_ray": one_ray["warm_seconds"] / two["warm_seconds"],
-                            "note": "ratios of the second build in each process (imports done, Ray's workers warm); "
-                                    "the plain script's time excludes its imports"}
-        print(f"3. {rows_small:,} bars, first / second build in a process: ours on one core "
-              f"{_pair(one)} in the driver, {_pair(one_ray)} as Ray tasks; {_pair(two)} as Ray tasks on {cores}; "
-              f"the plain script {ref['seconds']:.1f} s on one core: ours/reference "
-              f"{figures['cores']['ours_vs_reference_one_core']:.2f} (>= 0.8), {cores} cores / one "
-              f"{figures['cores']['all_cores_vs_one']:.2f} "
-              f"(Ray on one: {figures['cores']['all_cores_vs_one_ray']:.2f}) (> 1.6)", flush=True)
+        figures["cores"] = cores_item(small, rows_small, scratch, cores)
+        two = figures["cores"]["ours_all_cores"]
         figures["memory"] = {"small_worker_peak_mib": two["worker_peak_mib"],
                              "universe_worker_peak_mib": full["worker_peak_mib"],
                              "ratio": full["worker_peak_mib"] / max(two["worker_peak_mib"], 1e-9)}
@@ -225,6 +212,43 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     write_result(args.out, f"features-{args.tickers * args.days}", {"machine": machine(), **figures,
                                                                      "date": time.strftime("%Y-%m-%d")})
+
+
+def cores_item(small: Path, rows_small: int, scratch: Path, cores: int) -> dict:
+    """Item 3: the 1M-row universe on one core (in the driver: no Ray, the fastest one-core build; and as
+    Ray tasks on a one-CPU Ray) and as Ray tasks on every core, against the plain script on one core."""
+    one = child(REPO, [f"data.path={small}", "features.distributed=false"], scratch / "one", cpus=None,
+                one_core=True)
+    one_ray = child(REPO, [f"data.path={small}"], scratch / "one-ray", cpus=1, one_core=True)
+    two = child(REPO, [f"data.path={small}"], scratch / "two", cpus=cores)
+    ref = reference(small, scratch / "reference.parquet")
+    figures = {"input_rows": rows_small, "ours_one_core": one, "ours_one_core_ray": one_ray,
+               "ours_all_cores": two, "reference": ref,
+               "ours_vs_reference_one_core": ref["seconds"] / one["warm_seconds"],
+               "all_cores_vs_one": one["warm_seconds"] / two["warm_seconds"],
+               "all_cores_vs_one_ray": one_ray["warm_seconds"] / two["warm_seconds"],
+               "note": "ratios of the second build in each process (imports done, Ray's workers warm); "
+                       "the plain script's time excludes its imports"}
+    print(f"3. {rows_small:,} bars, first / second build in a process: ours on one core "
+          f"{_pair(one)} in the driver, {_pair(one_ray)} as Ray tasks; {_pair(two)} as Ray tasks on {cores}; "
+          f"the plain script {ref['seconds']:.1f} s on one core: ours/reference "
+          f"{figures['ours_vs_reference_one_core']:.2f} (>= 0.8), {cores} cores / one "
+          f"{figures['all_cores_vs_one']:.2f} (Ray on one: {figures['all_cores_vs_one_ray']:.2f}) (> 1.6)", flush=True)
+    return figures
+
+
+def only_cores(args: argparse.Namespace) -> None:
+    """Item 3 alone, on a universe of ``--small`` tickers x ``--days`` days."""
+    cores = os.cpu_count() or 1
+    scratch = Path(tempfile.mkdtemp(prefix="alchemetric-bench-cores-"))
+    try:
+        small = scratch / "small"
+        rows_small = write_universe(small, args.small, args.days, seed=8)
+        figures = cores_item(small, rows_small, scratch, cores)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    write_result(args.out, f"features-cores-{args.small * args.days}", {"machine": machine(), "cores": figures,
+                                                                        "date": time.strftime("%Y-%m-%d")})
 
 
 def only_append(args: argparse.Namespace) -> None:

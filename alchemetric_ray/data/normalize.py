@@ -29,6 +29,12 @@ class Normalizer:
         out = (x - np.asarray(self.center, dtype=np.float64)) / np.asarray(self.scale, dtype=np.float64)
         return np.clip(out, -self.clip, self.clip).astype(np.float32)
 
+    def apply_column(self, x: np.ndarray, j: int) -> np.ndarray:
+        """Feature ``j``'s column alone, as :meth:`apply` gives it (the same arithmetic, value for value),
+        without a (rows, features) matrix to build and slice."""
+        out = (x - np.float64(self.center[j])) / np.float64(self.scale[j])
+        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+
     def as_dict(self) -> dict:
         return {"method": self.method, "names": self.names, "center": self.center, "scale": self.scale,
                 "clip": self.clip}

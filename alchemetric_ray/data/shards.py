@@ -168,7 +168,9 @@ def _fit_normalizer(staging: Path, names: list[str], plan: SplitPlan, cfg: RunCo
     for path in staged_files(staging):
         table = read_staged(path, columns=["date", "label_end", *names])
         split = plan.assign(table.column("date").to_numpy(), table.column("label_end").to_numpy())
-        rows = np.concatenate([rest, _matrix(table, names)[split == 0]])
+        train = split == 0
+        rows = np.concatenate([rest, np.column_stack([c[train] for c in _columns(table, names)]) if names
+                               else np.empty((int(train.sum()), 0))])
         whole = len(rows) - len(rows) % FIT_ROWS
         for lo in range(0, whole, FIT_ROWS):  # blocks of the train rows as they come, whatever the groups
             fit.add(rows[lo:lo + FIT_ROWS])
@@ -180,12 +182,11 @@ def _fit_normalizer(staging: Path, names: list[str], plan: SplitPlan, cfg: RunCo
         raise ShardError(f"the train split ({plan.train_start}..{plan.train_end}) has no rows") from None
 
 
-def _matrix(table: pa.Table, names: list[str]) -> np.ndarray:
-    """The feature columns as one (rows, features) array, as ``DataFrame[names].to_numpy()`` gave it."""
-    if not names:
-        return np.empty((table.num_rows, 0))
+def _columns(table: pa.Table, names: list[str]) -> list[np.ndarray]:
+    """The feature columns, each at the type they share (as ``DataFrame[names].to_numpy()`` gave the matrix)."""
     columns = [table.column(n).to_numpy() for n in names]
-    return np.column_stack(columns).astype(np.result_type(*columns), copy=False)
+    common = np.result_type(*columns) if columns else np.float64
+    return [c.astype(common, copy=False) for c in columns]
 
 
 class _RollingWriter:
@@ -258,7 +259,7 @@ def _write_shards(staging: Path, tmp: Path, names: list[str], plan: SplitPlan, n
         table = read_staged(path)
         dates, ends = table.column("date").to_numpy(), table.column("label_end").to_numpy()
         split = plan.assign(dates, ends)
-        normed = normalizer.apply(_matrix(table, names))
+        normed = [normalizer.apply_column(column, j) for j, column in enumerate(_columns(table, names))]
         tickers = table.column("ticker").to_numpy()
         label_all = table.column("label").to_numpy().astype(np.float32 if spec.regression else np.int64)
         fwd_all = table.column("fwd_ret").to_numpy().astype(np.float32)
@@ -267,7 +268,7 @@ def _write_shards(staging: Path, tmp: Path, names: list[str], plan: SplitPlan, n
             if not mask.any():
                 continue
             cols = {"date": dates[mask], "ticker": tickers[mask]}
-            cols.update({n: normed[mask, j] for j, n in enumerate(names)})
+            cols.update({n: normed[j][mask] for j, n in enumerate(names)})
             labels = label_all[mask]
             cols.update({"label": labels, "fwd_ret": fwd_all[mask], "label_end": ends[mask]})
             whole = pa.Table.from_pydict(cols, schema=schema)
