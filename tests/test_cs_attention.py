@@ -69,8 +69,9 @@ def _run(shards: Path, tmp_path: Path, model: str, seed: int, *overrides: str):
     from alchemetric_ray.training.trainer import run_training
 
     cfg = load_config(None, [f"data.path={shards}", "features.label=cs_rank", f"model.name={model}",
-                             "model.hidden=32", "model.dropout=0", "train.loss=ic", "train.epochs=16",
-                             "train.patience=0", "train.lr=0.005", "train.batch_size=400", "device.name=cpu",
+                             "model.hidden=32", "model.dropout=0", "train.loss=ic", "train.epochs=10",
+                             "train.patience=0", "train.lr=0.01", "train.batch_size=400", "device.name=cpu",
+                             "scaling.threads_per_worker=1",  # a small model: one thread, never waiting on a busy core
                              f"train.seed={seed}", "train.score_test=true",
                              f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}",
                              f"storage.name={model}-{seed}", *overrides])
@@ -171,10 +172,11 @@ def test_cs_attention_under_ddp_splits_dates_across_two_workers_and_predicts_who
     from alchemetric_ray.data.manifest import Manifest
     from alchemetric_ray.signals.predict import predict
 
-    outcome = _run(planted, tmp_path, "cs_attention", 0, "scaling.workers=2")
+    # each rank steps through half the dates: twice the epochs for as many steps as one worker's 10
+    outcome = _run(planted, tmp_path, "cs_attention", 0, "scaling.workers=2", "train.epochs=20")
     s = outcome.summary
     manifest = Manifest.read(planted)
-    assert s.world_size == 2 and s.epochs_per_rank == [16, 16]
+    assert s.world_size == 2 and s.epochs_per_rank == [20, 20]
     # validation by date: the two ranks' parts are disjoint and complete, each date whole on one rank
     assert sum(s.val_rows) == manifest.rows["val"] and min(s.val_rows) > 0, s.val_rows
     assert s.best > 0.3 and json.loads((outcome.model_dir / "metrics.json").read_text())["test"]["rank_ic"] > 0.3
