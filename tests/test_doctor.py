@@ -173,7 +173,7 @@ def test_certificate_flip_share_on_a_known_case(monkeypatch):
                          "ticker": np.tile(["A", "B", "C", "D"], 100), "fwd_ret": rng.normal(0, 0.01, n)})
     monkeypatch.setattr(certificate, "certificate_rows", lambda loaded: (np.zeros((n, 3), np.float32), rows))
     monkeypatch.setattr(certificate, "_scores",
-                        lambda loaded, x, device, precision: ref if precision.mode == "fp32" else perturbed)
+                        lambda loaded, x, device, precision, date=None: ref if precision.mode == "fp32" else perturbed)
     manifest = type("Manifest", (), {"classes": ["down", "flat", "up"]})()  # a class target: thresholds apply
     loaded = type("Loaded", (), {"config": load_config(), "manifest": manifest})()  # thresholds 0.05 / 0.05
     cpu = torch.device("cpu")
@@ -491,7 +491,7 @@ def test_certificate_fails_a_backend_on_its_rank_ic_alone(monkeypatch, mlp_repor
     reversed_ = 0.2 + 0.01 * (names + 1 - rank)  # all long, ordered against them: rank IC -1
     monkeypatch.setattr(certificate, "certificate_rows", lambda loaded: (np.zeros((len(rows), 3), np.float32), rows))
     monkeypatch.setattr(certificate, "_scores",
-                        lambda loaded, x, device, precision: ref if precision.mode == "fp32" else reversed_)
+                        lambda loaded, x, device, precision, date=None: ref if precision.mode == "fp32" else reversed_)
     manifest = type("Manifest", (), {"classes": ["down", "flat", "up"]})()
     loaded = type("Loaded", (), {"config": load_config(), "manifest": manifest})()
     cpu = torch.device("cpu")
