@@ -304,9 +304,9 @@ class Tracker(RunLog):
         the evaluation's record (``signals.records.Evaluation``), read here, never changed."""
         if not self.run_id:
             return
-        from alchemetric_ray.signals.tearsheet import PNGS
-
-        for file in ("report.md", "evaluation.json", "equity.png", *PNGS.values()):
+        sheet = getattr(result, "tear_sheet", None)  # its PNGs are named in the record: no import of the layer above
+        pngs = sheet.as_dict().get("pngs", []) if sheet is not None else []
+        for file in ("report.md", "evaluation.json", "equity.png", *pngs):
             path = Path(report_dir) / file if not isinstance(report_dir, Location) else report_dir / file
             exists = path.is_file()
             if exists:
