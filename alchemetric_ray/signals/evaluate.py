@@ -22,6 +22,7 @@ test segment.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -33,7 +34,7 @@ from alchemetric_ray.artifacts import ledger
 from alchemetric_ray.config import DataConfig, DuplicatePolicy, RunConfig
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.errors import EvaluationError
-from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text
+from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text, is_uri
 from alchemetric_ray.outputs import claim, staged_output
 from alchemetric_ray.signals.contenders import (
     DataWindow,
@@ -50,7 +51,7 @@ from alchemetric_ray.signals.seeds import seed_spread
 from alchemetric_ray.signals.selection import selection_inputs
 from alchemetric_ray.signals.tearsheet import TearSheet, bar_opens, tear_sheet, write_pngs
 from alchemetric_ray.signals.walk_forward import PooledWalkForward, pooled_walk_forward, walk_forward
-from alchemetric_ray.storage import Location, locate
+from alchemetric_ray.storage import Location, local_copy, locate
 
 if TYPE_CHECKING:
     from alchemetric_ray.artifacts.export import LoadedModel
@@ -75,9 +76,13 @@ def segment_tear_sheet(signals: pd.DataFrame, loaded: LoadedModel, data: str | N
     dates = pd.to_datetime(signals["date"])
     rows = signals[(dates >= pd.Timestamp(segment.start)) & (dates <= pd.Timestamp(segment.end))]
     own = loaded.config.data
-    source_cfg = (DataConfig(path=data, source="files", on_duplicate=on_duplicate or own.on_duplicate) if data
-                  else dataclasses.replace(own, on_duplicate=on_duplicate or own.on_duplicate))
-    opens = bar_opens(open_source(source_cfg).bars, rows["ticker"].unique(), segment.start)
+    path = data or own.path
+    # bars on object storage: read from a temporary local copy, as the inputs were (signals/predict.py)
+    with local_copy(path) if path and is_uri(path) else contextlib.nullcontext(path) as local:
+        where = None if local is None else str(local)
+        source_cfg = (DataConfig(path=where, source="files", on_duplicate=on_duplicate or own.on_duplicate) if data
+                      else dataclasses.replace(own, path=where, on_duplicate=on_duplicate or own.on_duplicate))
+        opens = bar_opens(open_source(source_cfg).bars, rows["ticker"].unique(), segment.start)
     return tear_sheet(rows[["date", "ticker", "score"]], opens, horizon=int(loaded.manifest.label["horizon"]))
 
 
