@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from alchemetric_ray.data.batches import date_batches
 from alchemetric_ray.data.loaders import make_windows
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.data.shards import split_files
@@ -67,30 +68,22 @@ def predict_proba(model: torch.nn.Module, x: np.ndarray, device: torch.device, p
     cross = is_cross_sectional(model)
     if cross and date is None:
         raise ValueError("a cross-sectional model scores whole dates: pass each row's date")
-    code = np.unique(np.asarray(date), return_inverse=True)[1].reshape(-1) if cross else np.zeros(len(x), np.int64)
-    order = np.argsort(code, kind="stable") if cross else np.arange(len(x))
-    bounds = _date_bounds(code[order], batch_size) if cross else range(0, len(x) + batch_size, batch_size)
+    if cross:  # the rows of whole dates, packed in date order as the loop's validation packs them
+        code = torch.from_numpy(np.unique(np.asarray(date), return_inverse=True)[1].reshape(-1))
+        batches = [idx.numpy() for idx, _ in date_batches(code, batch_size, seed=0, shuffle=False)]
+    else:
+        batches = [np.arange(i, min(i + batch_size, len(x))) for i in range(0, len(x), batch_size)]
     out = []
-    for start, stop in zip(bounds, bounds[1:]):
-        rows = order[start:stop]
-        xb = torch.from_numpy(np.ascontiguousarray(x[rows] if cross else x[start:stop])).to(device)
+    for rows in batches:
+        xb = torch.from_numpy(np.ascontiguousarray(x[rows] if cross else x[rows[0]:rows[-1] + 1])).to(device)
         with precision.autocast():
-            raw = model(xb, torch.from_numpy(code[rows]).to(device)) if cross else model(xb)
+            raw = model(xb, code[torch.from_numpy(rows)].to(device)) if cross else model(xb)
         out.append(outputs_of(raw, regression).cpu().numpy())
-    if not out or not len(x):
+    if not out:
         return np.zeros((0, 0), np.float32)
     scored = np.concatenate(out)
+    if not cross:
+        return scored
     result = np.empty_like(scored)
-    result[order] = scored
+    result[np.concatenate(batches)] = scored  # back in the rows' order
     return result
-
-
-def _date_bounds(sorted_code: np.ndarray, batch_size: int) -> list[int]:
-    """Where batches of whole dates start and end in rows sorted by date: dates packed in turn, at most
-    ``batch_size`` rows a batch unless one date alone holds more."""
-    ends = (np.flatnonzero(np.r_[sorted_code[1:] != sorted_code[:-1], True]) + 1).tolist() if len(sorted_code) else []
-    bounds = [0]
-    for begins, end in zip([0, *ends[:-1]], ends):
-        if end - bounds[-1] > batch_size and begins > bounds[-1]:
-            bounds.append(begins)
-    return [*bounds, len(sorted_code)] if ends else bounds
