@@ -6,13 +6,14 @@ data for every feature set x deep model, with LightGBM and HistGradientBoosting 
     .venv/bin/python bench/contenders.py --sets basic,alpha158 --models mlp,gru -- train.batch_size=1024
 
 Every row trains the model once as `train` does, then runs `evaluate --walk-forward` on it (refit
-every `signals.refit_every` trading days, expanding window, every block pooled and scored once).
-One target for every row: `features.label=cs_rank` (cs_attention needs a regression target; the
-others use it too so that the rows compare like with like).  LightGBM and HistGradientBoosting are
-refit by the evaluation on the same rows as the deep model in every refit, so they come with each
-run: their rows are reported once per feature set (from the MLP's run where it ran) and checked to
-be identical across that set's runs.  The paired daily difference to LightGBM is computed from the
-two pooled daily rank-IC series with :func:`~alchemetric_ray.signals.metrics.ic_difference`.
+every `signals.refit_every` trading days, expanding window, every block pooled and scored once). One
+target for every row: `features.label=cs_rank` unless `--label` says otherwise (cs_attention needs a
+regression target; the others use it too so that the rows compare like with like). LightGBM and
+HistGradientBoosting are refit by the evaluation on the same rows as the deep model in every refit,
+so they come with each run: their rows are reported once per feature set (from the MLP's run where
+it ran) and checked to be identical across that set's runs. The paired daily difference to LightGBM
+is computed from the two pooled daily rank-IC series with
+:func:`~alchemetric_ray.signals.metrics.ic_difference`.
 
 Each (set, model) runs in a child process, so a crash or an out-of-memory kill costs one row (its
 last error line is recorded as the row's failure); each row is printed when done and every result so
@@ -69,7 +70,7 @@ def _positive(text: str, what: str, least: int) -> int:
 
 def overrides(feature_set: str, model: str, args: argparse.Namespace) -> list[str]:
     """The config of one row: the set, the model, the one target, the size knobs, then ``--`` extras."""
-    out = [f"features.set={feature_set}", f"model.name={model}", "features.label=cs_rank"]
+    out = [f"features.set={feature_set}", f"model.name={model}", f"features.label={args.label}"]
     if args.refit_every is not None:
         out.append(f"signals.refit_every={args.refit_every}")
     if args.epochs is not None:
@@ -210,6 +211,9 @@ def main(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--label", default="cs_rank",
+                        help="features.label of every row (default cs_rank: cs_attention needs a regression target; "
+                             "three_class, the config's default, confirms the default MLP's rows)")
     parser.add_argument("--refit-every", default=None,
                         help="signals.refit_every (trading days between refits; fewer refits = a shorter run)")
     parser.add_argument("--epochs", default=None, help="train.epochs of every fit (default: the config's)")
@@ -229,6 +233,8 @@ def main(argv: list[str]) -> int:
             args.refit_every = _positive(args.refit_every, "refit-every", 2)
         if args.epochs is not None:
             args.epochs = _positive(args.epochs, "epochs", 1)
+        if "cs_attention" in models and args.label not in ("cs_rank", "cs_zscore"):
+            raise UsageError(f"--label: cs_attention needs a regression target, got {args.label}")
         if args.row_timeout is not None:
             args.row_timeout = _positive(args.row_timeout, "row-timeout", 1)
         deadline = None
@@ -258,7 +264,7 @@ def main(argv: list[str]) -> int:
     started_at = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = " ".join([".venv/bin/python", "bench/contenders.py", *sys.argv[1:]])
     rows: list[dict[str, Any]] = []
-    print(f"contenders: sets {', '.join(sets)}; models {', '.join(models)}; target cs_rank; started {started_at}",
+    print(f"contenders: sets {', '.join(sets)}; models {', '.join(models)}; target {args.label}; started {started_at}",
           flush=True)
     for m in models:  # in the order given: the cheap rows first, so that a cut run still has them
         for s in sets:
@@ -277,7 +283,7 @@ def main(argv: list[str]) -> int:
                 "benchmark": "contenders", "command": command, "started": started_at,
                 "finished": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 "complete": len(rows) == len(sets) * len(models) and all(r["status"] == "ok" for r in rows),
-                "machine": machine(), "sets": sets, "models": models, "target": "cs_rank", "rows": rows,
+                "machine": machine(), "sets": sets, "models": models, "target": args.label, "rows": rows,
                 "baselines": baseline_checks(rows)})
     for s, b in baseline_checks(rows).items():
         print(f"{s}: LightGBM {_fmt(b['lightgbm'])}, HGB {_fmt(b['hgb'])} (from the {b['from']} run); identical "

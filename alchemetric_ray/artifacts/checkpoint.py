@@ -61,6 +61,32 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any], meta: dict[str
     atomic_write_bytes(directory / META, json_bytes({**meta, STATE_FILE: written.as_dict()}))
 
 
+def initial_weights(model_dir: str | Path, model: torch.nn.Module, seed: int = 0) -> dict[str, Any]:
+    """A warm start's tensors: the weights of the saved model in ``model_dir`` (``weights.pt``, loaded
+    with ``weights_only=True``) that fit ``model``; a seed ensemble's member ``seed`` mod its size
+    (each seed of a new ensemble starts from its own member).  Refused in one line where they do not fit."""
+    path = Path(model_dir) / "weights.pt"
+    if not path.is_file():
+        raise CheckpointError(f"train.init_weights={model_dir}: not a saved model folder (no weights.pt)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)["model"]
+    except Exception as exc:
+        raise CheckpointError(f"{path}: refused to load ({type(exc).__name__})") from None
+    members = sorted({int(k.split(".")[1]) for k in state if k.startswith("members.")})
+    if members and not any(k.startswith("members.") for k in model.state_dict()):
+        prefix = f"members.{members[seed % len(members)]}."
+        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    mine = model.state_dict()
+    wrong = sorted(set(mine) ^ set(state)) or [k for k in mine if mine[k].shape != state[k].shape]
+    if wrong:
+        k = wrong[0]
+        found = f"{tuple(state[k].shape)} there, {tuple(mine[k].shape)} here" if k in state and k in mine else \
+            ("missing there" if k in mine else "not in this model")
+        raise CheckpointError(f"train.init_weights={model_dir}: its weights do not fit this run's model (tensor "
+                              f"{k}: {found}); a warm start needs the same model settings and features")
+    return state
+
+
 def load_state(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / STATE
     if not path.is_file():

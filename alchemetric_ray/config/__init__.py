@@ -30,6 +30,7 @@ from alchemetric_ray.config.schema import (
     FeaturesConfig,
     ModelConfig,
     PrecisionConfig,
+    RefitConfig,
     RunConfig,
     ScalingConfig,
     SignalsConfig,
@@ -98,7 +99,7 @@ __all__ = [
     "validate",
     # schema
     "DataConfig", "FeaturesConfig", "ModelConfig", "TrainConfig", "PrecisionConfig", "DeviceConfig", "ScalingConfig",
-    "TuneConfig", "SignalsConfig", "StorageConfig", "TrackingConfig", "RunConfig",
+    "TuneConfig", "SignalsConfig", "StorageConfig", "TrackingConfig", "RefitConfig", "RunConfig",
     # coercion and loading
     "apply_overrides", "RETIRED_KEYS", "load_config", "MAX_CONFIG_BYTES", "MAX_CONFIG_VALUES",
     # reference

@@ -202,6 +202,9 @@ class TrainConfig:
         1, "Models trained, one Ray Train run each at seeds `seed`, `seed`+1, ...; more than 1 = a seed ensemble: the "
            "exported model scores their average, and the evaluation reports each seed's rank IC beside it.",
         check=at_least(1))
+    init_weights: str | None = setting(
+        None, "A saved model folder whose weights start the training (a warm start: its model settings and features "
+              "must match this run's); null = a fresh initialization. `refit.warm_start` sets it to the champion.")
     patience: int = setting(
         5, "Epochs without improvement of the selection metric before training stops early; 0 = never stop early.",
         check=at_least(0))
@@ -327,6 +330,10 @@ class TuneConfig:
         0, "Trials running at once; 0 = as many as the resource plan fits.", check=at_least(0))
     time_budget_s: float = setting(
         0.0, "Wall-clock budget of the whole sweep, in seconds; 0 = no time limit.", check=at_least(0))
+    trials_per_gpu: int = setting(
+        0, "One-worker trials that share one GPU on a GPU node (each reserves 1/N of it); 0 = automatic: from the "
+           "model's memory footprint (the meta-device trace), at most 4; 1 = a whole GPU per trial.",
+        check=at_least(0, "0 = automatic"))
     trial_loop: TrialLoop = setting(
         "auto", "`auto` = a one-worker trial runs the loop in the trial's own process (several workers: a "
                 "TorchTrainer); `trainer` = every trial builds a TorchTrainer.")
@@ -398,6 +405,29 @@ class TrackingConfig:
 
 
 @dataclass
+class RefitConfig:
+    """Scheduled refits with a gated promotion (`alchemetric-ray refit`)."""
+
+    warm_start: bool = setting(
+        False, "Start the challenger from the champion's weights (its model settings must match) instead of a fresh "
+               "initialization.")
+    walk_forward: bool = setting(
+        False, "Also score champion and challenger on the pooled walk-forward (`signals.refit_every`) and gate on it "
+               "as well.")
+    margin: float = setting(
+        0.0, "The gate: the lower bound of the paired (challenger - champion) daily rank-IC difference must be at "
+             "least minus this.", check=at_least(0))
+    max_dsr_drop: float = setting(
+        0.1, "The gate: the challenger's deflated Sharpe ratio (its probabilistic Sharpe ratio where one trial "
+             "stands behind it) may fall at most this far below the champion's.", check=at_least(0))
+    min_days: int = setting(
+        20, "Labelled trading days after the champion's test segment needed to judge a challenger; with fewer the "
+            "champion stays and nothing is trained.", check=at_least(2))
+    sweep: bool = setting(
+        False, "Find the challenger with a sweep (`tune.*`: its space, trials and scheduler) instead of one run.")
+
+
+@dataclass
 class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
@@ -410,6 +440,7 @@ class RunConfig:
     signals: SignalsConfig = field(default_factory=SignalsConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    refit: RefitConfig = field(default_factory=RefitConfig)
 
     # ----------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

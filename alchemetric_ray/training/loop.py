@@ -42,6 +42,7 @@ from alchemetric_ray.artifacts.checkpoint import (
     CheckpointMeta,
     LoopState,
     Trainables,
+    initial_weights,
     load_state,
     read_meta,
     save_checkpoint,
@@ -153,6 +154,8 @@ def _model(cfg: RunConfig, manifest, worker: _Worker, runtime: TrainGroup | Tria
     the driver in local mode, each worker otherwise), its findings said."""
     torch.manual_seed(cfg.train.seed)  # the same on every rank: DDP starts from identical weights
     model = build_model(cfg.model, len(manifest.features), manifest.outputs, window=cfg.features.window)
+    if cfg.train.init_weights:  # a warm start (a resumed run's checkpoint, if any, replaces these weights)
+        model.load_state_dict(initial_weights(cfg.train.init_weights, model, cfg.train.seed))
     model = runtime.prepare_model(model, worker.device)
     core = model.module if hasattr(model, "module") else model
     known = check_backend(cfg, len(manifest.features), manifest.outputs, worker.device, worker.precision,
