@@ -63,6 +63,7 @@ class NodeType:
     min_workers: int = 0
     max_workers: int = 0
     head: bool = False
+    instance_type: str = ""  # node_config's InstanceType (AWS) or machineType (GCP): the GPU model it carries
 
     def shape(self) -> str:
         return shape(self.resources)
@@ -164,8 +165,17 @@ def from_launcher_config(data: Any, source: str) -> Capacity:
         if not _count(low) or not _count(high):
             raise CapacityError(f"{where}: min_workers {low!r} / max_workers {high!r} are not counts of nodes")
         parsed.append(NodeType(str(name), {str(k): float(v) for k, v in resources.items()}, int(low), int(high),
-                               head=name == head_name))
+                               head=name == head_name, instance_type=_instance_type(spec.get("node_config"))))
     return Capacity("node_types", source, tuple(parsed), None if cluster_max is None else int(cluster_max))
+
+
+def _instance_type(node_config: Any) -> str:
+    """The instance type a launcher node type's ``node_config`` names (AWS ``InstanceType``, GCP
+    ``machineType``), or ""."""
+    if not isinstance(node_config, dict):
+        return ""
+    value = node_config.get("InstanceType") or node_config.get("machineType") or ""
+    return value if isinstance(value, str) else ""
 
 
 def from_gcs_config(config: Any, source: str = "the cluster config in the GCS") -> Capacity | None:

@@ -38,6 +38,7 @@ class PlanReasons:
     node_type: str = ""  # on an autoscaling cluster's node types: why that type
     data_path: str = ""  # where a worker's batches will live (hardware.staging)
     ray: str = ""  # what the run uses Ray for, if anything (train/trainer.py: uses_ray)
+    gpu_share: str = ""  # a sweep trial's plan: how many trials share a GPU (placement/gpu_share.py)
 
 
 @dataclass
@@ -61,6 +62,8 @@ class ResourcePlan:
     max_nodes: int = 0  # nodes of node_type the autoscaler may run
     head_resources: dict[str, float] = field(default_factory=dict)  # the head's, from the node types
     cluster_cpus: float = 0.0  # the CPUs the plan counts on (up now, or on the nodes it asks for)
+    node_instance: str = ""  # node_type's instance type, where the cluster file names it (its GPU model)
+    trials_per_gpu: int = 0  # a GPU sweep trial's plan: trials that share one GPU (placement/gpu_share.py)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -85,6 +88,8 @@ class ResourcePlan:
             f"use_gpu          {self.use_gpu}  ({why.accelerator})",
             f"backend          {self.backend}",
         ]
+        if why.gpu_share:
+            lines.append(f"trials per GPU   {self.trials_per_gpu}  ({why.gpu_share})")
         if why.data_path:
             lines.append(f"data path        {why.data_path}")
         if why.ray:
@@ -249,7 +254,7 @@ def _plan_on_node_types(cfg: RunConfig, cluster: dict[str, float], capacity: Cap
     reasons = PlanReasons(accelerator.reason, workers_why, cpus_why, "", node_type=node_why)
     plan = _plan(cfg, accelerator, workers, cpus_per_worker, 0.0, reasons, capacity=capacity.source, autoscale=True,
                  node_type=node.name, node_resources=dict(node.resources), max_nodes=capacity.limit(node),
-                 head_resources=head_resources)
+                 head_resources=head_resources, node_instance=node.instance_type)
     nodes = nodes_needed(plan, [plan.worker_bundle()] * workers + [data_bundle()])
     if nodes > plan.max_nodes:
         raise PlanError(f"config 'scaling.workers': {workers} worker(s) x {_shape(plan.worker_bundle())} and "

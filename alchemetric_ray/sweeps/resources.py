@@ -1,4 +1,5 @@
-"""What a sweep's trials hold and how many run at once: the trial's own resources, the bundles a
+"""What a sweep's trials hold and how many run at once: the trial's own resources, the GPU share of a
+one-worker GPU trial (several small trials per GPU, from the model's memory footprint), the bundles a
 sweep asks the autoscaler for, and the concurrency that fits on the cluster or its node types."""
 
 from __future__ import annotations
@@ -6,6 +7,7 @@ from __future__ import annotations
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import PlanError
 from alchemetric_ray.placement.autoscale import run_bundles
+from alchemetric_ray.placement.gpu_share import share_gpu, shares_gpu
 from alchemetric_ray.placement.plan import DATA_CPU_RESERVE, ResourcePlan, nodes_needed
 from alchemetric_ray.sweeps.space import trial_count
 
@@ -57,6 +59,25 @@ def concurrency(cfg: RunConfig, plan: ResourcePlan, cluster: dict[str, float]) -
 def trial_config(cfg: RunConfig) -> RunConfig:
     """The config each trial's plan is made from: one CPU per worker unless scaling.cpus_per_worker says."""
     return cfg if cfg.scaling.cpus_per_worker else cfg.replace("scaling.cpus_per_worker=1")
+
+
+def share_trial_gpus(trial_cfg: RunConfig, plan: ResourcePlan, cluster: dict[str, float], n_features: int,
+                     outputs: int) -> ResourcePlan:
+    """One trial's ``plan`` (made with ``trial=True``) with its GPU share: a one-worker GPU trial reserves
+    1/N of a GPU, N from tune.trials_per_gpu or, at 0, from the largest model the sweep can train
+    (``sweeps/footprint.py``, a meta-device trace at ``n_features`` features and ``outputs`` outputs)
+    against the GPU's memory (``placement/gpu_share.py``); the reason is in ``reasons.gpu_share``.
+    Trials of several workers and CPU plans keep their plan."""
+    if not plan.use_gpu:
+        return plan
+    need, what = 0, trial_cfg.model.name
+    if shares_gpu(plan) and trial_cfg.tune.trials_per_gpu != 1:
+        from alchemetric_ray.sweeps.footprint import sweep_footprint  # torch: only where a GPU trial is planned
+
+        footprint = sweep_footprint(trial_cfg, n_features, outputs)
+        need, what = footprint.total_bytes, f"{footprint.model} at {footprint.rows:,} rows"
+    at_once = min(trial_count(trial_cfg), trial_cfg.tune.max_concurrent_trials or trial_count(trial_cfg))
+    return share_gpu(trial_cfg, plan, need, what, cluster, at_once)
 
 
 def plan_trials(trial_cfg: RunConfig, plan: ResourcePlan, cluster: dict[str, float]) -> tuple[int, list[dict]]:

@@ -15,9 +15,10 @@ Trials see the train and val splits only; the test split is scored once, for the
 when it is exported.
 
 The rooms of a sweep: ``space.py`` (the search space), ``resources.py`` (what a trial holds, how many
-at once), ``trial.py`` (one trial), ``tuner.py`` (the Tuner, new or restored), ``results.py`` and
-``summary.py`` (the typed summary), ``tracking.py`` (MLflow), ``report.py`` (the HTML report); this
-module runs them in order and exports the best trial.
+at once, how many share a GPU: ``footprint.py`` sizes the model), ``trial.py`` (one trial),
+``tuner.py`` (the Tuner, new or restored), ``results.py`` and ``summary.py`` (the typed summary),
+``tracking.py`` (MLflow), ``report.py`` (the HTML report); this module runs them in order and exports
+the best trial.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from alchemetric_ray.placement.session import storage_location
 from alchemetric_ray.scoring.objective import selection_metric
 from alchemetric_ray.storage import Location
 from alchemetric_ray.sweeps.job import SweepJob
-from alchemetric_ray.sweeps.resources import plan_trials, trial_config
+from alchemetric_ray.sweeps.resources import plan_trials, share_trial_gpus, trial_config
 from alchemetric_ray.sweeps.results import summarize
 from alchemetric_ray.sweeps.space import build_space, trial_count, values_of
 from alchemetric_ray.sweeps.summary import SweepSummary
@@ -69,7 +70,8 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
     load_model_module(cfg.model)
     for name in values_of(cfg.tune.space.get("model.name"), cfg.model.name):
         model_spec(name)
-    run = prepare_run(trial_config(cfg), sweep=True, export=export, progress=progress)
+    # the plan is shown once its GPU share is known (below)
+    run = prepare_run(trial_config(cfg), sweep=True, export=export, progress=progress, show_plan=False)
     name, plan = run.name, run.plan
     cfg, trial_cfg = adopt_target(reconcile_features(cfg, run.manifest, run.shards), run.manifest), run.cfg
     targets: dict[str, tuple[Location, Manifest]] = {trial_cfg.features.label: (run.shards, run.manifest)}
@@ -78,8 +80,13 @@ def run_sweep(cfg: RunConfig, *, export: bool = True, progress: bool = True) -> 
         if label not in targets:
             targets[label] = _shards_for_label(trial_cfg, label, progress)
     cfg, trial_cfg = metric_for_labels(cfg, labels), metric_for_labels(trial_cfg, labels)
+    cluster = ray.cluster_resources()
+    manifests = [manifest for _, manifest in targets.values()]
+    plan = share_trial_gpus(trial_cfg, plan, cluster, max(len(m.features) for m in manifests),
+                            max(m.outputs for m in manifests))
+    print("resource plan per trial:\n" + plan.describe(), flush=True)
     job = SweepJob(name, cfg, trial_cfg, plan, targets, storage_location(cfg) / name)
-    limit, bundles = plan_trials(trial_cfg, plan, ray.cluster_resources())
+    limit, bundles = plan_trials(trial_cfg, plan, cluster)
     print(f"sweep {name}: up to {limit} trial(s) at once", flush=True)
     with scale_up(cfg, plan, bundles) as window:  # the autoscaler's request is cleared however the sweep ends
         # Ctrl-C: Tune's own handler stops the trials, saves the sweep's state (unfinished trials
