@@ -293,6 +293,30 @@ def _promote(args: argparse.Namespace, cfg: RunConfig) -> int:
     return 0
 
 
+def _refit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="model_dir", required=True,
+                   help="the champion: models:/NAME@champion (the registry: tracking.mlflow_uri or "
+                        "MLFLOW_TRACKING_URI), or a saved model folder")
+    p.add_argument("--data", help="the new OHLCV bars (a file, a folder or an s3:// URI); default: data.path")
+    p.add_argument("--out", required=True,
+                   help="the refit's folder, kept from night to night: its lock, its state, each refit's shards, runs, "
+                        "decision.json and signals.parquet (a local folder)")
+
+
+@command("refit", "append new bars, train a challenger, promote it only if the gate passes on the same unseen days, "
+                  "write the day's signals", _refit_args)
+def _refit(args: argparse.Namespace, cfg: RunConfig) -> int:
+    from alchemetric_ray import api
+
+    result = api.refit(args.model_dir, args.data, out=args.out, overrides=args.overrides, cfg=cfg)
+    for note in result.notes:
+        print(f"refit: {note}")
+    if result.signals:
+        print(f"signals: {result.signals}")
+    print(result.line)
+    return 0
+
+
 # ---- entry point ---------------------------------------------------------------------------
 
 

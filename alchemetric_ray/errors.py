@@ -183,3 +183,7 @@ class JobTimeout(JobError, TimeoutError):
 
 class SweepError(UserError, RuntimeError):
     """A sweep that cannot run or resume (one line)."""
+
+
+class RefitError(UserError, RuntimeError):
+    """A refit that cannot start or finish (a lock held, the challenger failed): the champion stays."""

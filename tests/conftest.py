@@ -209,3 +209,14 @@ def s3() -> S3Server:
         yield S3Server(os.environ["AWS_ENDPOINT_URL"])
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """One real ``mlflow server`` on 127.0.0.1 for the session (``tests/mlflow_server.py``): its URI.  The
+    tests that share it use registered-model names of their own."""
+    from mlflow_server import kill_server, start_server
+
+    proc, uri = start_server(tmp_path_factory.mktemp("mlflow-server"))
+    yield uri
+    kill_server(proc)

@@ -27,8 +27,8 @@ import alchemetric_ray as ar
 from alchemetric_ray.api.guard import ProcessState, api_call
 
 REPO = Path(__file__).resolve().parents[1]
-FUNCTIONS = ("load_config", "features", "train", "tune", "load_model", "predict", "evaluate", "promote", "doctor",
-             "env", "submit", "load_result", "runs")
+FUNCTIONS = ("load_config", "features", "train", "tune", "load_model", "predict", "evaluate", "promote", "refit",
+             "doctor", "env", "submit", "load_result", "runs")
 
 
 def test_the_public_surface_is_functions_and_error_classes_and_importing_it_loads_no_engine():

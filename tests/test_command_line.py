@@ -14,7 +14,8 @@ from alchemetric_ray.cli import COMMANDS, parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED = {"features": ["--out", "X"], "predict": ["--model", "M", "--out", "S"],
-            "evaluate": ["--model", "M", "--out", "R"], "promote": ["--model", "models:/M/1"]}
+            "evaluate": ["--model", "M", "--out", "R"], "promote": ["--model", "models:/M/1"],
+            "refit": ["--model", "models:/M@champion", "--data", "NEW", "--out", "R"]}
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

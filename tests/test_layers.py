@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tracking",),  # where a run is logged: MLflow and its registry, TensorBoard
     ("training",),  # the run itself: the TorchTrainer, the per-worker loop, its runtime, losses and checks
     ("sweeps", "signals", "checks"),  # what is built on training: sweeps, predictions, backend checks
+    ("refits",),  # the nightly refit: an append, a challenger's training or sweep, its scores, the gate, a promotion
     ("api",),  # the public calls: one per command, typed results, the process guard
     ("cli",),  # the commands
     (ROOT,),  # the package's own __init__: the public surface, above everything it exports

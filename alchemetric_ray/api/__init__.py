@@ -9,6 +9,7 @@ from alchemetric_ray.api.calls import (
     load_model,
     predict,
     promote,
+    refit,
     train,
     tune,
 )
@@ -24,4 +25,4 @@ def submit(command: str, cfg=None, *, address: str, data=None, **options):
 
 
 __all__ = ["doctor", "env", "evaluate", "features", "load_config", "load_model", "load_result", "predict", "promote",
-           "runs", "submit", "train", "tune"]
+           "refit", "runs", "submit", "train", "tune"]

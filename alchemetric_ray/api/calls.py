@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from alchemetric_ray.api.guard import api_call
 from alchemetric_ray.api.inputs import Overrides, data_path, override_strings
 from alchemetric_ray.api.model import Model, as_model, evaluate_with, predict_with
-from alchemetric_ray.api.results import Shards, SweepResult, TrainResult
+from alchemetric_ray.api.results import RefitResult, Shards, SweepResult, TrainResult
 from alchemetric_ray.api.saving import save_result
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.config import load_config as _load_config
@@ -222,6 +222,27 @@ def promote(model: str, *, reason: str | None = None, cfg: RunConfig | None = No
         from alchemetric_ray.tracking.registry import promote as run_promotion
 
         return run_promotion(str(model), cfg or _load_config(), reason=reason)
+
+
+def refit(model: str | Path, data: Any = None, *, out: str | Path, overrides: Overrides = (),
+          cfg: RunConfig | None = None) -> RefitResult:
+    """The nightly refit of ``model`` (``models:/NAME@champion``, or a model folder): ``data``'s new bars
+    appended to its shards, a challenger trained with its config (``overrides`` over it), both scored on
+    the same days after its test segment, the challenger promoted only where the gate (``refit.*``)
+    passes, the day's signals from the champion; ``out``: the refit's folder, kept from night to night
+    (its lock, its state, each refit's runs).  ``cfg``: the registry, ``refit.*``, the device."""
+    with _call("refit") as scratch:
+        from alchemetric_ray.errors import RefitError
+        from alchemetric_ray.refits.run import run_refit
+
+        cfg = cfg or _load_config()
+        bars = data_path(data, scratch) or cfg.data.path
+        if not bars:
+            raise RefitError("--data: the new bars (a file, a folder or an s3:// URI) are needed")
+        outcome = run_refit(str(model), str(bars), out, cfg, overrides=override_strings(overrides))
+        result = RefitResult.of(outcome)
+        save_result(outcome.folder or out, result)
+        return result
 
 
 def load_model(where: str | Path | Model, cfg: RunConfig | None = None) -> Model:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alchemetric_ray.api.results import Shards, SweepResult, TrainResult
+from alchemetric_ray.api.results import RefitResult, Shards, SweepResult, TrainResult
 from alchemetric_ray.api.saving import FORMAT, RESULT_FILE, VERSION
 from alchemetric_ray.errors import ResultError
 
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 def _kinds() -> dict[str, Any]:
     from alchemetric_ray.api.evaluation import Evaluation
 
-    return {"features": Shards, "train": TrainResult, "sweep": SweepResult, "evaluation": Evaluation}
+    return {"features": Shards, "train": TrainResult, "sweep": SweepResult, "evaluation": Evaluation,
+            "refit": RefitResult}
 
 
 def load_result(path: str | Path):

@@ -362,7 +362,7 @@ class _Plan:
 
 
 # cli.py's (tests/test_api.py)
-COMMANDS = ("env", "features", "train", "tune", "predict", "evaluate", "doctor", "promote")
+COMMANDS = ("env", "features", "train", "tune", "predict", "evaluate", "doctor", "promote", "refit")
 RESULT_COMMANDS = ("features", "train", "tune", "predict", "evaluate")  # the commands that save a result
 OUT_COMMANDS = ("features", "predict", "evaluate")  # the commands with a required --out
 

@@ -118,6 +118,54 @@ class Shards(_Saved):
             ("seconds", self.seconds)])
 
 
+@dataclass(repr=False)
+class RefitResult(_Saved):
+    """``ar.refit``: promoted or kept and why, the champion before and after, the challenger, the days
+    judged, the gate's figures (``gate``: comparisons, deflated Sharpe ratios, reasons), the signals file."""
+
+    model: str
+    decision: str
+    reason: str
+    line: str
+    champion: str | None = None
+    challenger: str | None = None
+    now_champion: str | None = None
+    appended: str | None = None
+    window: dict[str, Any] | None = None
+    gate: dict[str, Any] | None = None
+    folder: str | None = None
+    signals: str | None = None
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    kind = "refit"
+
+    @classmethod
+    def of(cls, outcome) -> RefitResult:
+        return cls.from_record(outcome.as_dict())
+
+    @property
+    def promoted(self) -> bool:
+        return self.decision == "promoted"
+
+    def record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> RefitResult:
+        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
+
+    def shown(self) -> Shown:
+        rows: list[tuple[str, Any]] = [("decision", self.decision), ("champion", self.now_champion),
+                                       ("was", self.champion), ("challenger", self.challenger)]
+        if self.window:
+            rows.append(("days judged", f"{self.window.get('start')}..{self.window.get('end')} "
+                                        f"({self.window.get('days')})"))
+        for reason in (self.gate or {}).get("reasons", []):
+            rows.append(("gate", reason))
+        rows += [("signals", self.signals), ("folder", self.folder), ("seconds", self.seconds)]
+        return Shown(f"Refit of {self.model}: {self.line}", rows)
+
+
 class _WithModel(_Saved):
     """A result with an exported model: ``.model`` is the loaded model, loaded once."""
 

@@ -512,12 +512,19 @@ def download_model(uri: str, cfg: RunConfig, into: str | Path | None = None) -> 
     # the version looked up with a client of this store (no process-wide registry URI is set), then
     # its source (``runs:/<run>/model``) downloaded from the same store
     client = mlflow.MlflowClient(tracking_uri=tracking, registry_uri=tracking)
+    bar = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # our own lines only, on a terminal or not
     try:
         version = _lookup_version(client, uri)
         local = mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(into),
                                                     tracking_uri=tracking)
     except MlflowException as exc:
         raise TrackingError(f"--model {uri}: {str(exc).splitlines()[0][:300]}") from None
+    finally:
+        if bar is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = bar
     # what the copy is a version of: its signals and reports name it (signals/predict.py:model_id)
     name, which, by_alias = _model_uri_parts(uri)
     import json

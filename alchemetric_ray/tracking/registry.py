@@ -53,13 +53,14 @@ class Promotion:
                 "at": self.at, "changed": self.changed}
 
 
-def _client(cfg: RunConfig):
-    """A client of the registry at ``tracking.mlflow_uri`` (or MLFLOW_TRACKING_URI), checked to answer."""
+def client_of(cfg: RunConfig, command: str = "promote"):
+    """A client of the registry at ``tracking.mlflow_uri`` (or MLFLOW_TRACKING_URI), checked to answer
+    (``command`` names the command in the one line that says it is not set or not there)."""
     from alchemetric_ray.tracking.mlflow_runs import _mlflow, preflight
 
     store = cfg.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
     if not store:
-        raise TrackingError("promote: set tracking.mlflow_uri (or MLFLOW_TRACKING_URI) to the registry's store")
+        raise TrackingError(f"{command}: set tracking.mlflow_uri (or MLFLOW_TRACKING_URI) to the registry's store")
     preflight(store)
     mlflow = _mlflow()
     return mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
@@ -90,7 +91,7 @@ def _champion(client, name: str):
 
 def promote(uri: str, cfg: RunConfig, *, reason: str | None = None) -> Promotion:
     """Make the version ``uri`` names the champion of its registered model (see the module docstring)."""
-    client = _client(cfg)
+    client = client_of(cfg)
     version = _version(client, uri)
     name, number = version.name, str(version.version)
     old = _champion(client, name)
