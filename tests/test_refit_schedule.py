@@ -43,7 +43,7 @@ from test_kuberay import (
     unknown_keys,
 )
 
-from alchemetric_ray.cli import parse_args
+from alchemetric_ray.cli import config_from_args, parse_args
 from alchemetric_ray.config import load_config
 from alchemetric_ray.fsutil import is_uri
 from alchemetric_ray.placement.capacity import discover_capacity, from_kuberay_spec
@@ -272,6 +272,10 @@ def test_the_entrypoint_parses_as_a_refit_and_its_overrides_are_config_keys(rend
     assert args.data.startswith("s3://")
     cfg = load_config(None, args.overrides)
     assert cfg.tracking.mlflow_uri.startswith(("http://", "https://"))  # models:/ needs the registry's server
+    command_cfg = config_from_args(args)  # the command's own config: the same, but for --data's data.*
+    assert command_cfg.data.path == args.data
+    assert {k: v for k, v in vars(command_cfg).items() if k != "data"} == {
+        k: v for k, v in vars(cfg).items() if k != "data"}
     # the wait for GPU workers and the node types: as the training RayJob
     train = dict(a.split("=", 1) for a in _entrypoint(_rayjob())[2:] if "=" in a)
     ours = dict(a.split("=", 1) for a in args.overrides)
