@@ -117,8 +117,10 @@ def test_a_refit_promotes_keeps_and_does_nothing_without_new_bars(tmp_path, caps
         f"kept models:/desk/2: no new bars in {nights[1]}: nothing trained")
     assert len(client.search_model_versions("name='desk'")) == 2
 
-    # night 2, warm-started from the champion's weights, against a gate it does not pass: kept out, recorded
-    assert cli.main(_refit("desk", nights[2], out, mlflow_server, *STRICT, "refit.warm_start=true")) == 0
+    # night 2: a small sweep of challengers, warm-started from the champion's weights, against a gate the one it
+    # exports does not pass: kept out, recorded
+    assert cli.main(_refit("desk", nights[2], out, mlflow_server, *STRICT, "refit.warm_start=true", "refit.sweep=true",
+                           "tune.space={train.lr: [0.001, 0.003]}", "tune.search=grid")) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("kept models:/desk/2: the gate failed (") and "(refit.max_dsr_drop)" in last, last
     assert _aliases(client, "desk") == {"champion": "2", "previous": "1"}
@@ -127,6 +129,7 @@ def test_a_refit_promotes_keeps_and_does_nothing_without_new_bars(tmp_path, caps
         "refit.challenger_decision"] == "kept"
     warm = ar.load_model("models:/desk/3", ar.load_config(None, f"tracking.mlflow_uri={mlflow_server}"))
     assert warm.config.train.init_weights  # the champion's weights started it
+    assert len(list((out / "refits").glob("*/results/sweep-desk-*"))) == 1  # a sweep found it
     assert len(list((out / "refits").iterdir())) == 2
 
 
