@@ -415,11 +415,11 @@ class RefitConfig:
         False, "Also score champion and challenger on the pooled walk-forward (`signals.refit_every`) and gate on it "
                "as well.")
     margin: float = setting(
-        0.0, "The gate: the lower bound of the paired (challenger - champion) daily rank-IC difference must be at "
-             "least minus this.", check=at_least(0))
+        0.02, "The gate: the lower bound of the paired (challenger - champion) daily rank-IC difference must be at "
+              "least minus this (0 = the challenger must be better beyond doubt).", check=at_least(0))
     max_dsr_drop: float = setting(
-        0.1, "The gate: the challenger's deflated Sharpe ratio (its probabilistic Sharpe ratio where one trial "
-             "stands behind it) may fall at most this far below the champion's.", check=at_least(0))
+        0.25, "The gate: the challenger's deflated Sharpe ratio (its probabilistic Sharpe ratio where one trial "
+              "stands behind it) may fall at most this far below the champion's.", check=at_least(0))
     min_days: int = setting(
         20, "Labelled trading days after the champion's test segment needed to judge a challenger; with fewer the "
             "champion stays and nothing is trained.", check=at_least(2))
