@@ -54,7 +54,7 @@ def _champion(tmp_path: Path, history: Path, uri: str, name: str) -> None:
     assert cli.main(["promote", "--model", f"models:/{name}/1", "--reason", "the first", registry]) == 0
 
 
-def _refit(name: str, data: Path, out: Path, uri: str, *overrides: str) -> list[str]:
+def _refit(name: str, data: Path | str, out: Path, uri: str, *overrides: str) -> list[str]:
     return ["refit", "--model", f"models:/{name}@champion", "--data", str(data), "--out", str(out), *MODEL,
             f"tracking.mlflow_uri={uri}", *overrides]
 
@@ -70,7 +70,7 @@ STRICT = ("refit.margin=0", "refit.max_dsr_drop=0")  # one that needs a challeng
 
 @pytest.mark.slow
 def test_a_refit_promotes_keeps_and_does_nothing_without_new_bars(tmp_path, capsys, ray_session, nights,
-                                                                    mlflow_server):
+                                                                    mlflow_server, s3):
     from mlflow import MlflowClient
 
     import alchemetric_ray as ar
@@ -80,9 +80,12 @@ def test_a_refit_promotes_keeps_and_does_nothing_without_new_bars(tmp_path, caps
     out = tmp_path / "refit"
     capsys.readouterr()
 
-    # night 1: the gate passes (on the days after the champion's test segment and on the pooled walk-forward)
-    assert cli.main(_refit("desk", nights[1], out, mlflow_server, *LOOSE, "refit.walk_forward=true",
-                           "signals.refit_every=300")) == 0
+    # night 1, its bars on object storage: the gate passes (on the days after the champion's test segment and
+    # on the pooled walk-forward)
+    bucket = s3.bucket("refit-bars")
+    s3.client.put_object(Bucket="refit-bars", Key="incoming/new-1.parquet", Body=nights[1].read_bytes())
+    assert cli.main(_refit("desk", f"{bucket}/incoming/new-1.parquet", out, mlflow_server, *LOOSE,
+                           "refit.walk_forward=true", "signals.refit_every=300")) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[-1].startswith("promoted models:/desk/2 over models:/desk/1: the gate passed (on the days after "
                                   "the champion's test segment 2017-"), printed[-1]
@@ -202,12 +205,20 @@ def test_a_refit_killed_at_each_step_leaves_one_champion_and_the_next_refit_fini
     # a challenger that fails (a NaN loss): the champion stays, one line, the failed run recorded
     assert cli.main(_refit("nightly", nights[4], out, mlflow_server, *LOOSE, "train.lr=1e30")) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "the challenger failed (non-finite loss" in err and \
+    assert err.count("\n") == 1 and "the challenger failed while training (non-finite loss" in err and \
         "models:/nightly/5 stays champion" in err, err
     assert _aliases(client, "nightly") == {"champion": "5", "previous": "4"}
     assert "non-finite loss" in client.get_model_version("nightly", "5").tags["refit.challenger_failure"]
     experiment = client.get_experiment_by_name("nightly")
     assert [r.info.status for r in client.search_runs([experiment.experiment_id], "attributes.status = 'FAILED'")]
+
+    # a challenger whose scoring crashes (the CPU has no bfloat16 kernel for an operator of its model): the same
+    assert cli.main(_refit("nightly", nights[4], out, mlflow_server, *LOOSE, "model.module=unsupported_model",
+                           "model.name=eigh", "precision.mode=bf16")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the challenger failed while being scored (NotImplementedError: " in err, err
+    assert _aliases(client, "nightly") == {"champion": "5", "previous": "4"}
+    assert client.get_model_version("nightly", "6").tags["refit.decision"] == "failed"
 
     # the registry down: refused before anything is read, appended or trained
     down = tmp_path / "down"

@@ -48,6 +48,7 @@ from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import RefitError, UserError
 from alchemetric_ray.fsutil import atomic_write_json, atomic_write_text, is_uri
 from alchemetric_ray.refits.gate import Comparison, GateResult, gate
+from alchemetric_ray.storage import local_copy
 
 LOCK, STATE, DECISION, SIGNALS = "refit.lock", "state.json", "decision.json", "signals.parquet"
 
@@ -424,7 +425,8 @@ def run_refit(model: str, data: str, out: str | Path, cfg: RunConfig, *, overrid
         if state and state.get("decision"):
             return _complete(champion, state, out, cfg, started)
         shards = _champion_shards(champion, out)
-        appended = append_bars(champion.loaded.config.replace(f"data.path={data}", "data.source=files"), shards)
+        bars = str(scratch.enter_context(local_copy(data))) if is_uri(data) else data  # s3://...: a local copy
+        appended = append_bars(champion.loaded.config.replace(f"data.path={bars}", "data.source=files"), shards)
         print(f"refit: {appended.line}", flush=True)
         outcome = RefitOutcome(model=model, decision="kept", reason="", champion=champion.id,
                                now_champion=champion.id, appended=appended.line)
@@ -443,22 +445,19 @@ def run_refit(model: str, data: str, out: str | Path, cfg: RunConfig, *, overrid
         state = {"champion": champion.id, "model": model, "folder": str(folder), "window": window,
                  "first_new": _first_new(appended), "decision": None}
         _write_state(out, state)
+        run, step = None, "training"
         try:
             run = _train_challenger(champion, shards, folder, cfg, list(overrides or []), window["start"])
-        except UserError as exc:  # the champion stays; the state stays too: the next refit trains again
-            atomic_write_json(folder / DECISION, {"champion": champion.id, "decision": "kept", "failure": str(exc)})
-            _write_state(out, {**state, "failure": str(exc)})
-            _tag(champion, cfg, {"refit.challenger_failure": f"{stamp}: {exc}"})
-            raise RefitError(f"the challenger failed ({exc}); {champion.id} stays champion (its run is recorded in "
-                             f"{folder})") from None
-        if run.model_dir is None:
-            raise RefitError(f"the challenger's training produced no checkpoint; {champion.id} stays "
-                             "champion")
-        from alchemetric_ray.artifacts.export import load_model
+            if run.model_dir is None:
+                raise RefitError("its training produced no checkpoint")
+            step = "being scored"
+            from alchemetric_ray.artifacts.export import load_model
 
-        version = getattr(run.log, "version", None)
-        challenger = {"model_dir": str(run.model_dir), "version": str(version) if version else None}
-        result = _judge(champion, load_model(run.model_dir), shards, window, cfg, folder)
+            version = getattr(run.log, "version", None)
+            challenger = {"model_dir": str(run.model_dir), "version": str(version) if version else None}
+            result = _judge(champion, load_model(run.model_dir), shards, window, cfg, folder)
+        except Exception as exc:  # the champion stays; the state stays too: the next refit tries again
+            raise _failed(exc, step, champion, cfg, state, run) from None
         _record(champion, challenger, result, folder, cfg, run.log)
         state.update(challenger=challenger, decision="promoted" if result.passed else "kept", reason=result.reason())
         _write_state(out, state)
@@ -467,6 +466,26 @@ def run_refit(model: str, data: str, out: str | Path, cfg: RunConfig, *, overrid
                               else challenger["model_dir"])
         outcome.gate, outcome.folder = result, str(folder)
         return _complete(champion, state, out, cfg, started, outcome)
+
+
+def _failed(exc: Exception, step: str, champion: _Champion, cfg: RunConfig, state: dict[str, Any],
+            run: Any) -> RefitError:
+    """A challenger that failed while ``step`` (a NaN loss, a backend's missing kernel, a crash): recorded in
+    its folder's ``decision.json``, the state (the next refit tries again) and a tag on the champion's
+    version (its own version tagged too, where it was registered); the one line to raise."""
+    if not isinstance(exc, UserError):  # a crash: its type and first line (the rest is in the run's logs)
+        exc = RefitError(f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}")
+    folder = Path(state["folder"])  # OUT/refits/STAMP
+    atomic_write_json(folder / DECISION, {"champion": champion.id, "decision": "kept", "failure": str(exc),
+                                          "while": step})
+    _write_state(folder.parent.parent, {**state, "failure": str(exc)})
+    _tag(champion, cfg, {"refit.challenger_failure": f"{folder.name}: while {step}: {exc}"})
+    version = getattr(getattr(run, "log", None), "version", None)
+    if version:
+        _tag(champion, cfg, {"refit.decision": "failed", "refit.failure": f"while {step}: {exc}"}, version=version)
+    if run is not None:
+        run.log.finalize("FAILED" if step != "training" else "FINISHED")
+    return RefitError(f"the challenger failed while {step} ({exc}); {champion.id} stays champion (its run: {folder})")
 
 
 def _moved_to_challenger(state: dict[str, Any], champion: _Champion) -> bool:

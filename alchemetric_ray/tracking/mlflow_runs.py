@@ -43,6 +43,10 @@ def _mlflow():
         import mlflow
     except ImportError:
         raise TrackingError(f"config 'tracking.mlflow_uri' is set but MLflow is not installed: {EXTRA}") from None
+    import logging
+
+    # its "Waiting up to 300 seconds for model version to finish creation" on every registration: our lines only
+    logging.getLogger("mlflow.store.model_registry.abstract_store").setLevel(logging.WARNING)
     return mlflow
 
 
