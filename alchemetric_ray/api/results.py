@@ -69,8 +69,19 @@ class _Saved(Showable):
         raise NotImplementedError
 
 
+class _Plain(_Saved):
+    """A result whose record is its own fields (a dataclass of plain data)."""
+
+    def record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]):
+        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})  # type: ignore[arg-type]
+
+
 @dataclass(repr=False)
-class Shards(_Saved):
+class Shards(_Plain):
     """``ar.features``: the shard folder, its tickers, dates, features, split dates and rows."""
 
     where: str
@@ -94,13 +105,6 @@ class Shards(_Saved):
                    rows=dict(manifest.rows), label=dict(manifest.label), seconds=round(summary.seconds, 3),
                    notes=list(manifest.notes()))
 
-    def record(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> Shards:
-        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
-
     def line(self) -> str:
         rows = self.rows
         return (f"wrote {self.where}: {len(self.tickers)} tickers, {len(self.features)} features, "
@@ -119,7 +123,7 @@ class Shards(_Saved):
 
 
 @dataclass(repr=False)
-class RefitResult(_Saved):
+class RefitResult(_Plain):
     """``ar.refit``: promoted or kept and why, the champion before and after, the challenger, the days
     judged, the gate's figures (``gate``: comparisons, deflated Sharpe ratios, reasons), the signals file."""
 
@@ -146,13 +150,6 @@ class RefitResult(_Saved):
     @property
     def promoted(self) -> bool:
         return self.decision == "promoted"
-
-    def record(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> RefitResult:
-        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
 
     def shown(self) -> Shown:
         rows: list[tuple[str, Any]] = [("decision", self.decision), ("champion", self.now_champion),
