@@ -34,7 +34,6 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
-from scipy.signal import lfilter
 
 from alchemetric_ray.errors import FeatureError
 
@@ -267,16 +266,19 @@ def _columns(tid: np.ndarray) -> np.ndarray:
 
 
 def _ema_smooth(x: np.ndarray, tid: np.ndarray, since: np.ndarray, a: float) -> np.ndarray:
-    """y[0] = x[0], y[t] = (1 - a) y[t-1] + a x[t] over tickers without a missing value after their
-    start: one IIR filter over a [ticker, bar] matrix."""
+    """y[0] = x[0], y[t] = a x[t] + (1 - a) y[t-1] over tickers without a missing value after their
+    start: the recurrence a bar at a time over a [bar, ticker] matrix, every ticker at once (the same
+    products and sums as a first-order IIR filter, without importing scipy.signal's 0.5 s)."""
     col = _columns(tid)
-    m = np.zeros((int(col.max()) + 1, int(since.max()) + 1))
-    m[col, since] = x
+    m = np.zeros((int(since.max()) + 1, int(col.max()) + 1))
+    m[since, col] = x
     y = np.empty_like(m)
-    y[:, 0] = m[:, 0]
-    if m.shape[1] > 1:
-        y[:, 1:] = lfilter([a], [1.0, -(1.0 - a)], m[:, 1:], axis=1, zi=(1.0 - a) * m[:, :1])[0]
-    return y[col, since]
+    y[0] = m[0]
+    keep = 1.0 - a
+    for t in range(1, len(m)):
+        np.multiply(m[t], a, out=y[t])
+        y[t] += keep * y[t - 1]
+    return y[since, col]
 
 
 def _ema_exact(x: np.ndarray, tid: np.ndarray, pos: np.ndarray, a: float, min_periods: int) -> np.ndarray:

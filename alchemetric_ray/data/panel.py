@@ -36,8 +36,9 @@ two threads once came out ahead on the synthetic table (0.315 s against 0.383 s)
 and the rest decided.  numpy keeps pandas' semantics exactly where polars needs care (NaN is not
 null there; the EMA's start and its missing values), and adds no package (scipy came with
 scikit-learn; pyproject.toml now names it).  The rolling windows are summed a lag at a time
-(contiguous adds, each window in two passes), the EMAs are one IIR filter
-(``scipy.signal.lfilter``) over a [ticker, bar] matrix.
+(contiguous adds, each window in two passes), the EMAs are their recurrence a bar at a time over a
+[bar, ticker] matrix, every ticker at once (``scipy.signal.lfilter`` did the same sums but cost 0.5 s
+of imports on a build's first call).
 """
 
 from __future__ import annotations
