@@ -90,7 +90,8 @@ class FeaturesConfig:
                  "models, warm-up 59 bars. Every formula: docs/pipeline.md (Feature sets). With `features.names` "
                  "null the whole set is built; `features.names` given selects from the set's own features (for "
                  "`basic`, from every basic feature), and a name of another set is refused. A build setting: the "
-                 "shards' manifest records it.")
+                 "shards' manifest records it. Why `basic` is the default: docs/evaluation.md (Which contender, "
+                 "which features).")
     horizon: int = setting(
         1, "Label horizon in bars: the label of bar t is the return from the open of t+1 to the open of t+1+horizon.",
         check=at_least(1))
