@@ -122,8 +122,9 @@ def _train(args: argparse.Namespace, cfg: RunConfig) -> int:
     result = api.train(cfg, data=args.data, resume=args.resume, evaluate=args.evaluate)
     for line in result.lines():
         print(line)
-    if result.tensorboard:
-        print(f"TensorBoard: tensorboard --logdir {result.tensorboard}")
+    board = result.tensorboard_command()
+    if board:
+        print(f"TensorBoard: {board}")
     if result.mlflow and result.mlflow.run_id:
         version = f", model version {cfg.storage.name}/{result.mlflow.version}" if result.mlflow.version else ""
         print(f"MLflow: run {result.mlflow.run_id} in experiment {result.mlflow.experiment}{version} "

@@ -58,6 +58,18 @@ def test_three_seeds_train_three_runs_export_their_ensemble_and_the_evaluation_n
     assert [s.split(", run ")[0].split(": ")[1] for s in starts] == ["train.seed=0", "train.seed=1", "train.seed=2"]
     assert out.count("features: building shards") == 1  # the first seed's run builds them; the others read them
     assert out.count("resource plan:") == 1 and out.count("train loop ") == 1  # the later seeds run the same plan
+    # the summary names every seed's run, and TensorBoard shows them all
+    (summary,) = [line for line in out.splitlines() if line.startswith("runs of the 3 seeds, best ")]
+    names = [s.split(", run ")[1] for s in starts]
+    assert all(f"{name} " in summary for name in names), summary
+    (board,) = [line for line in out.splitlines() if line.startswith("TensorBoard: ")]
+    assert board == "TensorBoard: tensorboard --logdir_spec " + ",".join(
+        f"{name}:{tmp_path / 'results' / name / 'tensorboard'}" for name in names), board
+    import alchemetric_ray as ar
+
+    result = ar.load_result(tmp_path / "results" / names[-1])
+    assert [s["name"] for s in result.seeds] == names and sorted(set(result.history["seed"])) == [0, 1, 2]
+    assert len(result.history) == sum(s["epochs_run"] for s in result.seeds)
     model_dir = tmp_path / "models" / "ens"
     loaded = load_model(model_dir)
     assert type(loaded.model).__name__ == "SeedEnsemble" and len(loaded.model.members) == 3

@@ -216,6 +216,7 @@ class TrainResult(_WithModel):
     mlflow: Tracking | None = None
     evaluation: Evaluation | None = None
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase of the loop (rank 0), summed
+    seeds: list[dict[str, Any]] = field(default_factory=list)  # train.seeds > 1: each seed's run, in seed order
     kind = "train"
 
     @classmethod
@@ -226,23 +227,24 @@ class TrainResult(_WithModel):
         summary = outcome.summary
         best_metrics = dict(outcome.best_metrics or {})
         best_epoch = best_metrics.get("epoch")
-        return cls(name=outcome.run_name, run_dir=str(outcome.run_path), model_dir=_str(outcome.model_dir),
-                   history=_frame(list(summary.history)),
-                   best=BestEpoch(epoch=int(best_epoch) if best_epoch is not None else None,
-                                  metric=selection_metric(config), value=summary.best,
-                                  metrics={k: v for k, v in best_metrics.items() if _plain(v)}),
-                   epochs_run=summary.epochs_run, stopped_early=summary.stopped_early,
-                   seconds=round(outcome.seconds, 3),
-                   plan=Plan(outcome.plan.as_dict(), outcome.plan.describe()), device=summary.device,
-                   precision=summary.precision, tensorboard=_str(outcome.tensorboard), config=config,
-                   mlflow=Tracking.of(outcome.log, cfg.tracking.mlflow_uri), phases=_phases(summary.phases))
+        fields = dict(name=outcome.run_name, run_dir=str(outcome.run_path), model_dir=_str(outcome.model_dir),
+                      history=_frame(list(summary.history)),
+                      best=BestEpoch(epoch=int(best_epoch) if best_epoch is not None else None,
+                                     metric=selection_metric(config), value=summary.best,
+                                     metrics={k: v for k, v in best_metrics.items() if _plain(v)}),
+                      epochs_run=summary.epochs_run, stopped_early=summary.stopped_early,
+                      seconds=round(outcome.seconds, 3),
+                      plan=Plan(outcome.plan.as_dict(), outcome.plan.describe()), device=summary.device,
+                      precision=summary.precision, tensorboard=_str(outcome.tensorboard), config=config,
+                      mlflow=Tracking.of(outcome.log, cfg.tracking.mlflow_uri), phases=_phases(summary.phases))
+        return cls(**{**fields, **_seed_fields(outcome)})
 
     def record(self) -> dict[str, Any]:
         return {"name": self.name, "run_dir": self.run_dir, "phases": self.phases, "model_dir": self.model_dir,
                 "history": _table(self.history), "best": dataclasses.asdict(self.best),
                 "epochs_run": self.epochs_run, "stopped_early": self.stopped_early, "seconds": self.seconds,
                 "plan": {"fields": self.plan.fields, "text": self.plan.text}, "device": self.device,
-                "precision": self.precision, "tensorboard": self.tensorboard,
+                "precision": self.precision, "tensorboard": self.tensorboard, "seeds": self.seeds,
                 **self._shared_record()}
 
     @classmethod
@@ -252,7 +254,7 @@ class TrainResult(_WithModel):
                    epochs_run=record["epochs_run"], stopped_early=record["stopped_early"],
                    seconds=record["seconds"], plan=Plan(**record["plan"]), device=record.get("device"),
                    precision=record.get("precision"), tensorboard=record.get("tensorboard"),
-                   phases=record.get("phases") or {}, **cls._shared_fields(record))
+                   phases=record.get("phases") or {}, seeds=record.get("seeds") or [], **cls._shared_fields(record))
 
     def lines(self) -> list[str]:
         """What the command prints after the run: the run, the saved model, TensorBoard and MLflow."""
@@ -260,9 +262,20 @@ class TrainResult(_WithModel):
         value = self.best.value if self.best.value is None else round(self.best.value, 4)
         lines = [f"run {self.name}: {self.epochs_run} epoch(s), best {self.best.metric} {value}{stopped} "
                  f"in {self.seconds:.0f}s"]
+        if self.seeds:  # a seed ensemble: every seed's run, not only the last one's
+            runs = ", ".join(f"{s['name']} {s['epochs_run']} epoch(s) {_num(s['best'])}" for s in self.seeds)
+            lines = [f"runs of the {len(self.seeds)} seeds, best {self.best.metric} of each: {runs}; "
+                     f"{self.seconds:.0f}s in all"]
         if self.model_dir:
             lines.append(f"saved model: {self.model_dir} (model card: {Path(self.model_dir) / 'model_card.md'})")
         return lines
+
+    def tensorboard_command(self) -> str | None:
+        """The command that shows the run's TensorBoard (a seed ensemble's: every seed's run, named)."""
+        boards = [(s["name"], s["tensorboard"]) for s in self.seeds if s.get("tensorboard")]
+        if boards:
+            return "tensorboard --logdir_spec " + ",".join(f"{name}:{board}" for name, board in boards)
+        return f"tensorboard --logdir {self.tensorboard}" if self.tensorboard else None
 
     def shown(self) -> Shown:
         facts: list[tuple[str, Any]] = [
@@ -276,6 +289,23 @@ class TrainResult(_WithModel):
         if self.mlflow:
             facts.append(("mlflow", self.mlflow.line()))
         return Shown(f"TrainResult {self.name}", facts, _compact(self.history), "history")
+
+
+def _seed_fields(outcome) -> dict[str, Any]:
+    """A seed ensemble's ``seeds`` (each run: name, folder, epochs, best value, seconds, TensorBoard), its
+    ``history`` (every seed's epochs, a ``seed`` column first) and its ``seconds`` (all the runs')."""
+    runs = list(getattr(outcome, "seeds", None) or [])
+    if not runs:
+        return {}
+    seeds = [{"seed": i, "name": run.run_name, "run_dir": str(run.run_path), "epochs_run": run.summary.epochs_run,
+              "best": run.summary.best, "seconds": round(run.seconds, 3), "tensorboard": _str(run.tensorboard)}
+             for i, run in enumerate(runs)]
+    import pandas as pd
+
+    history = pd.concat([_frame(list(run.summary.history)).assign(seed=i) for i, run in enumerate(runs)],
+                        ignore_index=True)
+    history = history[["seed", *[c for c in history.columns if c != "seed"]]]
+    return {"seeds": seeds, "history": history, "seconds": round(sum(s["seconds"] for s in seeds), 3)}
 
 
 @dataclass(repr=False, eq=False)
