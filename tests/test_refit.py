@@ -289,3 +289,12 @@ def test_a_warm_start_takes_the_weights_that_fit_and_refuses_others_in_one_line(
     assert "\n" not in str(refused.value) and "(8, 5) there, (16, 5) here" in str(refused.value)
     with pytest.raises(CheckpointError, match="not a saved model folder"):
         initial_weights(tmp_path / "missing", one)
+
+
+def test_refits_started_in_the_same_second_get_folders_of_their_own(tmp_path):
+    from alchemetric_ray.refits.run import _new_folder
+
+    folders = [_new_folder(tmp_path / "refits") for _ in range(3)]  # well within one second, or across two
+    assert len(set(folders)) == 3 and all(f.is_dir() and f.parent == tmp_path / "refits" for f in folders)
+    stamps = [f.name.split("-")[0] + "-" + f.name.split("-")[1] for f in folders]
+    assert all(f.name in (s, f"{s}-2", f"{s}-3") for f, s in zip(folders, stamps, strict=True))

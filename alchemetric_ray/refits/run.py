@@ -439,9 +439,7 @@ def run_refit(model: str, data: str, out: str | Path, cfg: RunConfig, *, overrid
             outcome.reason = (f"{window['days']} labelled day(s) after its test segment (through "
                               f"{champion.test_end}), fewer than refit.min_days={cfg.refit.min_days}: nothing trained")
             return _done(outcome, started)
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        folder = out / "refits" / stamp
-        folder.mkdir(parents=True)
+        folder = _new_folder(out / "refits")
         state = {"champion": champion.id, "model": model, "folder": str(folder), "window": window,
                  "first_new": _first_new(appended), "decision": None}
         _write_state(out, state)
@@ -486,6 +484,21 @@ def _failed(exc: Exception, step: str, champion: _Champion, cfg: RunConfig, stat
     if run is not None:
         run.log.finalize("FAILED" if step != "training" else "FINISHED")
     return RefitError(f"the challenger failed while {step} ({exc}); {champion.id} stays champion (its run: {folder})")
+
+
+def _new_folder(parent: Path) -> Path:
+    """``parent/STAMP`` (UTC, to the second), created new: ``STAMP-2``, ``-3``... for a refit started in the
+    same second as the one before it (a retry right after a fast failure)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        folder = parent / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise RefitError(f"{parent}: no new folder for {stamp} after 999 tries")
 
 
 def _moved_to_challenger(state: dict[str, Any], champion: _Champion) -> bool:
