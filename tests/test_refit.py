@@ -134,6 +134,13 @@ def test_a_refit_promotes_keeps_and_does_nothing_without_new_bars(tmp_path, caps
     assert warm.config.train.init_weights  # the champion's weights started it
     assert len(list((out / "refits").glob("*/results/sweep-desk-*"))) == 1  # a sweep found it
     assert len(list((out / "refits").iterdir())) == 2
+    # the champion stays: its day's signals are its judged predictions' rows of the new dates (not predicted again)
+    night2 = max((out / "refits").iterdir())
+    judged, day = (pd.read_parquet(night2 / name) for name in ("champion-signals.parquet", "signals.parquet"))
+    first = str(day["date"].min().date())
+    assert first > CUTS[1] and day["model_id"].iloc[0].startswith("models:/desk/2 (alias champion)")
+    pd.testing.assert_frame_equal(day.reset_index(drop=True),
+                                  judged[judged["date"] >= day["date"].min()].reset_index(drop=True))
 
 
 def _killed(mode: str, where: str, argv: list[str], marker: Path) -> subprocess.Popen:

@@ -51,6 +51,7 @@ from alchemetric_ray.refits.gate import Comparison, GateResult, gate
 from alchemetric_ray.storage import local_copy
 
 LOCK, STATE, DECISION, SIGNALS = "refit.lock", "state.json", "decision.json", "signals.parquet"
+JUDGED = "champion-signals.parquet"  # the champion's predictions over the kept bars, made to judge it
 
 
 @dataclass
@@ -107,6 +108,11 @@ class _Champion:
 
 def _store(cfg: RunConfig) -> str:
     return cfg.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+
+
+def _registry(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the registry's store named (``tracking.mlflow_uri``, else MLFLOW_TRACKING_URI)."""
+    return cfg.replace(f"tracking.mlflow_uri={_store(cfg)}")
 
 
 def _load_champion(model: str, cfg: RunConfig, scratch: contextlib.ExitStack) -> _Champion:
@@ -307,7 +313,7 @@ def _pooled(loaded: Any, bars: str, cfg: RunConfig, tmp: Path) -> Any:
 def _judge(champion: _Champion, challenger: Any, shards: Path, window: dict[str, Any], cfg: RunConfig,
            folder: Path) -> GateResult:
     bars = _bars_file(shards, folder)
-    mine = _scored(champion.loaded, bars, window, cfg, folder / "champion-signals.parquet")
+    mine = _scored(champion.loaded, bars, window, cfg, folder / JUDGED)
     theirs = _scored(challenger, bars, window, cfg, folder / "challenger-signals.parquet")
     comparisons = [Comparison.of("the days after the champion's test segment", window["start"], window["end"],
                                  mine.rank_ic, theirs.rank_ic)]
@@ -347,7 +353,7 @@ def _tag(champion: _Champion, cfg: RunConfig, tags: dict[str, str], version: str
         return None
     from alchemetric_ray.tracking.registry import client_of
 
-    client = client_of(cfg.replace(f"tracking.mlflow_uri={_store(cfg)}"), "refit")
+    client = client_of(_registry(cfg), "refit")
     for key, value in tags.items():
         client.set_model_version_tag(champion.name, str(version or champion.version), key, str(value)[:5000])
     return client
@@ -367,32 +373,39 @@ def _promote(champion: _Champion, challenger: dict[str, Any], reason: str, cfg: 
     from alchemetric_ray.tracking.registry import promote
 
     uri = f"models:/{champion.name}/{challenger['version']}"
-    print(promote(uri, cfg.replace(f"tracking.mlflow_uri={_store(cfg)}"), reason=f"refit: {reason}").line(),
-          flush=True)
+    print(promote(uri, _registry(cfg), reason=f"refit: {reason}").line(), flush=True)
     return uri
 
 
 def _signals(now_champion: str, champion: _Champion, shards: Path, first_new: str | None, folder: Path,
              cfg: RunConfig) -> str:
-    """``signals.parquet``: the champion's (now) signals on the new bars' dates, its model id inside."""
+    """``signals.parquet``: the champion's (now) signals on the new bars' dates, its model id inside.  A
+    champion that stays predicted these bars when it was judged (``champion-signals.parquet``, the same
+    model and bars): those rows are taken, not predicted again."""
     from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.signals.predict import predict
 
-    with contextlib.ExitStack() as scratch:
-        loaded = champion.loaded if now_champion == champion.id else None
-        if loaded is None:
-            loaded = (_load_champion(f"models:/{champion.name}@champion", cfg, scratch).loaded if champion.name
-                      else load_model(now_champion))
-        out = folder / SIGNALS
-        predict(loaded, _bars_file(shards, folder), out, loaded.config.replace(f"device.name={cfg.device.name}"))
+    out = folder / SIGNALS
+    judged = folder / JUDGED
+    if now_champion == champion.id and judged.is_file():
+        table = pq.read_table(judged)
+    else:
+        with contextlib.ExitStack() as scratch:
+            loaded = champion.loaded if now_champion == champion.id else None
+            if loaded is None:
+                loaded = (_load_champion(f"models:/{champion.name}@champion", cfg, scratch).loaded if champion.name
+                          else load_model(now_champion))
+            predict(loaded, _bars_file(shards, folder), out, loaded.config.replace(f"device.name={cfg.device.name}"))
+        if not first_new:
+            return str(out)
+        table = pq.read_table(out)
     if first_new:
         import pyarrow.compute as pc
 
-        table = pq.read_table(out)
         table = table.filter(pc.greater_equal(table.column("date"), np.datetime64(first_new, "ns")))
-        tmp = out.with_name(f".{SIGNALS}.tmp")
-        pq.write_table(table, tmp)  # the schema's metadata (the model id, the config) travels with the table
-        os.replace(tmp, out)
+    tmp = out.with_name(f".{SIGNALS}.tmp")
+    pq.write_table(table, tmp)  # the schema's metadata (the model id, the config) travels with the table
+    os.replace(tmp, out)
     return str(out)
 
 
@@ -413,7 +426,7 @@ def run_refit(model: str, data: str, out: str | Path, cfg: RunConfig, *, overrid
     if model.startswith("models:/"):  # the registry is checked before anything is read, appended or trained
         from alchemetric_ray.tracking.registry import client_of
 
-        client_of(cfg.replace(f"tracking.mlflow_uri={_store(cfg)}"), "refit")
+        client_of(_registry(cfg), "refit")
     out.mkdir(parents=True, exist_ok=True)
     with _lock(out, model), contextlib.ExitStack() as scratch:
         champion = _load_champion(model, cfg, scratch)
@@ -481,8 +494,8 @@ def _failed(exc: Exception, step: str, champion: _Champion, cfg: RunConfig, stat
     version = getattr(getattr(run, "log", None), "version", None)
     if version:
         _tag(champion, cfg, {"refit.decision": "failed", "refit.failure": f"while {step}: {exc}"}, version=version)
-    if run is not None:
-        run.log.finalize("FAILED" if step != "training" else "FINISHED")
+    if run is not None:  # trained without a checkpoint, or failed while being scored
+        run.log.finalize("FAILED")
     return RefitError(f"the challenger failed while {step} ({exc}); {champion.id} stays champion (its run: {folder})")
 
 
