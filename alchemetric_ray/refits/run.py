@@ -385,27 +385,24 @@ def _signals(now_champion: str, champion: _Champion, shards: Path, first_new: st
     from alchemetric_ray.artifacts.export import load_model
     from alchemetric_ray.signals.predict import predict
 
-    out = folder / SIGNALS
-    judged = folder / JUDGED
-    if now_champion == champion.id and judged.is_file():
-        table = pq.read_table(judged)
-    else:
+    out, source = folder / SIGNALS, folder / JUDGED
+    if now_champion != champion.id or not source.is_file():
         with contextlib.ExitStack() as scratch:
             loaded = champion.loaded if now_champion == champion.id else None
             if loaded is None:
                 loaded = (_load_champion(f"models:/{champion.name}@champion", cfg, scratch).loaded if champion.name
                           else load_model(now_champion))
             predict(loaded, _bars_file(shards, folder), out, loaded.config.replace(f"device.name={cfg.device.name}"))
-        if not first_new:
-            return str(out)
-        table = pq.read_table(out)
-    if first_new:
+        source = out
+    if first_new or source != out:
         import pyarrow.compute as pc
 
-        table = table.filter(pc.greater_equal(table.column("date"), np.datetime64(first_new, "ns")))
-    tmp = out.with_name(f".{SIGNALS}.tmp")
-    pq.write_table(table, tmp)  # the schema's metadata (the model id, the config) travels with the table
-    os.replace(tmp, out)
+        table = pq.read_table(source)
+        if first_new:
+            table = table.filter(pc.greater_equal(table.column("date"), np.datetime64(first_new, "ns")))
+        tmp = out.with_name(f".{SIGNALS}.tmp")
+        pq.write_table(table, tmp)  # the schema's metadata (the model id, the config) travels with the table
+        os.replace(tmp, out)
     return str(out)
 
 
