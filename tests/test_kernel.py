@@ -75,9 +75,10 @@ class Kernel:
                     "AWS_EC2_METADATA_DISABLED": "true"}
         self.km = KernelManager(kernel_name="alchemetric-test", kernel_spec_manager=OneSpec(),
                                 connection_file=str(tmp_path / "kernel.json"))
-        self.km.shutdown_wait_time = 120  # a graceful exit runs ray.shutdown() at exit: slow on a loaded machine
+        self.km.shutdown_wait_time = 120  # bounded; a graceful exit takes seconds (its Ray ends first)
         self.kc = None
         self.spawned: list = []
+        self.shutdown_s = 0.0  # how long the last shutdown took, from Jupyter's request to the kernel's exit
         self._start()
 
     def _start(self) -> None:
@@ -160,7 +161,9 @@ class Kernel:
         try:
             if self.kc is not None:
                 self.kc.stop_channels()
+            began = time.monotonic()
             self.km.shutdown_kernel(now=False)
+            self.shutdown_s = time.monotonic() - began
         finally:
             gone, alive = psutil.wait_procs(self.spawned, timeout=120)
             ours = [p for p in psutil.process_iter(["pid", "cmdline"])
@@ -222,6 +225,11 @@ def kernel(tmp_path):
     yield start
     left = [line for k in kernels for line in k.close()]
     assert left == [], f"processes the kernel started outlived it: {left}"
+    # ipykernel's shutdown signals the kernel's children and waits until none is left (14.4 s of SIGTERMs,
+    # then the same of SIGKILLs): a Ray whose GCS and raylet were never reaped kept it waiting 29 s, and
+    # Jupyter's server (5 s) killed it instead.  A local Ray of ours shuts down first (placement/session.py).
+    slow = [round(k.shutdown_s) for k in kernels if k.shutdown_s >= 14]
+    assert slow == [], f"a kernel took {slow} s to shut down: it waited for children that never end"
 
 
 def _config_cell(root: Path, *extra: str) -> str:

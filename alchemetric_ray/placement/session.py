@@ -104,11 +104,40 @@ def ensure_ray(cfg: RunConfig) -> None:
             raise
         _written_api_servers.add(env[API_SERVER_ENV])
         os.environ[API_SERVER_ENV] = env[API_SERVER_ENV]
+        _ends_with_the_kernel()
     interrupts.reroute_after_ray()  # ray.init replaced SIGTERM's handler: a stop signal is a Ctrl-C again
     console.quiet_driver()
     logs = console.session_logs()
     if logs:
         print(f"ray: session logs in {logs}", flush=True)
+
+
+def _ends_with_the_kernel() -> None:
+    """In a Jupyter kernel, the local Ray started here shuts down first when the kernel is shut down or
+    restarted: ipykernel's shutdown signals the kernel's child processes and waits until none is left,
+    but Ray's own children (its GCS and raylet) stay as zombies until ``ray.shutdown()`` reaps them, so
+    the kernel took 29 s (its whole SIGTERM-then-SIGKILL schedule) to exit, and Jupyter's server, which
+    waits 5 s, killed it instead.  Done once per kernel: the hook finds whichever Ray is up then."""
+    from alchemetric_ray.console import in_notebook
+
+    if not in_notebook():
+        return
+    import IPython
+
+    kernel = getattr(IPython.get_ipython(), "kernel", None)
+    if kernel is None or getattr(kernel, "_alchemetric_ray_ends_first", False):
+        return
+    shut_down = kernel.do_shutdown
+
+    def do_shutdown(restart: bool):
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        return shut_down(restart)
+
+    kernel.do_shutdown = do_shutdown
+    kernel._alchemetric_ray_ends_first = True
 
 
 def local_ray_cpus() -> int:
