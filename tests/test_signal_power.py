@@ -68,7 +68,7 @@ import pandas as pd
 import pytest
 from scipy.stats import binom
 
-from alchemetric_ray.signals.metrics import ic_stats
+from alchemetric_ray.signals.metrics import ic_stats, mean_interval
 
 N_NAMES = 88
 VOL = 0.02  # idiosyncratic daily return scale (ranks ignore it; it keeps fwd_ret realistic)
@@ -133,11 +133,19 @@ def _run(kind: int, b: float, n_seeds: int, short_windows: int) -> _Runs:
         st = _stats(frame, 0, LONG_DAYS)
         product.append(st.daily.to_numpy())
         long_ci.append((st.ci_low, st.ci_high))
+        assert st.n_days == LONG_DAYS  # every day kept: a window's daily ICs are a slice of these
+        first = _stats(frame, 0, SHORT_DAYS)  # the product's summary of the first window, from its rows
         for w in range(short_windows):
-            sw = _stats(frame, w * SHORT_DAYS, SHORT_DAYS)
-            assert sw.n_days == SHORT_DAYS
-            short_ci.append((sw.ci_low, sw.ci_high))
-            short_sd.append(sw.std)
+            # the product's interval on the window's daily ICs (ic_stats' own steps, without ranking the
+            # window's rows again); the first window is checked against ic_stats on its rows
+            v = st.daily.to_numpy()[w * SHORT_DAYS:(w + 1) * SHORT_DAYS]
+            _, low, high = mean_interval(v, lag=LAG, confidence=CONFIDENCE)
+            if w == 0:
+                assert first.n_days == SHORT_DAYS
+                np.testing.assert_allclose([low, high, v.std(ddof=1)], [first.ci_low, first.ci_high, first.std],
+                                           rtol=0, atol=1e-12)
+            short_ci.append((low, high))
+            short_sd.append(v.std(ddof=1))
     return _Runs(np.array(daily), np.array(product), np.array(long_ci), np.array(short_ci), np.array(short_sd))
 
 
