@@ -178,12 +178,15 @@ def test_a_refit_killed_at_each_step_leaves_one_champion_and_the_next_refit_fini
     proc.wait(timeout=30)
     assert _aliases(client, "nightly") == {"champion": "1"}  # exactly one champion: the old one
     assert json.loads((out / "state.json").read_text())["decision"] is None and (out / "refit.lock").exists()
+    # what the killed refit had downloaded (the champion from the registry) is in the refit's own folder
+    assert [p.name.split("-")[0] for p in (out / ".scratch").iterdir() if p.is_dir()] == ["champion"]
     # the next refit takes the dead process's lock over and redoes the refit (the bars are already appended)
     assert cli.main(_refit("nightly", nights[1], out, mlflow_server, *LOOSE)) == 0
     printed = capsys.readouterr().out
     assert "refit: taking over the lock of a refit that ended without removing it" in printed
     assert printed.strip().splitlines()[-1].startswith("promoted models:/nightly/3 over models:/nightly/1")
     assert _aliases(client, "nightly") == {"champion": "3", "previous": "1"}
+    assert not (out / ".scratch").exists()  # the killed one's scratch removed, and its own at its end
 
     # killed with the decision recorded, before the promotion: the next refit completes it
     marker = tmp_path / "stop-2"
@@ -208,6 +211,16 @@ def test_a_refit_killed_at_each_step_leaves_one_champion_and_the_next_refit_fini
                                                                        "models:/nightly/5 promoted over")
     assert _aliases(client, "nightly") == {"champion": "5", "previous": "4"}
     assert not (out / "state.json").exists()
+
+    # a .scratch the refit did not make is refused in one line, and left as it was
+    (out / ".scratch").mkdir()
+    (out / ".scratch" / "mine.txt").write_text("a user's file")
+    assert cli.main(_refit("nightly", nights[4], out, mlflow_server, *LOOSE)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{out / '.scratch'} was not made by a refit" in err, err
+    assert (out / ".scratch" / "mine.txt").read_text() == "a user's file" and not (out / "refit.lock").exists()
+    (out / ".scratch" / "mine.txt").unlink()
+    (out / ".scratch").rmdir()
 
     # a challenger that fails (a NaN loss): the champion stays, one line, the failed run recorded
     assert cli.main(_refit("nightly", nights[4], out, mlflow_server, *LOOSE, "train.lr=1e30")) == 2

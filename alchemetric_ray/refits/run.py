@@ -52,6 +52,7 @@ from alchemetric_ray.storage import local_copy
 
 LOCK, STATE, DECISION, SIGNALS = "refit.lock", "state.json", "decision.json", "signals.parquet"
 JUDGED = "champion-signals.parquet"  # the champion's predictions over the kept bars, made to judge it
+SCRATCH = ".scratch"  # DIR/.scratch: what a refit downloads or computes on the side while it runs
 
 
 @dataclass
@@ -115,7 +116,7 @@ def _registry(cfg: RunConfig) -> RunConfig:
     return cfg.replace(f"tracking.mlflow_uri={_store(cfg)}")
 
 
-def _load_champion(model: str, cfg: RunConfig, scratch: contextlib.ExitStack) -> _Champion:
+def _load_champion(model: str, cfg: RunConfig, scratch: contextlib.ExitStack, out: Path) -> _Champion:
     from alchemetric_ray.artifacts.export import load_model
 
     if not model.startswith("models:/"):
@@ -123,7 +124,7 @@ def _load_champion(model: str, cfg: RunConfig, scratch: contextlib.ExitStack) ->
     from alchemetric_ray.tracking.mlflow_runs import download_model
 
     where = download_model(model, cfg, Path(scratch.enter_context(tempfile.TemporaryDirectory(
-        prefix="alchemetric-refit-champion-"))))
+        prefix="champion-", dir=out / SCRATCH))))
     registered = json.loads((where / "registered.json").read_text())
     return _Champion(load_model(where), model, registered["name"], registered["version"])
 
@@ -139,6 +140,34 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextlib.contextmanager
+def _scratch(out: Path) -> Iterator[None]:
+    """``DIR/.scratch`` while the refit runs (it holds the lock): the champion downloaded from the registry,
+    the walk-forward's folders; removed at the end.  One that a killed refit (SIGKILL: no clean-up runs)
+    left is removed by the next refit before it starts, not left to pile up in the machine's /tmp.  It
+    carries the product's mark; a ``.scratch`` without it is not ours to remove, and is refused."""
+    import shutil
+
+    from alchemetric_ray.outputs import MARK
+
+    where, mark = out / SCRATCH, {"kind": "refit-scratch", "made_by": "alchemetric-ray"}
+    if where.exists() or where.is_symlink():
+        try:
+            ours = where.is_dir() and not where.is_symlink() and json.loads((where / MARK).read_text()) == mark
+        except (OSError, ValueError):
+            ours = False
+        if not ours:
+            raise RefitError(f"--out {out}: {where} was not made by a refit (no mark of ours in it); move it away, "
+                             "a refit keeps its scratch files there")
+        shutil.rmtree(where)
+    where.mkdir()
+    (where / MARK).write_text(json.dumps(mark))
+    try:
+        yield
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -318,7 +347,7 @@ def _judge(champion: _Champion, challenger: Any, shards: Path, window: dict[str,
     comparisons = [Comparison.of("the days after the champion's test segment", window["start"], window["end"],
                                  mine.rank_ic, theirs.rank_ic)]
     if cfg.refit.walk_forward:
-        with tempfile.TemporaryDirectory(prefix="alchemetric-refit-wf-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="walk-forward-", dir=folder.parent.parent / SCRATCH) as tmp:
             a, b = _pooled(champion.loaded, bars, cfg, Path(tmp) / "a"), _pooled(challenger, bars, cfg,
                                                                                  Path(tmp) / "b")
         comparisons.append(Comparison.of("the pooled walk-forward", a.segment.start, a.segment.end,
@@ -390,7 +419,8 @@ def _signals(now_champion: str, champion: _Champion, shards: Path, first_new: st
         with contextlib.ExitStack() as scratch:
             loaded = champion.loaded if now_champion == champion.id else None
             if loaded is None:
-                loaded = (_load_champion(f"models:/{champion.name}@champion", cfg, scratch).loaded if champion.name
+                loaded = (_load_champion(f"models:/{champion.name}@champion", cfg, scratch, folder.parent.parent).loaded
+                          if champion.name
                           else load_model(now_champion))
             predict(loaded, _bars_file(shards, folder), out, loaded.config.replace(f"device.name={cfg.device.name}"))
         source = out
@@ -425,8 +455,8 @@ def run_refit(model: str, data: str, out: str | Path, cfg: RunConfig, *, overrid
 
         client_of(_registry(cfg), "refit")
     out.mkdir(parents=True, exist_ok=True)
-    with _lock(out, model), contextlib.ExitStack() as scratch:
-        champion = _load_champion(model, cfg, scratch)
+    with _lock(out, model), _scratch(out), contextlib.ExitStack() as scratch:
+        champion = _load_champion(model, cfg, scratch, out)
         state = _read_state(out)
         if state and state.get("champion") != champion.id and not _moved_to_challenger(state, champion):
             print(f"refit: {out / STATE} was about {state.get('champion')}, not the champion {champion.id}: set "
