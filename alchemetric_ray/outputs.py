@@ -30,6 +30,7 @@ KINDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "model": ("model folder", ("weights.pt", "meta.json"), ()),
     "evaluation": ("evaluation report folder", ("evaluation.json", "report.md"), ()),
     "sweep-report": ("sweep report folder", (), ()),
+    "refit-scratch": ("refit's scratch folder", (), ()),
 }
 _SIGNAL_COLUMNS = {"ticker", "date", "score", "position", "model_id"}
 

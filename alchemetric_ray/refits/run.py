@@ -117,6 +117,7 @@ def _registry(cfg: RunConfig) -> RunConfig:
 
 
 def _load_champion(model: str, cfg: RunConfig, scratch: contextlib.ExitStack, out: Path) -> _Champion:
+    """The champion ``model`` names; one from the registry is downloaded into ``out``'s scratch folder."""
     from alchemetric_ray.artifacts.export import load_model
 
     if not model.startswith("models:/"):
@@ -124,7 +125,7 @@ def _load_champion(model: str, cfg: RunConfig, scratch: contextlib.ExitStack, ou
     from alchemetric_ray.tracking.mlflow_runs import download_model
 
     where = download_model(model, cfg, Path(scratch.enter_context(tempfile.TemporaryDirectory(
-        prefix="champion-", dir=out / SCRATCH))))
+        prefix="champion-", dir=_scratch_dir(out)))))
     registered = json.loads((where / "registered.json").read_text())
     return _Champion(load_model(where), model, registered["name"], registered["version"])
 
@@ -142,6 +143,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _scratch_dir(out: Path) -> Path:
+    return out / SCRATCH
+
+
 @contextlib.contextmanager
 def _scratch(out: Path) -> Iterator[None]:
     """``DIR/.scratch`` while the refit runs (it holds the lock): the champion downloaded from the registry,
@@ -150,20 +155,17 @@ def _scratch(out: Path) -> Iterator[None]:
     carries the product's mark; a ``.scratch`` without it is not ours to remove, and is refused."""
     import shutil
 
-    from alchemetric_ray.outputs import MARK
+    from alchemetric_ray.outputs import MARK, kind_of, mark_bytes
+    from alchemetric_ray.storage import locate
 
-    where, mark = out / SCRATCH, {"kind": "refit-scratch", "made_by": "alchemetric-ray"}
+    where = _scratch_dir(out)
     if where.exists() or where.is_symlink():
-        try:
-            ours = where.is_dir() and not where.is_symlink() and json.loads((where / MARK).read_text()) == mark
-        except (OSError, ValueError):
-            ours = False
-        if not ours:
+        if where.is_symlink() or not where.is_dir() or kind_of(locate(where)) != "refit-scratch":
             raise RefitError(f"--out {out}: {where} was not made by a refit (no mark of ours in it); move it away, "
                              "a refit keeps its scratch files there")
         shutil.rmtree(where)
     where.mkdir()
-    (where / MARK).write_text(json.dumps(mark))
+    (where / MARK).write_bytes(mark_bytes("refit-scratch"))
     try:
         yield
     finally:
@@ -347,7 +349,7 @@ def _judge(champion: _Champion, challenger: Any, shards: Path, window: dict[str,
     comparisons = [Comparison.of("the days after the champion's test segment", window["start"], window["end"],
                                  mine.rank_ic, theirs.rank_ic)]
     if cfg.refit.walk_forward:
-        with tempfile.TemporaryDirectory(prefix="walk-forward-", dir=folder.parent.parent / SCRATCH) as tmp:
+        with tempfile.TemporaryDirectory(prefix="walk-forward-", dir=_scratch_dir(folder.parent.parent)) as tmp:
             a, b = _pooled(champion.loaded, bars, cfg, Path(tmp) / "a"), _pooled(challenger, bars, cfg,
                                                                                  Path(tmp) / "b")
         comparisons.append(Comparison.of("the pooled walk-forward", a.segment.start, a.segment.end,
