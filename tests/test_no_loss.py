@@ -181,8 +181,8 @@ def _signal_after(args: list[str], cwd: Path, pattern: str, sig: int, *, timeout
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
             assert proc.poll() is None, "the command finished before its staging folder was seen"
-            during = len(_session_processes(proc.pid)) - 1
-            proc.send_signal(sig)
+            proc.send_signal(sig)  # first: counting the processes (a `ps`) took long enough for predict to finish
+            during = max(0, len(_session_processes(proc.pid)) - 1)  # its processes as the stop begins
         for line in proc.stdout if pattern != "tmp:" else []:
             seen.append(line)
             if re.search(pattern, line):
