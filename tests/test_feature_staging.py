@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from alchemetric_ray.config import load_config
@@ -40,6 +41,8 @@ def test_ray_tasks_build_the_shards_a_one_process_build_does(ray_session, tmp_pa
     assert driver_build["mode"] == "driver" and driver_build["tasks"] == 0 and driver_build["groups"] == 6
     assert ray_build["mode"] == "ray" and ray_build["groups"] == 6 and ray_build["tasks"] > 6  # and date buckets
     assert ray_build["nodes"] == 1 and ray_build["rows_per_group"] == 20000
+    # the shards' parts written by a Ray task per group (pass 3) and by the driver: the same files
+    assert ray_build["write"] == "tasks" and driver_build["write"] == "driver"
     same = {"created": None, "build": None, "built_with": None}
     assert {**built["true"].__dict__, **same} == {**built["false"].__dict__, **same}
     assert built["true"].cross_section["ops"] and len(built["true"].tickers) == 88
@@ -49,6 +52,8 @@ def test_ray_tasks_build_the_shards_a_one_process_build_does(ray_session, tmp_pa
         parts = [pd.read_parquet(p, columns=["ticker"])["ticker"] for p in sorted(split_dir(tmp_path / "true",
                                                                                              split).glob("*.parquet"))]
         seen = [set(p) for p in parts]
+        assert [len(p) for p in parts] == [pq.ParquetFile(f).metadata.num_rows for f in sorted(
+            split_dir(tmp_path / "false", split).glob("*.parquet"))]  # the same parts, row for row
         assert all(not (a & b) for i, a in enumerate(seen) for b in seen[i + 1:])
     bars = sorted((tmp_path / "true" / BARS_DIR).glob("part-*.parquet"))
     assert [p.name for p in bars] == [f"part-{k:05d}.parquet" for k in range(6)]

@@ -16,7 +16,8 @@ staging folder and collects the trading calendar; a cross-sectional label or fea
 ``cs_zscore``, the market-relative features, ``features.cs_normalize``) then takes a per-date pass
 over the staging folder (``data/cross_section.py``), which drops dates with too few stocks: both in
 ``data/staging.py``.  The split plan is then fixed; pass 2 fits the normalization on train rows;
-pass 3 normalizes and writes the final shards.  The bars of each group are kept in ``OUT/bars``
+pass 3 normalizes and writes the final shards, a staged group at a time (as Ray tasks where pass 1
+ran as tasks on this one node: ``data/shard_parts.py``).  The bars of each group are kept in ``OUT/bars``
 (``data/bars_store.py``) for appends.  Everything is written under a temporary folder beside ``OUT``
 that replaces ``OUT`` only once complete.  Memory in the driver: one group's rows (``features.group_rows``,
 and up to two per CPU of bars in flight with Ray), and during the per-date pass one column of every row
@@ -35,8 +36,6 @@ from typing import Iterable
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data import features as feat
@@ -44,6 +43,7 @@ from alchemetric_ray.data.cross_section import read_staged
 from alchemetric_ray.data.labels import LabelSpec
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
 from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
+from alchemetric_ray.data.shard_parts import PartJob, PartSizes, feature_columns, write_parts
 from alchemetric_ray.data.splits import SPLITS, SplitPlan, SplitSpec, plan_splits
 from alchemetric_ray.data.staging import StagedFeatures, stage_features, staged_files
 from alchemetric_ray.errors import ShardError
@@ -108,7 +108,9 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
         plan = plan_splits(stats["calendar"], SplitSpec(fc.train_frac, fc.val_frac, embargo, fc.train_end, fc.val_end,
                                                         fc.train_start))
         normalizer = _fit_normalizer(staging, names, plan, cfg)
-        counts = _write_shards(staging, tmp, names, plan, normalizer, spec)
+        job = PartJob(tmp, names, plan, normalizer, spec, PartSizes(ROWS_PER_FILE, ROWS_PER_ROW_GROUP))
+        in_tasks = _tasks_write(features)
+        counts = write_parts(staged_files(staging), job, in_tasks=in_tasks)
         if staged is None:
             shutil.rmtree(staging)
         if not spec.regression:
@@ -134,7 +136,7 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
             columns={"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
             files=files,
             cross_section=features.cross_section,
-            build=features.build,
+            build={**features.build, "write": "tasks" if in_tasks else "driver"},
         )
         manifest.write(tmp)
     return ShardSummary(out, manifest, time.monotonic() - start)
@@ -169,7 +171,7 @@ def _fit_normalizer(staging: Path, names: list[str], plan: SplitPlan, cfg: RunCo
         table = read_staged(path, columns=["date", "label_end", *names])
         split = plan.assign(table.column("date").to_numpy(), table.column("label_end").to_numpy())
         train = split == 0
-        rows = np.concatenate([rest, np.column_stack([c[train] for c in _columns(table, names)]) if names
+        rows = np.concatenate([rest, np.column_stack([c[train] for c in feature_columns(table, names)]) if names
                                else np.empty((int(train.sum()), 0))])
         whole = len(rows) - len(rows) % FIT_ROWS
         for lo in range(0, whole, FIT_ROWS):  # blocks of the train rows as they come, whatever the groups
@@ -182,113 +184,14 @@ def _fit_normalizer(staging: Path, names: list[str], plan: SplitPlan, cfg: RunCo
         raise ShardError(f"the train split ({plan.train_start}..{plan.train_end}) has no rows") from None
 
 
-def _columns(table: pa.Table, names: list[str]) -> list[np.ndarray]:
-    """The feature columns, each at the type they share (as ``DataFrame[names].to_numpy()`` gave the matrix)."""
-    columns = [table.column(n).to_numpy() for n in names]
-    common = np.result_type(*columns) if columns else np.float64
-    return [c.astype(common, copy=False) for c in columns]
+def _tasks_write(features: StagedFeatures) -> bool:
+    """Whether pass 3 runs as Ray tasks: where pass 1 did, on a Ray of this one node (the tasks see the
+    staging folder and the output); the Ray is still up (the build's or the caller's)."""
+    if features.build.get("mode") != "ray":
+        return False
+    from alchemetric_ray.data.staging import _files_readable_by_tasks, _ray_up
 
-
-class _RollingWriter:
-    """Parts of up to ROWS_PER_FILE rows, in row groups of ROWS_PER_ROW_GROUP rows; a ticker is never
-    cut between two parts (a part starts early instead, or holds one ticker of more rows alone), so
-    a sequence model's windows are built from one file at a time (loaders.read_windows).
-
-    The input comes a ticker at a time (~1,000 rows); written as it comes, every ticker would be a
-    row group of its own, and every reader after (pyarrow, Ray Data's batching, our collate) would
-    pay per chunk: 500k synthetic rows in ~1k-row groups took 0.23 s to read with pyarrow and 0.83 s
-    per streamed epoch through Ray Data, against 0.06 s and 0.19 s in 64k-row groups."""
-
-    writer: pq.ParquetWriter | None  # the open part's, None between parts
-
-    def __init__(self, folder: Path, schema: pa.Schema):
-        self.folder, self.schema = folder, schema
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.part, self.rows_in_part, self.writer = 0, 0, None
-        self.pending: list[pa.Table] = []
-        self.pending_rows = 0
-
-    def write(self, table: pa.Table) -> None:
-        """All rows of one ticker (for this split)."""
-        held = self.rows_in_part + self.pending_rows
-        if held and held + table.num_rows > ROWS_PER_FILE:
-            self.close()  # the part is full: all of it out, the last row group may be short
-            self.part += 1
-            self.rows_in_part = 0
-        self.pending.append(table)
-        self.pending_rows += table.num_rows
-        if self.pending_rows >= ROWS_PER_ROW_GROUP:
-            self._flush(whole_groups_only=True)
-
-    def _flush(self, whole_groups_only: bool = False) -> None:
-        rows = self.pending_rows - self.pending_rows % ROWS_PER_ROW_GROUP if whole_groups_only else self.pending_rows
-        if not rows:
-            return
-        if self.writer is None:
-            # dictionary encoding for the ticker only: the float columns' dictionaries cost time and gain nothing
-            self.writer = pq.ParquetWriter(self.folder / f"part-{self.part:05d}.parquet", self.schema,
-                                           use_dictionary=["ticker"])
-        pending = pa.concat_tables(self.pending)
-        self.writer.write_table(pending.slice(0, rows).combine_chunks(), row_group_size=ROWS_PER_ROW_GROUP)
-        self.rows_in_part += rows
-        self.pending_rows -= rows
-        self.pending = [pending.slice(rows)] if self.pending_rows else []
-
-    def close(self) -> None:
-        self._flush()
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-
-
-def _schema(names: list[str], regression: bool = False) -> pa.Schema:
-    return pa.schema([("date", pa.timestamp("ns")), ("ticker", pa.string()),
-                      *[(n, pa.float32()) for n in names],
-                      ("label", pa.float32() if regression else pa.int64()), ("fwd_ret", pa.float32()),
-                      ("label_end", pa.timestamp("ns"))])
-
-
-def _write_shards(staging: Path, tmp: Path, names: list[str], plan: SplitPlan, normalizer: Normalizer,
-                  spec: LabelSpec) -> dict:
-    schema = _schema(names, spec.regression)
-    n_classes = len(spec.classes)
-    writers = {s: _RollingWriter(split_dir(tmp, s), schema) for s in SPLITS}
-    rows = {s: 0 for s in SPLITS}
-    classes = {s: [0] * n_classes for s in SPLITS}
-    for path in staged_files(staging):
-        table = read_staged(path)
-        dates, ends = table.column("date").to_numpy(), table.column("label_end").to_numpy()
-        split = plan.assign(dates, ends)
-        normed = [normalizer.apply_column(column, j) for j, column in enumerate(_columns(table, names))]
-        tickers = table.column("ticker").to_numpy()
-        label_all = table.column("label").to_numpy().astype(np.float32 if spec.regression else np.int64)
-        fwd_all = table.column("fwd_ret").to_numpy().astype(np.float32)
-        for idx, name in enumerate(SPLITS):
-            mask = split == idx
-            if not mask.any():
-                continue
-            cols = {"date": dates[mask], "ticker": tickers[mask]}
-            cols.update({n: normed[j][mask] for j, n in enumerate(names)})
-            labels = label_all[mask]
-            cols.update({"label": labels, "fwd_ret": fwd_all[mask], "label_end": ends[mask]})
-            whole = pa.Table.from_pydict(cols, schema=schema)
-            for lo, hi in _ticker_runs(cols["ticker"]):  # the writer takes a ticker at a time
-                writers[name].write(whole.slice(lo, hi - lo))
-            rows[name] += int(mask.sum())
-            if not spec.regression:
-                for c, k in zip(*np.unique(labels, return_counts=True)):
-                    classes[name][int(c)] += int(k)
-    for w in writers.values():
-        w.close()
-    return {"rows": rows, "classes": classes}
-
-
-def _ticker_runs(tickers: np.ndarray) -> list[tuple[int, int]]:
-    """(start, end) of each ticker's rows in a staged group (rows ordered by ticker, then date)."""
-    if not len(tickers):
-        return []
-    starts = np.flatnonzero(np.concatenate(([True], tickers[1:] != tickers[:-1])))
-    return list(zip(starts.tolist(), np.append(starts[1:], len(tickers)).tolist()))
+    return _ray_up() and _files_readable_by_tasks()
 
 
 def _check_classes(counts: dict, classes: list[str]) -> None:
