@@ -62,6 +62,20 @@ def test_ray_tasks_build_the_shards_a_one_process_build_does(ray_session, tmp_pa
         [pd.read_parquet(p) for p in sorted((tmp_path / "false" / BARS_DIR).glob("*.parquet"))]))
 
 
+def test_the_robust_normalization_is_fitted_the_same_by_ray_tasks_and_in_this_process(ray_session, tmp_path):
+    """``robust`` (a reservoir of train rows in row order, in the driver) beside zscore's per-ticker moments
+    (tasks): a build as Ray tasks and one in this process give the same statistics and rows."""
+    built = {}
+    for where in ("false", "true"):
+        cfg = load_config(None, [SMALL_GROUPS, "features.normalization=robust", f"features.distributed={where}"])
+        built[where] = build_shards(cfg, tmp_path / where).manifest
+    assert built["true"].build["write"] == "tasks" and built["false"].build["write"] == "driver"
+    assert built["true"].normalization == built["false"].normalization
+    assert built["true"].normalization["method"] == "robust" and len(built["true"].normalization["center"]) == 16
+    for split, frame in _frames(tmp_path / "false").items():
+        pd.testing.assert_frame_equal(_frames(tmp_path / "true")[split], frame, check_exact=True)
+
+
 def test_a_small_build_stays_in_the_driver_without_starting_ray(tmp_path):
     """auto, the whole input in one group and no Ray up: computed in the process, Ray never imported."""
     out = str(tmp_path / "out")

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from alchemetric_ray.data.normalize import RESERVOIR, NormalizerFit
+from alchemetric_ray.data.normalize import RESERVOIR, NormalizerFit, run_moments, zscore_from_moments
 from alchemetric_ray.data.splits import (
     SplitSpec,
     boundaries,
@@ -92,6 +92,30 @@ def test_zscore_streaming_equals_numpy():
     np.testing.assert_allclose(norm.scale, x.std(axis=0, ddof=1), rtol=1e-9)
     out = norm.apply(x)
     assert out.dtype == np.float32 and abs(out.mean()) < 1e-3
+
+
+def test_zscore_from_per_ticker_moments_equals_numpy_however_the_tickers_are_grouped():
+    """A build's zscore: each ticker's moments where its rows are (a group's task), merged in ticker order:
+    numpy's mean and std, and the same bits whichever groups the tickers came in."""
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(1, 400, size=60)
+    x = rng.normal(500.0, 2.0, size=(int(lengths.sum()), 3)) * rng.uniform(0.5, 2.0, size=3)
+    bounds = np.concatenate(([0], np.cumsum(lengths)))
+
+    def fitted(cuts: list[int]) -> list[float]:  # groups of tickers, cut before the tickers in ``cuts``
+        parts = []
+        for lo, hi in zip([0, *cuts], [*cuts, len(lengths)]):
+            rows = x[bounds[lo]:bounds[hi]]
+            parts.append(run_moments([rows[:, j] for j in range(3)], bounds[lo:hi] - bounds[lo]))
+        norm = zscore_from_moments(["a", "b", "c"], parts)
+        return norm.center + norm.scale
+
+    one = fitted([])
+    np.testing.assert_allclose(one[:3], x.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(one[3:], x.std(axis=0, ddof=1), rtol=1e-9)
+    assert fitted([7, 30, 31]) == one and fitted(list(range(1, 60))) == one  # to the last bit
+    with pytest.raises(ValueError, match="no train rows"):
+        zscore_from_moments(["a"], [run_moments([np.empty(0)], np.zeros(0, dtype=np.int64))])
 
 
 def test_robust_uses_bounded_reservoir():

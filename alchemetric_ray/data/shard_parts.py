@@ -1,6 +1,9 @@
-"""Pass 3 of the build: the staged groups normalized and written as the shards' part files.
+"""Passes 2 and 3 of the build, a staged group at a time: the train rows' moments for the
+normalization, then the groups normalized and written as the shards' part files.
 
-Each staged group (``staging/part-NNNNN.arrow``, whole tickers in ticker order) is written on its own:
+Pass 2 (``zscore``): each group's train rows give each ticker's count, mean and sum of squared deviations
+(:func:`group_moments`), merged in ticker order by the caller (``normalize.zscore_from_moments``).
+Pass 3: each staged group (``staging/part-NNNNN.arrow``, whole tickers in ticker order) is written on its own:
 its rows split by the plan, normalized, and cut into parts of up to ``rows_per_file`` rows that never
 cut a ticker (:class:`RollingWriter`).  The groups are independent, so with the build's Ray tasks on
 the driver's node (a local Ray: the tasks see the staging folder) each group is a Ray task and the
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +25,7 @@ import pyarrow.parquet as pq
 
 from alchemetric_ray.data.cross_section import read_staged
 from alchemetric_ray.data.labels import LabelSpec
-from alchemetric_ray.data.normalize import Normalizer
+from alchemetric_ray.data.normalize import Moments, Normalizer, run_moments
 from alchemetric_ray.data.splits import SPLITS, SplitPlan
 
 
@@ -110,7 +113,7 @@ def write_parts(staged: list[Path], job: PartJob, *, in_tasks: bool) -> dict:
     """Every staged group written to ``job.out/split=*/part-NNNNN.parquet`` (as Ray tasks where
     ``in_tasks``); the rows and class counts per split."""
     out, spec = job.out, job.spec
-    done = _in_tasks(staged, job) if in_tasks else [write_group(path, index, job) for index, path in enumerate(staged)]
+    done = run_groups(write_group, staged, job, in_tasks=in_tasks, what="a shard-writing task of the feature build")
     rows = {s: 0 for s in SPLITS}
     classes = {s: [0] * len(spec.classes) for s in SPLITS}
     for group in done:
@@ -159,9 +162,29 @@ def write_group(path: Path, index: int, job: PartJob) -> dict:
     return {"rows": rows, "classes": classes, "files": {s: w.names for s, w in writers.items()}}
 
 
-def _in_tasks(staged: list[Path], job: PartJob) -> list[dict]:
-    """:func:`write_group` of every group as a Ray task on the driver's node (whose disk holds the
-    staging and the output), each taking a CPU; the results in group order."""
+@dataclass(frozen=True)
+class TrainRows:
+    """Which rows of a staged group are train rows, and their features."""
+
+    names: list[str]
+    plan: SplitPlan
+
+
+def group_moments(path: Path, index: int, job: TrainRows) -> Moments:
+    """The moments of each ticker's train rows in one staged group (tickers in the group's order)."""
+    table = read_staged(path, columns=["date", "label_end", "ticker", *job.names])
+    train = job.plan.assign(table.column("date").to_numpy(), table.column("label_end").to_numpy()) == 0
+    columns = [c[train] for c in feature_columns(table, job.names)]
+    starts = np.array([lo for lo, _ in ticker_runs(table.column("ticker").to_numpy()[train])], dtype=np.int64)
+    return run_moments(columns, starts)
+
+
+def run_groups(fn: Callable[[Path, int, Any], Any], staged: list[Path], job: Any, *, in_tasks: bool,
+               what: str) -> list:
+    """``fn(path, index, job)`` of every staged group, in group order: in this process, or (``in_tasks``) as
+    a Ray task each on the driver's node (whose disk holds the staging and the output), each taking a CPU."""
+    if not in_tasks:
+        return [fn(path, index, job) for index, path in enumerate(staged)]
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -169,11 +192,11 @@ def _in_tasks(staged: list[Path], job: PartJob) -> list[dict]:
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     options: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": here, "max_retries": 0}
-    task = ray.remote(**options)(write_group)
+    task = ray.remote(**options)(fn)
     shared = ray.put(job)
     refs = [task.remote(path, index, shared) for index, path in enumerate(staged)]
     try:
-        return _get_all(refs, "a shard-writing task of the feature build")
+        return _get_all(refs, what)
     except BaseException:
         _cancel(refs)
         raise

@@ -42,8 +42,16 @@ from alchemetric_ray.data import features as feat
 from alchemetric_ray.data.cross_section import read_staged
 from alchemetric_ray.data.labels import LabelSpec
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
-from alchemetric_ray.data.normalize import Normalizer, NormalizerFit
-from alchemetric_ray.data.shard_parts import PartJob, PartSizes, feature_columns, write_parts
+from alchemetric_ray.data.normalize import Normalizer, NormalizerFit, zscore_from_moments
+from alchemetric_ray.data.shard_parts import (
+    PartJob,
+    PartSizes,
+    TrainRows,
+    feature_columns,
+    group_moments,
+    run_groups,
+    write_parts,
+)
 from alchemetric_ray.data.splits import SPLITS, SplitPlan, SplitSpec, plan_splits
 from alchemetric_ray.data.staging import StagedFeatures, stage_features, staged_files
 from alchemetric_ray.errors import ShardError
@@ -53,9 +61,10 @@ from alchemetric_ray.storage import Location, locate, preflight
 
 ROWS_PER_FILE = 250_000
 ROWS_PER_ROW_GROUP = 65_536
-# the normalization is fitted on blocks of this many train rows in row order, so that its sums (and so its
-# statistics, to the last bit) do not depend on how the build grouped the tickers (staging's groups by rows
-# in the driver, by file size where Ray tasks read the files)
+# the robust normalization's reservoir takes blocks of this many train rows in row order, so that its sample
+# (and so its statistics, to the last bit) does not depend on how the build grouped the tickers (staging's
+# groups by rows in the driver, by file size where Ray tasks read the files); zscore's per-ticker moments
+# do not either
 FIT_ROWS = 65_536
 
 
@@ -107,10 +116,14 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
         fc = cfg.features
         plan = plan_splits(stats["calendar"], SplitSpec(fc.train_frac, fc.val_frac, embargo, fc.train_end, fc.val_end,
                                                         fc.train_start))
-        normalizer = _fit_normalizer(staging, names, plan, cfg)
-        job = PartJob(tmp, names, plan, normalizer, spec, PartSizes(ROWS_PER_FILE, ROWS_PER_ROW_GROUP))
+        clock = time.monotonic()
         in_tasks = _tasks_write(features)
+        normalizer = _fit_normalizer(staging, names, plan, cfg, in_tasks)
+        fitted = time.monotonic()
+        job = PartJob(tmp, names, plan, normalizer, spec, PartSizes(ROWS_PER_FILE, ROWS_PER_ROW_GROUP))
         counts = write_parts(staged_files(staging), job, in_tasks=in_tasks)
+        seconds = {**features.build.get("seconds", {}), "normalization": round(fitted - clock, 3),
+                   "write": round(time.monotonic() - fitted, 3)}
         if staged is None:
             shutil.rmtree(staging)
         if not spec.regression:
@@ -136,7 +149,7 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
             columns={"date": "date", "ticker": "ticker", "label": "label", "fwd_ret": "fwd_ret"},
             files=files,
             cross_section=features.cross_section,
-            build={**features.build, "write": "tasks" if in_tasks else "driver"},
+            build={**features.build, "write": "tasks" if in_tasks else "driver", "seconds": seconds},
         )
         manifest.write(tmp)
     return ShardSummary(out, manifest, time.monotonic() - start)
@@ -164,21 +177,27 @@ def feature_table(ticker: str, frame: pd.DataFrame, names: list[str], spec: Labe
     return one_ticker(ticker, frame, names, spec)
 
 
-def _fit_normalizer(staging: Path, names: list[str], plan: SplitPlan, cfg: RunConfig) -> Normalizer:
-    fit = NormalizerFit(cfg.features.normalization, names, seed=cfg.data.seed)
-    rest = np.empty((0, len(names)))
-    for path in staged_files(staging):
-        table = read_staged(path, columns=["date", "label_end", *names])
-        split = plan.assign(table.column("date").to_numpy(), table.column("label_end").to_numpy())
-        train = split == 0
-        rows = np.concatenate([rest, np.column_stack([c[train] for c in feature_columns(table, names)]) if names
-                               else np.empty((int(train.sum()), 0))])
-        whole = len(rows) - len(rows) % FIT_ROWS
-        for lo in range(0, whole, FIT_ROWS):  # blocks of the train rows as they come, whatever the groups
-            fit.add(rows[lo:lo + FIT_ROWS])
-        rest = rows[whole:]
-    fit.add(rest)
+def _fit_normalizer(staging: Path, names: list[str], plan: SplitPlan, cfg: RunConfig, in_tasks: bool) -> Normalizer:
+    """Pass 2: the normalization, fitted on the train rows.  ``zscore``: each ticker's moments, a group at a
+    time (as Ray tasks where ``in_tasks``), merged in ticker order; ``robust``: a reservoir of the train
+    rows read in row order, in the driver."""
     try:
+        if cfg.features.normalization == "zscore":
+            moments = run_groups(group_moments, staged_files(staging), TrainRows(names, plan), in_tasks=in_tasks,
+                                 what="a normalization task of the feature build")
+            return zscore_from_moments(names, moments)
+        fit = NormalizerFit(cfg.features.normalization, names, seed=cfg.data.seed)
+        rest = np.empty((0, len(names)))
+        for path in staged_files(staging):
+            table = read_staged(path, columns=["date", "label_end", *names])
+            train = plan.assign(table.column("date").to_numpy(), table.column("label_end").to_numpy()) == 0
+            rows = np.concatenate([rest, np.column_stack([c[train] for c in feature_columns(table, names)]) if names
+                                   else np.empty((int(train.sum()), 0))])
+            whole = len(rows) - len(rows) % FIT_ROWS
+            for lo in range(0, whole, FIT_ROWS):  # blocks of the train rows as they come, whatever the groups
+                fit.add(rows[lo:lo + FIT_ROWS])
+            rest = rows[whole:]
+        fit.add(rest)
         return fit.finish()
     except ValueError:
         raise ShardError(f"the train split ({plan.train_start}..{plan.train_end}) has no rows") from None

@@ -20,16 +20,17 @@ ordered by ticker, then date).  Where the build runs:
 
 Who reads the files: for a folder of per-ticker files on a Ray of one node (this one), each task reads and
 validates its own group of files (groups by file size; ``bars.ingest.ingest_files``, with an ingest report
-of its own, merged in file order into the build's: ``bars.report.merge_reports``) and returns its features,
-the validated bars (one Arrow table, kept by the driver in ``bars/``) and its report: the driver only lists
-the files.  Ingest's errors are the same one line as in the driver (a bad file's ``DataError``; "no ticker
-has at least N rows" on the merged report).  Otherwise (one long table, the synthetic or built-in data, a
-cluster of several nodes whose other nodes do not see the driver's files) the driver reads the bars and
-forms the groups, and sends each group's bars to its task as one Arrow table (:func:`_group_payload`;
-frames of other columns as they are).
+of its own, merged in file order into the build's: ``bars.report.merge_reports``), writes its staged rows
+and its validated bars (``bars/``) where the driver would (the same disk), and returns its record, its rows'
+dates and its report: the driver only lists the files and collects the records. Ingest's errors are the same
+one line as in the driver (a bad file's ``DataError``; "no ticker has at least N rows" on the merged
+report). Otherwise (one long table, the synthetic or built-in data, a cluster of several nodes whose other
+nodes do not see the driver's files) the driver reads the bars and forms the groups, and sends each group's
+bars to its task as one Arrow table (:func:`_group_payload`; frames of other columns as they are).
 
 Memory in the driver: the file list and up to :data:`IN_FLIGHT_PER_CPU` results per CPU (a 200k-row group's
-features ~33 MB and bars ~9 MB); a task holds one group (~100 MB at 200k rows).
+features ~33 MB and bars ~9 MB; none where the tasks read the files and write their own); a task holds one
+group (~100 MB at 200k rows).
 
 The per-date pass (``data/cross_section.py``) then takes each column in turn; with Ray, the rows of
 each contiguous bucket of dates go to a task of their own and the results are put back in row order.
@@ -100,6 +101,8 @@ BYTES_PER_ROW = 60
 # break-even ~13.5 s / 0.8 us = ~17M bars.  More cores move it lower (not measured here).
 LOCAL_RAY_GROUPS = 80
 IN_FLIGHT_PER_CPU = 2  # tasks in flight per cluster CPU: the CPUs stay busy while results come back
+# (group index, its result, its tickers read, its rows' days where its task staged them itself, else None)
+_Computed = Iterator[tuple[int, GroupResult, int, 'np.ndarray | None']]
 _SAFE_TICKER = re.compile(r"[A-Za-z0-9._^=-]+")
 
 
@@ -182,7 +185,7 @@ def stage_features(cfg: RunConfig, folder: Path, *, bars: Iterable[tuple[str, pd
         if files is not None and runner.ray and _files_readable_by_tasks():
             parts: dict[int, Any] = {}
             runner.ingest = "tasks"
-            computed = _computed_files(files, runner, keep_bars, parts)
+            computed = _computed_files(files, runner, keep_bars, parts, folder)
             stats = _pass_features(computed, folder, bar, runner, total=len(files))
             if report is not None:  # the source's report, filled in as reading the files in the driver fills it
                 report.__dict__.update(merge_reports([parts[i] for i in sorted(parts)],
@@ -445,7 +448,7 @@ def _group_task(payload, names, spec, need) -> tuple[GroupResult, str]:
 
 
 def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
-              keep_bars: Path | None) -> Iterator[tuple[int, GroupResult, int]]:
+              keep_bars: Path | None) -> _Computed:
     """(group index, its result, its tickers) for every group, in any order: in the driver, or as Ray tasks with a
     bounded number in flight."""
     names, spec, need = runner.names, runner.spec, runner.need
@@ -464,7 +467,7 @@ def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
         for index, frames in enumerate(every()):
             _keep(keep_bars, index, frames)
             runner.groups += 1
-            yield index, compute_checked(frames, names, spec, need), len(frames)
+            yield index, compute_checked(frames, names, spec, need), len(frames), None
         return
     import ray
 
@@ -528,26 +531,51 @@ def _file_groups(files: list[tuple[str, Path, int]], group_bytes: float) -> list
     return groups
 
 
+@dataclass(frozen=True)
+class _FilesGroup:
+    """Where a folder's group task writes: its staged rows, and its bars (``keep``: None, not kept)."""
+
+    index: int
+    staging: Path
+    keep: Path | None
+
+
 def _files_task(files: list[tuple[str, Path]], on_duplicate: str, names: list[str], spec: LabelSpec, need: int,
-                keep: bool) -> tuple[GroupResult, pa.Table | None, Any, str]:
-    """One group of files: read and validated (ingest, with a report of its own), its features computed; the
-    result, the validated bars as one table (for the bars store) and the ingest report."""
+                group: _FilesGroup) -> tuple[GroupResult, np.ndarray, Any, str]:
+    """One group of files: read and validated (ingest, with a report of its own), its features computed and
+    written where the driver would write them (the task runs on the driver's node): its labelled rows to
+    ``staging/part-NNNNN.arrow``, its validated bars to the bars store.  The result without its rows, the
+    rows' dates (days, unique) and the ingest report."""
     import ray
 
     from alchemetric_ray.bars.ingest import ingest_files
 
     frames, report = ingest_files(files, min_history=need, on_duplicate=on_duplicate)  # ingest's min_history
     result = compute_checked(frames, names, spec, need) if frames else GroupResult(pa.table({}), [])
-    kept = _bars_checked(frames) if keep and frames else None
-    return result, kept, report, ray.get_runtime_context().get_node_id()
+    if group.keep is not None and frames:
+        _keep(group.keep, group.index, frames)
+    days = _stage(result, group.staging, group.index)
+    return result, days, report, ray.get_runtime_context().get_node_id()
+
+
+def _stage(result: GroupResult, staging: Path, index: int) -> np.ndarray:
+    """A group's labelled rows written to ``staging/part-NNNNN.arrow`` (none: no file) and taken out of
+    ``result``; their dates (days, unique)."""
+    if not result.table.num_rows:
+        return np.array([], dtype="datetime64[D]")
+    write_staged(result.table, staging / f"part-{index:05d}{STAGED_SUFFIX}")
+    days = np.unique(result.table.column("date").to_numpy().astype("datetime64[D]"))
+    result.table = pa.table({})  # written: only the group's record is kept
+    return days
 
 
 def _computed_files(files: list[tuple[str, Path, int]], runner: _Runner, keep_bars: Path | None,
-                    reports: dict[int, Any]) -> Iterator[tuple[int, GroupResult, int]]:
+                    reports: dict[int, Any], staging: Path) -> _Computed:
     """:func:`_computed` for a folder of per-ticker files, ingest included: each Ray task reads and validates
-    its group's files (groups by file size, ~ bars), computes its features and returns them with the bars and
-    its part of the ingest report (into ``reports`` by group); the driver writes the bars.  Where no task kept
-    a ticker, ingest's own error."""
+    its group's files (groups by file size, ~ bars), computes its features, writes them to ``staging`` and
+    its bars to ``keep_bars`` (the tasks run on the driver's node), and returns its record, its rows' days
+    and its part of the ingest report (into ``reports`` by group).  Where no task kept a ticker, ingest's own
+    error."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -563,21 +591,18 @@ def _computed_files(files: list[tuple[str, Path, int]], runner: _Runner, keep_ba
     try:
         for index, group in enumerate(groups):
             ref = task.remote(group, cfg.data.on_duplicate, runner.names, runner.spec, runner.need,
-                              keep_bars is not None)
+                              _FilesGroup(index, staging, keep_bars))
             pending[ref] = (index, f"{group[0][0]}..{group[-1][0]}", len(group))
             runner.groups += 1
             runner.tasks += 1
             while len(pending) >= IN_FLIGHT_PER_CPU * runner.cpus() or (index == len(groups) - 1 and pending):
                 done, _ = ray.wait(list(pending), num_returns=1)
                 index_done, tickers, count = pending.pop(done[0])
-                result, bars, report, node = _get_all(done, f"the feature task of tickers {tickers}")[0]
+                result, days, report, node = _get_all(done, f"the feature task of tickers {tickers}")[0]
                 runner.nodes.add(node)
                 reports[index_done] = report
                 kept += report.tickers
-                if bars is not None and keep_bars is not None:
-                    write_table_part(keep_bars, index_done, bars)
-                del bars
-                yield index_done, result, count
+                yield index_done, result, count, days
     except BaseException:
         _cancel(pending)
         raise
@@ -589,7 +614,7 @@ def _computed_files(files: list[tuple[str, Path, int]], runner: _Runner, keep_ba
         raise no_ticker_error(Path(str(cfg.data.path)), runner.need, merged)
 
 
-def _finished(pending: dict, runner: _Runner, wait_for: int) -> Iterator[tuple[int, GroupResult, int]]:
+def _finished(pending: dict, runner: _Runner, wait_for: int) -> _Computed:
     import ray
 
     done, _ = ray.wait(list(pending), num_returns=wait_for)
@@ -597,23 +622,22 @@ def _finished(pending: dict, runner: _Runner, wait_for: int) -> Iterator[tuple[i
         index, tickers, count = pending.pop(ref)
         result, node = _get_all([ref], f"the feature task of tickers {tickers}")[0]
         runner.nodes.add(node)
-        yield index, result, count
+        yield index, result, count, None
 
 
-def _pass_features(computed: Iterator[tuple[int, GroupResult, int]], staging: Path, progress: Callable,
+def _pass_features(computed: _Computed, staging: Path, progress: Callable,
                    runner: _Runner, total: int | None = None) -> dict:
-    """Every group's labelled rows (``computed``: (group index, result, tickers read)) to
-    ``staging/part-NNNNN.arrow``; the calendar, the input hash and what was kept, skipped and dropped."""
+    """Every group's labelled rows (``computed``: (group index, result, tickers read, and the rows' days
+    where a task wrote them itself, else None)) to ``staging/part-NNNNN.arrow``; the calendar, the input
+    hash and what was kept, skipped and dropped."""
     clock = time.monotonic()
     calendar = np.array([], dtype="datetime64[D]")
     by_group: dict[int, GroupResult] = {}
     done = rows = 0
-    for index, result, count in computed:
-        if result.table.num_rows:
-            write_staged(result.table, staging / f"part-{index:05d}{STAGED_SUFFIX}")
-            dates = result.table.column("date").to_numpy().astype("datetime64[D]")
-            calendar = np.union1d(calendar, np.unique(dates))
-        result.table = pa.table({})  # written: only the group's record is kept
+    for index, result, count, days in computed:
+        if days is None:  # the rows came back: written here
+            days = _stage(result, staging, index)
+        calendar = np.union1d(calendar, days)
         by_group[index] = result
         done += count
         rows += result.rows_in
