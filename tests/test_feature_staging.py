@@ -3,6 +3,7 @@ tasks (the session's Ray), the per-date pass by buckets of dates; the same shard
 ticker that fails in a task named in one line; a stop signal during a Ray build."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -270,6 +271,40 @@ def test_a_folder_ingested_in_ray_tasks_builds_what_the_driver_builds(ray_sessio
     kept = {where: pd.concat([pd.read_parquet(p) for p in sorted((tmp_path / where / BARS_DIR).glob("*.parquet"))],
                              ignore_index=True) for where in ("true", "false")}
     pd.testing.assert_frame_equal(kept["true"], kept["false"], check_exact=True)
+
+
+def test_cancelled_tasks_have_ended_when_the_cancel_returns(ray_session, tmp_path):
+    """The build's tasks write into its temporary folder: when one fails (or a Ctrl-C lands), the others are
+    cancelled and must have ended before the error removes that folder, or one could write there again (a
+    CI run once found a build's folder remade by a task that was still writing).  Here a task that keeps
+    writing into a folder: once ``_cancel`` returns it is done, and the folder removed stays removed."""
+    import ray
+
+    from alchemetric_ray.data.staging import _cancel
+
+    folder = tmp_path / "out"
+
+    @ray.remote(num_cpus=1, max_retries=0)
+    def keeps_writing(where: str) -> None:
+        import os
+
+        for k in range(6000):
+            os.makedirs(where, exist_ok=True)
+            with open(os.path.join(where, "x"), "w") as f:
+                f.write(str(k))
+            time.sleep(0.01)
+
+    ref = keeps_writing.remote(str(folder))
+    deadline = time.monotonic() + 60
+    while not (folder / "x").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    _cancel([ref])
+    ready, _ = ray.wait([ref], timeout=0)
+    assert ready == [ref]  # ended, not only asked to
+    shutil.rmtree(folder)
+    time.sleep(1.0)
+    assert not folder.exists()
 
 
 @pytest.mark.parametrize("broken", ["a bad date", "no ticker long enough"])

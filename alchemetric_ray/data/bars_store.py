@@ -41,7 +41,7 @@ def write_part(folder: Path, index: int, frames: list[tuple[str, pd.DataFrame]])
 def write_table_part(folder: Path, index: int, table: pa.Table) -> str:
     """:func:`write_part` for a group's bars already in one table (:func:`bars_table`'s: a Ray task's)."""
     target = folder / BARS_DIR
-    target.mkdir(parents=True, exist_ok=True)
+    target.mkdir(exist_ok=True)  # never ``folder`` itself: a build's task must not remake a removed folder
     name = f"part-{index:05d}.parquet"
     # dictionary encoding for the ticker only: the prices' dictionaries cost time and gain nothing
     pq.write_table(table, target / name, use_dictionary=["ticker"])

@@ -49,7 +49,7 @@ class RollingWriter:
 
     def __init__(self, folder: Path, schema: pa.Schema, sizes: PartSizes, stem: str = "part-"):
         self.folder, self.schema, self.sizes, self.stem = folder, schema, sizes, stem
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(exist_ok=True)  # the split's folder, never its parent (see staging._cancel)
         self.part, self.rows_in_part, self.writer = 0, 0, None
         self.pending: list[pa.Table] = []
         self.pending_rows = 0

@@ -60,7 +60,7 @@ import pyarrow as pa
 from alchemetric_ray.bars.report import merge_reports
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data import features as feat
-from alchemetric_ray.data.bars_store import bars_table, write_table_part
+from alchemetric_ray.data.bars_store import BARS_DIR, bars_table, write_table_part
 from alchemetric_ray.data.cross_section import (
     STAGED_SUFFIX,
     apply_cross_section,
@@ -100,6 +100,7 @@ BYTES_PER_ROW = 60
 # runtime env, ~1.5 s, and first imports, ~1.5 s, on 2 loaded cores) plus 6-8 s for the start itself:
 # break-even ~13.5 s / 0.8 us = ~17M bars.  More cores move it lower (not measured here).
 LOCAL_RAY_GROUPS = 80
+CANCEL_WAIT_S = 30  # at most this long for cancelled tasks to end (a killed worker's task ends at once)
 IN_FLIGHT_PER_CPU = 2  # tasks in flight per cluster CPU: the CPUs stay busy while results come back
 # (group index, its result, its tickers read, its rows' days where its task staged them itself, else None)
 _Computed = Iterator[tuple[int, GroupResult, int, 'np.ndarray | None']]
@@ -317,13 +318,21 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _cancel(refs: Iterable) -> None:
+    """Every task of ``refs`` stopped (its worker killed where it runs), and ended before this returns (up to
+    :data:`CANCEL_WAIT_S`): a task that writes into the build's temporary folder must be gone before the
+    caller's error removes that folder, or it could write there again."""
     import ray
 
+    refs = list(refs)
     for ref in refs:
         try:
             ray.cancel(ref, force=True)
         except Exception:
             pass
+    try:
+        ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
+    except Exception:
+        pass
 
 
 # ---- pass 1: per ticker, by groups ------------------------------------------------------------------
@@ -583,6 +592,8 @@ def _computed_files(files: list[tuple[str, Path, int]], runner: _Runner, keep_ba
 
     cfg = runner.cfg
     groups = _file_groups(files, runner.group_rows * BYTES_PER_ROW)  # ~ features.group_rows bars a group
+    if keep_bars is not None:  # the tasks write into folders that exist: none makes one (under a removed one)
+        (keep_bars / BARS_DIR).mkdir(exist_ok=True)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)  # the files' node
     options: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": here}
     task = ray.remote(**options)(_files_task)
