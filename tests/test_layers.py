@@ -104,16 +104,30 @@ def import_graph(package: Path = PACKAGE) -> dict[str, dict[str, int]]:
 
 
 def cycles(graph: dict[str, dict[str, int]] | dict[str, set[str]]) -> list[list[str]]:
-    """Every elementary cycle, each once, as [a, b, ..., a] starting at its smallest name."""
+    """Every elementary cycle, each once, as [a, b, ..., a] starting at its smallest name.
+
+    From each start, the paths only go through the nodes (named after it) from which the start can be
+    reached again through such nodes: every node of a cycle can, and in an acyclic graph none can, so the
+    search costs nothing there (enumerating every path from every start took 25 s on this package)."""
+    preds: dict[str, set[str]] = {}
+    for node, targets in graph.items():
+        for target in targets:
+            preds.setdefault(target, set()).add(node)
     found = []
     for start in sorted(graph):
+        back, todo = {start}, [start]
+        while todo:
+            for before in preds.get(todo.pop(), ()):
+                if before > start and before not in back:
+                    back.add(before)
+                    todo.append(before)
         stack = [(start, [start])]
         while stack:
             node, path = stack.pop()
             for nxt in sorted(graph.get(node, ())):
                 if nxt == start:
                     found.append([*path, start])
-                elif nxt > start and nxt not in path:  # each cycle from its smallest member only
+                elif nxt > start and nxt in back and nxt not in path:  # each cycle from its smallest member only
                     stack.append((nxt, [*path, nxt]))
     return sorted(found)
 
@@ -174,6 +188,34 @@ def _fake_package(tmp_path: Path, files: dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return root
+
+
+def test_the_pruned_cycle_search_finds_every_cycle_the_full_one_does():
+    """``cycles`` skips the nodes that cannot lead back to the start; on random graphs with many cycles it
+    gives what following every path from every start gives."""
+    import random
+
+    def every_path(graph: dict[str, set[str]]) -> list[list[str]]:
+        found = []
+        for start in sorted(graph):
+            stack = [(start, [start])]
+            while stack:
+                node, path = stack.pop()
+                for nxt in sorted(graph.get(node, ())):
+                    if nxt == start:
+                        found.append([*path, start])
+                    elif nxt > start and nxt not in path:
+                        stack.append((nxt, [*path, nxt]))
+        return sorted(found)
+
+    rng = random.Random(5)
+    seen = 0
+    for _ in range(200):
+        names = [f"m{k}" for k in range(rng.randint(2, 9))]
+        graph = {a: {b for b in names if b != a and rng.random() < 0.3} for a in names}
+        assert cycles(graph) == every_path(graph), graph
+        seen += len(every_path(graph))
+    assert seen > 200  # the graphs had cycles to find
 
 
 def test_the_checker_sees_imports_inside_functions(tmp_path):
