@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -92,8 +93,12 @@ def test_every_command_refuses_a_folder_or_file_it_did_not_make_before_any_work(
         cases.append((command, ["--data", str(shards), f"storage.models_dir={tmp_path}", "storage.name=mine",
                                 f"storage.path={tmp_path / 'results'}", "tune.space={train.lr: [0.01]}"],
                       f"model folder (storage.models_dir/storage.name) {user} exists and it was not made"))
-    for command, args, expected in cases:
-        line = _one_error(_cli(tmp_path, command, *args), command)
+    # the refusals side by side (each a process of its own that refuses before any work: none touches the others'
+    # paths), then each one's line checked in turn
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        done = list(pool.map(lambda case: _cli(tmp_path, case[0], *case[1]), cases))
+    for (command, _, expected), proc in zip(cases, done):
+        line = _one_error(proc, command)
         assert expected in line and ("choose a new" in line or "e.g." in line), line
     assert _files(user) == before_user and _files(model) == before_model
     assert table.is_file() and text.read_text() == "not parquet at all\n"
