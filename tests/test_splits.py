@@ -81,13 +81,12 @@ def test_walk_forward_folds_expand_and_never_overlap():
         walk_forward_folds(CAL[:50], 10, embargo=5)
 
 
-def test_zscore_streaming_equals_numpy():
+def test_zscore_from_chunks_equals_numpy():
     rng = np.random.default_rng(0)
     x = rng.normal(1000.0, 3.0, size=(10_000, 3))
-    fit = NormalizerFit("zscore", ["a", "b", "c"])
-    for chunk in np.array_split(x, 7):
-        fit.add(chunk)
-    norm = fit.finish()
+    chunks = np.array_split(x, 7)  # seven tickers' rows, each one run
+    norm = zscore_from_moments(["a", "b", "c"], [run_moments([c[:, j] for j in range(3)], np.array([0]))
+                                                  for c in chunks])
     np.testing.assert_allclose(norm.center, x.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(norm.scale, x.std(axis=0, ddof=1), rtol=1e-9)
     out = norm.apply(x)
@@ -133,7 +132,8 @@ def test_robust_uses_bounded_reservoir():
 
 
 def test_constant_feature_gets_unit_scale():
-    fit = NormalizerFit("zscore", ["a"])
+    assert zscore_from_moments(["a"], [run_moments([np.ones(10)], np.array([0]))]).scale == [1.0]
+    fit = NormalizerFit("robust", ["a"])
     fit.add(np.ones((10, 1)))
     assert fit.finish().scale == [1.0]
 

@@ -12,7 +12,6 @@ Normalized values are clipped to +-``CLIP`` so one broken bar cannot dominate a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import cast
 
 import numpy as np
 
@@ -102,32 +101,20 @@ def _normalizer(method: str, names: list[str], center: np.ndarray, scale: np.nda
 
 
 class NormalizerFit:
-    """Accumulate train rows chunk by chunk, then ``finish()`` into a :class:`Normalizer`."""
+    """The ``robust`` fit: train rows chunk by chunk into a seeded reservoir, then ``finish()`` into a
+    :class:`Normalizer` (``zscore`` comes from per-ticker moments: :func:`zscore_from_moments`)."""
 
     def __init__(self, method: str, names: list[str], seed: int = 0):
+        if method != "robust":
+            raise ValueError(f"NormalizerFit fits 'robust' only, not {method!r} (zscore: zscore_from_moments)")
         self.method, self.names = method, names
-        k = len(names)
-        self.n = 0
-        self.sum = np.zeros(k)
-        self.sumsq = np.zeros(k)
-        self.shift: np.ndarray | None = None  # first chunk's mean, for a stable variance
         self.rng = np.random.default_rng(seed)
-        self.sample = np.empty((0, k))
+        self.sample = np.empty((0, len(names)))
         self.seen = 0
 
     def add(self, x: np.ndarray) -> None:
-        if len(x) == 0:
-            return
-        x = np.asarray(x, dtype=np.float64)
-        if self.method == "zscore":
-            if self.shift is None:
-                self.shift = x.mean(axis=0)
-            xs = x - self.shift
-            self.n += len(x)
-            self.sum += xs.sum(axis=0)
-            self.sumsq += (xs * xs).sum(axis=0)
-        else:
-            self._reservoir(x)
+        if len(x):
+            self._reservoir(np.asarray(x, dtype=np.float64))
 
     def _reservoir(self, x: np.ndarray) -> None:
         room = RESERVOIR - len(self.sample)
@@ -145,17 +132,8 @@ class NormalizerFit:
             self.seen += len(x)
 
     def finish(self) -> Normalizer:
-        if self.method == "zscore":
-            if self.n == 0:
-                raise ValueError("no train rows to fit the normalization on")
-            mean = self.sum / self.n
-            var = np.maximum(self.sumsq / self.n - mean**2, 0.0) * self.n / max(self.n - 1, 1)
-            center = mean + cast(np.ndarray, self.shift)  # the first chunk's mean: n > 0
-            scale = np.sqrt(var)
-        else:
-            if len(self.sample) == 0:
-                raise ValueError("no train rows to fit the normalization on")
-            center = np.median(self.sample, axis=0)
-            q75, q25 = np.percentile(self.sample, [75, 25], axis=0)
-            scale = (q75 - q25) / 1.349
-        return _normalizer(self.method, self.names, center, scale)
+        if len(self.sample) == 0:
+            raise ValueError("no train rows to fit the normalization on")
+        center = np.median(self.sample, axis=0)
+        q75, q25 = np.percentile(self.sample, [75, 25], axis=0)
+        return _normalizer(self.method, self.names, center, (q75 - q25) / 1.349)

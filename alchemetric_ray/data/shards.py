@@ -117,7 +117,7 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
         plan = plan_splits(stats["calendar"], SplitSpec(fc.train_frac, fc.val_frac, embargo, fc.train_end, fc.val_end,
                                                         fc.train_start))
         clock = time.monotonic()
-        in_tasks = _tasks_write(features)
+        in_tasks = _passes_in_tasks(features)
         normalizer = _fit_normalizer(staging, names, plan, cfg, in_tasks)
         fitted = time.monotonic()
         job = PartJob(tmp, names, plan, normalizer, spec, PartSizes(ROWS_PER_FILE, ROWS_PER_ROW_GROUP))
@@ -203,8 +203,8 @@ def _fit_normalizer(staging: Path, names: list[str], plan: SplitPlan, cfg: RunCo
         raise ShardError(f"the train split ({plan.train_start}..{plan.train_end}) has no rows") from None
 
 
-def _tasks_write(features: StagedFeatures) -> bool:
-    """Whether pass 3 runs as Ray tasks: where pass 1 did, on a Ray of this one node (the tasks see the
+def _passes_in_tasks(features: StagedFeatures) -> bool:
+    """Whether passes 2 and 3 run as Ray tasks: where pass 1 did, on a Ray of this one node (the tasks see the
     staging folder and the output); the Ray is still up (the build's or the caller's)."""
     if features.build.get("mode") != "ray":
         return False
