@@ -24,8 +24,10 @@ import pytest
 import alchemetric_ray as ar
 from alchemetric_ray.bars.synthetic import SyntheticMarket, synthetic_bars
 from alchemetric_ray.data import bars_store
+from alchemetric_ray.data import tails as tails_store
 from alchemetric_ray.data.append import EMA_BARS, tail_bars
 from alchemetric_ray.data.manifest import Manifest
+from alchemetric_ray.data.panel import compute_group
 from alchemetric_ray.errors import DataError, ShardError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,7 +138,12 @@ def test_an_appended_month_equals_a_fresh_build_row_for_row(market, tmp_path, se
     assert json.loads((tmp_path / "appended" / "result.json").read_text())["result"]["rows"] == manifest.rows
     listed = {name for names in manifest.files.values() for name in names}
     on_disk = {str(p.relative_to(tmp_path / "appended")) for p in (tmp_path / "appended").rglob("*.parquet")}
-    assert listed == on_disk  # the test files it replaced are gone; the new bars are listed
+    assert listed == on_disk  # the test files and tails it replaced are gone; the new bars and tails are listed
+    # each ticker's new rows from its tail and EMAs' states; with a per-date pass, the tickers whose rows
+    # reach the dates LAGGING's new rows join are computed again from the bars store
+    assert entry["computed"] == ({"from_tails": 1, "from_bars": TICKERS - 1} if before.cross_section else
+                                 {"from_tails": TICKERS, "from_bars": 0})
+    assert_tails_follow(tmp_path / "appended", market["calendar"][-1])
 
     # the same bars again: nothing new, nothing written, one line, exit code 0 from the command line
     unchanged = digest(tmp_path / "appended")
@@ -162,6 +169,54 @@ def test_two_appends_in_a_row_equal_one_fresh_build(market, tmp_path):
     manifest = Manifest.read(tmp_path / "appended")
     assert [a["bars"]["file"] for a in manifest.appends] == ["bars/part-00001.parquet", "bars/part-00002.parquet"]
     assert manifest.files["bars"] == ["bars/part-00000.parquet", *[a["bars"]["file"] for a in manifest.appends]]
+    # the first append brought LAGGING up to the others: the second computes every ticker from its tail
+    assert [a["computed"] for a in manifest.appends] == [{"from_tails": 1, "from_bars": TICKERS - 1},
+                                                         {"from_tails": TICKERS, "from_bars": 0}]
+    assert manifest.files["tails"] == ["tails/part-00002.parquet"]
+    assert_tails_follow(tmp_path / "appended", calendar[-1])
+
+
+def assert_tails_follow(folder: Path, last_date) -> None:
+    """The folder's tails (data/tails.py) hold every ticker's last bars up to ``last_date``, its last row
+    and its EMAs' states after it, as a fresh build of the same bars keeps them."""
+    manifest = Manifest.read(folder)
+    tails = tails_store.read(folder, manifest.files)
+    assert tails is not None and sorted(tails.tickers) == tails.tickers == sorted(manifest.tickers)
+    assert set(tails.last_bar().values()) == {np.datetime64(last_date, "ns")}
+    reach = manifest.label["reach"]
+    fresh = compute_group([(t, bars) for t, bars in bars_of(folder).items()], list(manifest.features),
+                          manifest.label_spec, 1, tails=True).tails
+    want = tails_store.Tails.from_table(fresh)
+    assert want.tickers == tails.tickers and (want.lengths == tails.lengths).all()
+    assert (want.checkpoint == tails.checkpoint).all() and (want.last_row == tails.last_row).all()
+    ends = np.cumsum(tails.lengths) - 1
+    assert (tails.checkpoint == tails.cols["date"][ends - reach]).all()  # the last bar with a label
+    for column in ("date", "close", "volume"):
+        assert (want.cols[column] == tails.cols[column]).all(), column
+    for key, states in want.emas.items():
+        np.testing.assert_allclose(tails.emas[key], states, rtol=1e-9, atol=1e-12)
+
+
+def bars_of(folder: Path) -> dict[str, pd.DataFrame]:
+    """Every bar the folder keeps (``bars/``), by ticker."""
+    manifest = Manifest.read(folder)
+    table = pd.concat([pd.read_parquet(folder / name) for name in manifest.files["bars"]], ignore_index=True)
+    return {str(t): frame.drop(columns="ticker").sort_values("date").reset_index(drop=True)
+            for t, frame in table.groupby("ticker", sort=True)}
+
+
+def test_a_folder_without_tails_is_appended_to_from_its_bars_store(market, tmp_path):
+    """A folder built before builds kept tails: the append computes every ticker from the bars store, as
+    before, equals a fresh build, and writes no tails (the next one does the same)."""
+    root = market["root"]
+    build(root / "head", tmp_path / "appended", *market["splits"])
+    shutil.rmtree(tmp_path / "appended" / tails_store.TAILS_DIR)
+    ar.features(data=str(root / "tail"), out=tmp_path / "appended", append=True)
+    build(root / "all", tmp_path / "fresh", *market["splits"])
+    assert_same_rows(tmp_path / "appended", tmp_path / "fresh")
+    manifest = Manifest.read(tmp_path / "appended")
+    assert manifest.appends[-1]["computed"] == {"from_tails": 0, "from_bars": TICKERS}
+    assert tails_store.TAILS_DIR not in manifest.files and not (tmp_path / "appended" / tails_store.TAILS_DIR).exists()
 
 
 def test_new_bars_as_a_dataframe_go_through_the_same_ingest(market, tmp_path):

@@ -201,3 +201,53 @@ def test_ewm_follows_pandas_through_missing_values():
         got = panel.ewm(panel.close, **kwargs)
         want = np.concatenate([pd.Series(s).ewm(adjust=False, **kwargs).mean().to_numpy() for s in series])
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_emas_resumed_from_their_kept_states_equal_the_whole_history():
+    """What an append does (data/tails.py): the EMAs' states kept after a bar of each ticker (one with a
+    missing close, whose EMAs take pandas' exact recurrence), then a panel of only the bars a row looks back
+    on and the bars after that one, its EMAs resumed from those states: every feature after the bar equals
+    the whole history's, and the states kept further on equal the whole history's there."""
+    rng = np.random.default_rng(3)
+    lengths = np.array([300, 250, 400])
+    close = np.exp(np.cumsum(rng.normal(0, 0.01, lengths.sum()))) * 50
+    cols = {"open": close * 1.001, "high": close * 1.01, "low": close * 0.99, "close": close,
+            "volume": rng.uniform(1e5, 1e6, lengths.sum())}
+    cols["close"][310] = np.nan  # ticker 1's bar 10
+    names = list(feat.DEFAULT_FEATURES)
+    at, back, later = lengths - 30, 70, lengths - 5
+
+    whole = feat.Panel(cols, lengths)
+    whole.keep_emas_at = at
+    values, _ = feat.feature_matrix(whole, names)
+    assert set(whole.kept_emas) == {"rsi_gain", "rsi_loss", "macd_fast", "macd_slow", "macd_signal", "atr"}
+    starts = np.cumsum(lengths) - lengths
+    take = np.concatenate([np.arange(s + a - back, s + n) for s, a, n in zip(starts, at, lengths)])
+    short_lengths = lengths - (at - back)
+    short = feat.Panel({c: v[take] for c, v in cols.items()}, short_lengths)
+    short.resume = feat.EmaStates(np.full(3, back), dict(whole.kept_emas))
+    short.keep_emas_at = short_lengths - (lengths - later)
+    resumed, _ = feat.feature_matrix(short, names)
+    short_starts = np.cumsum(short_lengths) - short_lengths
+    for j in range(3):
+        after = values[starts[j] + at[j] + 1: starts[j] + lengths[j]]
+        again = resumed[short_starts[j] + back + 1: short_starts[j] + short_lengths[j]]
+        assert np.isfinite(after).all()
+        np.testing.assert_allclose(again, after, rtol=1e-12, atol=1e-12)
+        assert np.isnan(resumed[short_starts[j]: short_starts[j] + back + 1, names.index("rsi_14")]).all()
+
+    further = feat.Panel(cols, lengths)
+    further.keep_emas_at = later
+    feat.feature_matrix(further, names)
+    for key, states in further.kept_emas.items():
+        np.testing.assert_allclose(short.kept_emas[key], states, rtol=1e-12, atol=1e-12)
+    # the valid values counted: the closes (MACD's EMAs), the close-to-close moves (RSI's)
+    for j in range(3):
+        bars = cols["close"][starts[j]: starts[j] + later[j] + 1]
+        assert further.kept_emas["macd_fast"][j, 2] == np.isfinite(bars).sum()
+        assert further.kept_emas["rsi_gain"][j, 2] == np.isfinite(np.diff(bars)).sum()
+    assert further.kept_emas["macd_fast"][1, 2] == later[1]  # the missing close is not counted
+    broken = feat.Panel(cols, lengths)
+    broken.resume = feat.EmaStates(np.zeros(3, dtype=np.int64), {})
+    with pytest.raises(ValueError, match="no state to resume the EMA 'atr' from"):
+        feat.feature_matrix(broken, ["atr_14"])

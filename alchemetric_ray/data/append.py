@@ -36,19 +36,21 @@ Local folders only (a shard folder on object storage is refused in one line).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from alchemetric_ray.data import bars_store
+from alchemetric_ray.data import tails as tails_store
 from alchemetric_ray.data.append_bars import (
     BAR_COLUMNS,
     KeptBars,
@@ -65,11 +67,12 @@ from alchemetric_ray.data.append_bars import (
 from alchemetric_ray.data.append_bars import REVISION_RTOL as REVISION_RTOL  # re-exported: the check is there
 from alchemetric_ray.data.append_bars import last_rows as shard_last_rows
 from alchemetric_ray.data.append_bars import revisions as find_revisions
-from alchemetric_ray.data.append_write import write
+from alchemetric_ray.data.append_write import NewRows, write
 from alchemetric_ray.data.features import warmup_bars
 from alchemetric_ray.data.manifest import MANIFEST, Manifest, reconcile_features
 from alchemetric_ray.data.splits import SPLITS
 from alchemetric_ray.data.staging import min_history
+from alchemetric_ray.data.tails import Tails
 from alchemetric_ray.errors import CrossSectionError, ShardError
 from alchemetric_ray.storage import Location, locate
 
@@ -105,7 +108,7 @@ class AppendSummary:
 
 @dataclass
 class _Job:
-    """One append: the folder, its manifest and kept bars' dates, the new bars."""
+    """One append: the folder, its manifest, tails (None: it keeps none) and bars store, the new bars."""
 
     cfg: Any
     where: Location
@@ -113,15 +116,22 @@ class _Job:
     parts: list[Path]  # the bars store's files
     new: Mapping[str, pd.DataFrame]  # ticker -> the bars read
     description: str  # where they were read from
-    dates: dict[str, np.ndarray]  # ticker -> its kept bars' dates
+    tails: Tails | None = None
     start: float = field(default_factory=time.monotonic)
 
     @property
     def folder(self) -> Path:
         return self.where.local
 
-    @property
+    @functools.cached_property
+    def dates(self) -> dict[str, np.ndarray]:
+        """ticker -> its kept bars' dates (the whole bars store read: only where the tails do not do)."""
+        return kept_dates(self.parts)
+
+    @functools.cached_property
     def kept_last(self) -> dict[str, np.datetime64]:
+        if self.tails is not None:
+            return self.tails.last_bar()
         return {t: d[-1] for t, d in self.dates.items() if len(d)}
 
     def nothing(self) -> AppendSummary:
@@ -143,7 +153,6 @@ def append_bars(cfg, out: str | Path | Location, *, rebuild: bool = False, progr
     # the new bars in one set of columns where they allow it (else frames without the ingest's source
     # names, which only a rebuild's build uses)
     job.new = KeptBars.from_frames(dict(job.new)) or {t: bare(f) for t, f in job.new.items()}
-    last_rows = shard_last_rows(job.folder, job.manifest)
     kept_last = job.kept_last
     added: Mapping[str, pd.DataFrame]
     if isinstance(job.new, KeptBars):
@@ -152,14 +161,158 @@ def append_bars(cfg, out: str | Path | Location, *, rebuild: bool = False, progr
     else:
         added = {t: f[f["date"].to_numpy() > kept_last[t]] if t in kept_last else f for t, f in job.new.items()}
         added = {t: f.reset_index(drop=True) for t, f in added.items() if len(f)}
+    if job.tails is not None:
+        return _resumed(job, added)
+    last_rows = shard_last_rows(job.folder, job.manifest)
     kept = load_kept(job.parts, _kept_since(job, added, last_rows))
     revisions = find_revisions(job.new, kept, kept_last)
     if revisions:
         raise ShardError(revision_line(revisions, str(out), job.new, kept))
     if not added:
         return job.nothing()
-    rows, a0, cs_record = _new_rows(job, kept, added, last_rows)
-    return write(job, rows, added, a0, cs_record)
+    rows, a0, cs_record, count = _new_rows(job, kept, added, last_rows)
+    return write(job, NewRows(rows, a0, cs_record, computed={"from_tails": 0, "from_bars": count}), added)
+
+
+def _resumed(job: _Job, added: Mapping[str, pd.DataFrame]) -> AppendSummary:
+    """The append of a folder that keeps tails: each ticker's new rows computed from its tail and its EMAs'
+    states (:func:`_resumed_rows`); from the bars store only a ticker without them, or one whose rows of
+    dates before its new ones must be computed again (the per-date pass, where tickers' bars end on
+    different dates); the tails brought up to date."""
+    tails = cast(Tails, job.tails)
+    kept = KeptBars(tails.tickers, tails.lengths, tails.cols)
+    last_rows = {t: d for t, d in zip(tails.tickers, tails.last_row) if not np.isnat(d)}
+    _check_revisions(job, kept)
+    if not added:
+        return job.nothing()
+    names, spec = list(job.manifest.features), job.manifest.label_spec
+    index = tails.index
+    fast = sorted(t for t in added if t in index and not np.isnat(tails.checkpoint[index[t]]))
+    rows, computed = _resumed_rows(fast, tails, added, names, spec)
+    slow = sorted(set(added) - set(fast))
+    if slow:  # a ticker new to the folder (its bars are all in ``added``), or one without its EMAs' states
+        more, more_tails = _from_store(job, slow, added, {t: _next(last_rows.get(t)) for t in slow}, last_rows)
+        rows, computed = pd.concat([rows, more], ignore_index=True), [*computed, more_tails]
+    a0: Any = None
+    cs_record: dict = {}
+    again: list[str] = []
+    if job.manifest.cross_section and not rows.empty:
+        a0 = rows["date"].min().to_datetime64()
+        # every row of the dates from the first new one on (a date's values depend on all its rows): the
+        # tickers whose rows reach that date already are computed again from it, from the bars store
+        again = sorted(t for t, d in last_rows.items() if d >= a0)
+        if again:
+            more, more_tails = _from_store(job, again, added, {t: a0 for t in again}, {t: a0 for t in again})
+            rows = pd.concat([rows[~rows["ticker"].isin(again)], more], ignore_index=True)
+            computed.append(more_tails)
+        rows, cs_record = _cross_section(rows, names, spec, job.cfg, job.description)
+    from_bars = set(slow) | set(again)
+    how = {"from_tails": len(set(fast) - from_bars), "from_bars": len(from_bars)}
+    return write(job, NewRows(rows, a0, cs_record, _merged(tails, computed), how), added)
+
+
+def _check_revisions(job: _Job, tails_bars: KeptBars) -> None:
+    """A new bar for a date the folder keeps must be the kept bar: checked against the tails, or the bars
+    store for a new bar older than its ticker's tail."""
+    kept_last = job.kept_last
+    deep: dict[str, np.datetime64] = {}
+    for t in job.new:
+        if t in kept_last and t in tails_bars:
+            first = dates_of(job.new, t).min()
+            if first <= kept_last[t] and first < dates_of(tails_bars, t)[0]:
+                deep[t] = first
+    shallow = {t: d for t, d in kept_last.items() if t not in deep}
+    kept: Mapping[str, pd.DataFrame] = tails_bars
+    found = find_revisions(job.new, tails_bars, shallow)
+    if deep:
+        kept = load_kept(job.parts, deep)
+        found = sorted([*found, *find_revisions(job.new, kept, {t: kept_last[t] for t in deep})],
+                       key=lambda r: (r.ticker, r.date))
+        kept = {t: (kept if t in deep else tails_bars)[t] for t in {r.ticker for r in found}}
+    if found:
+        raise ShardError(revision_line(found, str(job.where), job.new, kept))
+
+
+def _resumed_rows(tickers: list[str], tails: Tails, added: Mapping[str, pd.DataFrame], names: list[str],
+                  spec) -> tuple[pd.DataFrame, list[pa.Table]]:
+    """The rows after each ticker's checkpoint (its last row; raw features, before the per-date pass) from
+    its tail and new bars, its EMAs resumed from their states there; and the tails rows brought up to date."""
+    from alchemetric_ray.data.features import EmaStates, Panel
+    from alchemetric_ray.data.panel import panel_columns
+
+    if not tickers:
+        return pd.DataFrame(), []
+    index = tails.index
+    which = np.array([index[t] for t in tickers], dtype=np.int64)
+    starts, tail_lengths = tails.starts[which], tails.lengths[which]
+    pieces = [(np.arange(a, a + n), _added_arrays(added, t)) for t, a, n in zip(tickers, starts.tolist(),
+                                                                                tail_lengths.tolist())]
+    columns = {c: np.concatenate([part for rows, new in pieces for part in (tails.cols[c][rows], new[c])])
+               for c in ("date", "open", "high", "low", "close", "volume")}
+    lengths = tail_lengths + np.array([len(new["date"]) for _, new in pieces], dtype=np.int64)
+    dates = columns["date"].astype("datetime64[ns]")
+    resume_at = tail_lengths - 1 - spec.reach  # the checkpoint: the tail's bar `reach` before its last
+    panel_starts = np.cumsum(lengths) - lengths
+    if (resume_at < 0).any() or (dates[panel_starts + np.maximum(resume_at, 0)] != tails.checkpoint[which]).any():
+        raise ShardError(f"{tails.tickers[0]}..: the folder's tails do not match its checkpoints; rebuild it: "
+                         "--append --rebuild")
+    panel = Panel({c: columns[c].astype(np.float64) for c in ("open", "high", "low", "close", "volume")}, lengths)
+    panel.resume = EmaStates(resume_at, {k: v[which] for k, v in tails.emas.items()})
+    panel.keep_emas_at = tails_store.ema_keep_at(lengths, spec.reach)
+    cols, _ = panel_columns(panel, dates, names, spec)
+    keep = cols["has_features"] & np.isfinite(cols["label"]) & (panel.pos > resume_at[panel.tid])
+    last = resume_at.copy()  # no new row: the last one is still the checkpoint
+    np.maximum.at(last, panel.tid[keep], panel.pos[keep])
+    emas = EmaStates(panel.keep_emas_at, panel.kept_emas)
+    updated = tails_store.record(tickers, {**columns, "date": dates}, lengths, last, emas,
+                                 tails_store.tail_length(names, spec.reach))
+    at = np.flatnonzero(keep)
+    rows = pd.DataFrame({"date": dates[at], "ticker": np.asarray(tickers, dtype=object)[panel.tid[at]],
+                         **{n: cols[n][at] for n in names}, "label": cols["label"][at], "fwd_ret": cols["fwd_ret"][at],
+                         "label_end": cols["label_end"][at].astype("datetime64[ns]")})
+    return rows, [updated]
+
+
+def _added_arrays(added: Mapping[str, pd.DataFrame], ticker: str) -> dict[str, np.ndarray]:
+    if isinstance(added, KeptBars):
+        return added.arrays(ticker)
+    frame = added[ticker]
+    return {c: frame[c].to_numpy() for c in BAR_COLUMNS}
+
+
+def _from_store(job: _Job, tickers: list[str], added: Mapping[str, pd.DataFrame], start_of: dict[str, Any],
+                keep_from: dict[str, Any]) -> tuple[pd.DataFrame, pa.Table]:
+    """The rows of ``tickers`` from ``keep_from[ticker]`` on (a datetime64; None: all), computed from the
+    bars store's kept bars (:func:`tail_bars` before ``start_of[ticker]``) and the new ones; and their
+    tails rows."""
+    tail = tail_bars(list(job.manifest.features))
+    since: dict[str, np.datetime64] = {}
+    for t in tickers:
+        d = job.dates.get(t)
+        if d is None or not len(d):
+            continue
+        i = int(np.searchsorted(d, start_of[t], "left")) if start_of.get(t) is not None else 0
+        since[t] = d[min(max(0, i - tail), len(d) - 1)]
+    kept = load_kept(job.parts, since)
+    names = list(job.manifest.features)
+    windows = _windows(tickers, kept, added, start_of, tail)
+    rows, records = _compute(windows, names, job.manifest.label_spec, min_history(job.cfg), keep_from, tails=True)
+    return rows, pa.concat_tables(records)
+
+
+def _merged(tails: Tails, computed: list[pa.Table]) -> pa.Table:
+    """The folder's tails with the rows of ``computed`` in place of their tickers' (new tickers added), by
+    ticker."""
+    new = pa.concat_tables([t for t in computed if t.num_rows]) if any(t.num_rows for t in computed) else None
+    old = tails.table()
+    if new is None:
+        return old
+    # a ticker computed twice (from its tail, then again from the bars store): the last
+    last = {t: i for i, t in enumerate(new.column("ticker").to_pylist())}
+    new = new.take(pa.array(sorted(last.values()), type=pa.int64()))
+    keep = np.array([t not in last for t in tails.tickers], dtype=bool)
+    both = pa.concat_tables([old.filter(pa.array(keep)), new.select(old.column_names)])
+    return both.sort_by("ticker")
 
 
 def _open(cfg, out: str | Path | Location) -> _Job:
@@ -186,7 +339,7 @@ def _open(cfg, out: str | Path | Location) -> _Job:
                          f"alchemetric-ray features --data ALL_BARS --out {out}")
     cfg = reconcile_features(cfg, manifest, str(where), appending=True)
     new, description = read_new(cfg)
-    return _Job(cfg, where, manifest, parts, new, description, kept_dates(parts), start)
+    return _Job(cfg, where, manifest, parts, new, description, tails_store.read(folder, manifest.files), start)
 
 
 def _kept_since(job: _Job, added: Mapping[str, pd.DataFrame],
@@ -279,18 +432,23 @@ def _gathered_windows(tickers: list[str], kept: KeptBars, added: KeptBars, start
     return list(tickers), big, np.array(lengths, dtype=np.int64)
 
 
-def _compute(frames: _Windows, names: list[str], spec, need: int, keep_from: dict[str, Any]) -> pd.DataFrame:
+def _compute(frames: _Windows, names: list[str], spec, need: int, keep_from: dict[str, Any], *,
+             tails: bool = False) -> tuple[pd.DataFrame, list[pa.Table]]:
     """compute_group over ``frames`` (:func:`_windows`), a group at a time; each ticker's rows from
-    ``keep_from[ticker]`` on (inclusive, a datetime64)."""
+    ``keep_from[ticker]`` on (inclusive, a datetime64); with ``tails``, also the tickers' tails rows
+    (``data/tails.py``) from their windows."""
     from alchemetric_ray.data.panel import compute_group
 
-    out = []
+    out, records = [], []
     count = len(frames[0]) if isinstance(frames, tuple) else len(frames)
     for i in range(0, count, GROUP_TICKERS):
         if isinstance(frames, tuple):
-            table = _group_table(frames, i, i + GROUP_TICKERS, names, spec, need)
+            table, record = _group_table(frames, slice(i, i + GROUP_TICKERS), names, spec, need, tails)
         else:
-            table = compute_group(frames[i:i + GROUP_TICKERS], names, spec, need).table
+            result = compute_group(frames[i:i + GROUP_TICKERS], names, spec, need, tails=tails)
+            table, record = result.table, result.tails
+        if record is not None:
+            records.append(record)
         if not table.num_rows:
             continue
         rows = table.to_pandas()
@@ -299,32 +457,43 @@ def _compute(frames: _Windows, names: list[str], spec, need: int, keep_from: dic
         cut = rows["ticker"].map(keep_from)
         out.append(rows[cut.isna() | (rows["date"] >= cut)])
     if not out:
-        return pd.DataFrame()
-    return pd.concat(out, ignore_index=True)
+        return pd.DataFrame(), records
+    return pd.concat(out, ignore_index=True), records
 
 
-def _group_table(gathered: _Gathered, lo: int, hi: int, names: list[str], spec, need: int) -> pa.Table:
-    """``compute_group(...).table`` of the tickers ``lo:hi`` of ``gathered``, from its frame's rows of
-    them (compute_group's own steps, without a frame per ticker or the bars' digests, unused here)."""
-    from alchemetric_ray.data.features import Panel
+def _group_table(gathered: _Gathered, group: slice, names: list[str], spec, need: int,
+                 tails: bool = False) -> tuple[pa.Table, pa.Table | None]:
+    """``compute_group(...).table`` (and ``.tails`` where asked) of the tickers ``group`` of ``gathered``,
+    from its frame's rows of them (compute_group's own steps, without a frame per ticker or the bars'
+    digests, unused here)."""
+    from alchemetric_ray.data.features import EmaStates, Panel
     from alchemetric_ray.data.panel import _arrow, panel_columns
 
     tickers, bars, lengths = gathered
-    tickers, lengths = tickers[lo:hi], lengths[lo:hi]
-    start = int(_lengths_before(gathered, lo))
+    tickers, lengths = tickers[group], lengths[group]
+    start = int(_lengths_before(gathered, group.start))
     together = bars.iloc[start:start + int(lengths.sum())].reset_index(drop=True)
     panel = Panel.from_table(together, lengths)
+    if tails:
+        panel.keep_emas_at = tails_store.ema_keep_at(lengths, spec.reach)
     dates = together["date"].to_numpy().astype("datetime64[ns]")
     cols, _ = panel_columns(panel, dates, names, spec)
     computed = lengths >= need  # the short ones: no row
     keep = cols["has_features"] & np.isfinite(cols["label"]) & computed[panel.tid]
+    record = None
+    if tails:
+        last = np.full(len(lengths), -1, dtype=np.int64)
+        np.maximum.at(last, panel.tid[keep], panel.pos[keep])
+        record = tails_store.record(tickers, {"date": dates, **{c: together[c].to_numpy() for c in BAR_COLUMNS[1:]}},
+                                    lengths, last, EmaStates(cast(np.ndarray, panel.keep_emas_at), panel.kept_emas),
+                                    tails_store.tail_length(names, spec.reach))
     if not keep.any():
-        return pa.table({})
+        return pa.table({}), record
     rows_kept = np.flatnonzero(keep)
     columns = {"date": dates[rows_kept], "ticker": tickers, **{n: cols[n][rows_kept] for n in names},
                "label": cols["label"][rows_kept], "fwd_ret": cols["fwd_ret"][rows_kept],
                "label_end": cols["label_end"][rows_kept]}
-    return _arrow(columns, panel.tid[rows_kept])
+    return _arrow(columns, panel.tid[rows_kept]), record
 
 
 def _lengths_before(gathered: _Gathered, lo: int) -> int:
@@ -368,17 +537,18 @@ def _cross_section(rows: pd.DataFrame, names: list[str], spec, cfg, what: str) -
 
 
 def _new_rows(job: _Job, kept: Mapping[str, pd.DataFrame], added: Mapping[str, pd.DataFrame],
-              last_rows: dict[str, np.datetime64]) -> tuple[pd.DataFrame, Any, dict]:
-    """The rows to write (raw features, before normalization), the first date written again whole (with
-    a per-date pass; else None) and the per-date pass's counts."""
+              last_rows: dict[str, np.datetime64]) -> tuple[pd.DataFrame, Any, dict, int]:
+    """The rows to write of a folder without tails (raw features, before normalization), the first date
+    written again whole (with a per-date pass; else None), the per-date pass's counts and the tickers
+    computed."""
     names = list(job.manifest.features)
     spec = job.manifest.label_spec
     tail = tail_bars(names)
     need = min_history(job.cfg)
     windows = _windows(sorted(added), kept, added, {t: _next(last_rows.get(t)) for t in added}, tail)
-    rows = _compute(windows, names, spec, need, _after_last_row(last_rows, added))
+    rows, _ = _compute(windows, names, spec, need, _after_last_row(last_rows, added))
     if not job.manifest.cross_section or rows.empty:
-        return rows, None, {}
+        return rows, None, {}, len(added)
     # every row of the dates from the first new one on: a date's values depend on all its rows
     a0 = rows["date"].min().to_datetime64()
     before = a0 - np.timedelta64(1, "ns")
@@ -386,11 +556,11 @@ def _new_rows(job: _Job, kept: Mapping[str, pd.DataFrame], added: Mapping[str, p
                    if len(d) and (t not in added or last_rows.get(t, before) >= a0)
                    and max(d[-1], dates_of(added, t)[-1] if t in added else d[-1]) >= a0)
     if again:
-        more = _compute(_windows(again, kept, added, {t: a0 for t in again}, tail), names, spec, need,
-                        {t: a0 for t in again})
+        more, _ = _compute(_windows(again, kept, added, {t: a0 for t in again}, tail), names, spec, need,
+                           {t: a0 for t in again})
         rows = pd.concat([rows[~rows["ticker"].isin(again)], more], ignore_index=True)
     rows, record = _cross_section(rows, names, spec, job.cfg, job.description)
-    return rows, a0, record
+    return rows, a0, record, len(set(added) | set(again))
 
 
 def _next(last_row) -> Any:

@@ -8,6 +8,7 @@ import dataclasses
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -18,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from alchemetric_ray.data import bars_store
+from alchemetric_ray.data import tails as tails_store
 from alchemetric_ray.data.append_bars import bars_table, day, digest, stack
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.data.normalize import Normalizer
@@ -58,10 +60,24 @@ def _next_index(folder: Path) -> int:
     return max(numbers, default=-1) + 1
 
 
-def write(job: _Job[_Summary], rows: pd.DataFrame, added: Mapping[str, pd.DataFrame], a0,
-          cs_record: dict) -> _Summary:
-    """The test segment again with the new rows, the new bars, then the manifest; on any failure before
-    the manifest is written, every file written here is removed."""
+@dataclass
+class NewRows:
+    """What an append computed: the rows to write (raw features, before normalization), the first date it
+    wrote again whole (a per-date pass; else None) and that pass's counts, the folder's tails brought up to
+    date (``data/tails.py``; None: it keeps none) and how many tickers it computed from their tails and from
+    the bars store (``computed``)."""
+
+    rows: pd.DataFrame
+    a0: Any = None
+    cs_record: dict = field(default_factory=dict)
+    tails: pa.Table | None = None
+    computed: dict[str, int] = field(default_factory=dict)
+
+
+def write(job: _Job[_Summary], new: NewRows, added: Mapping[str, pd.DataFrame]) -> _Summary:
+    """The test segment again with the new rows, the new bars, the folder's tails, then the manifest; on
+    any failure before the manifest is written, every file written here is removed."""
+    rows, a0, tails = new.rows, new.a0, new.tails
     manifest, folder = job.manifest, job.folder
     plan = SplitPlan(**manifest.splits)
     if not rows.empty:
@@ -73,6 +89,7 @@ def write(job: _Job[_Summary], rows: pd.DataFrame, added: Mapping[str, pd.DataFr
     from alchemetric_ray.data.shards import split_files
 
     old_files = [f.local for f in split_files(folder, "test", manifest)]
+    old_tails = tails_store.listed(folder, manifest.files) if tails is not None else []
     new_table = _new_table(rows, list(manifest.features), Normalizer.from_dict(manifest.normalization),
                            writer.schema, manifest.regression)
     try:
@@ -81,7 +98,13 @@ def write(job: _Job[_Summary], rows: pd.DataFrame, added: Mapping[str, pd.DataFr
         bars_name = bars_store.write_table_part(folder, _next_index(folder / bars_store.BARS_DIR),
                                                 bars_table(stacked))
         writer.written.append(folder / bars_name)
+        tail_files = {}
+        if tails is not None:
+            name = tails_store.write(folder, _next_index(folder / tails_store.TAILS_DIR), [tails])
+            writer.written.append(folder / name)
+            tail_files = {tails_store.TAILS_DIR: [name]}
         entry = _entry(job, rows, stacked, bars_name, writer.rows - manifest.rows.get("test", 0), a0)
+        entry["computed"] = new.computed
         tickers = list(manifest.tickers) + sorted(set(rows["ticker"]) - set(manifest.tickers)) if len(rows) \
             else list(manifest.tickers)
         updated = dataclasses.replace(
@@ -93,8 +116,8 @@ def write(job: _Job[_Summary], rows: pd.DataFrame, added: Mapping[str, pd.DataFr
             tickers=tickers,
             skipped_tickers={t: why for t, why in manifest.skipped_tickers.items() if t not in set(tickers)},
             files={**manifest.files, "test": writer.names(),
-                   bars_store.BARS_DIR: [str(p.relative_to(folder)) for p in job.parts] + [bars_name]},
-            cross_section=_cross_record(manifest.cross_section, cs_record, folder, manifest, a0),
+                   bars_store.BARS_DIR: [str(p.relative_to(folder)) for p in job.parts] + [bars_name], **tail_files},
+            cross_section=_cross_record(manifest.cross_section, new.cs_record, folder, manifest, a0),
             appends=[*manifest.appends, entry],
         )
         updated.write(folder)
@@ -111,7 +134,7 @@ def write(job: _Job[_Summary], rows: pd.DataFrame, added: Mapping[str, pd.DataFr
         if not _committed(folder, len(manifest.appends) + 1):  # an interrupt just after the manifest's rename
             writer.remove()
         raise
-    for path in old_files:  # no longer listed: their rows are in the new files
+    for path in [*old_files, *old_tails]:  # no longer listed: their rows are in the new files
         if path not in writer.written:
             path.unlink(missing_ok=True)
     dates = f"dates {entry['first_date']}..{entry['last_date']}" if entry["first_date"] else \

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 import pandas as pd
@@ -57,6 +57,11 @@ class Panel:
         self.open, self.high, self.low = columns["open"], columns["high"], columns["low"]
         self.close, self.volume = columns["close"], columns["volume"]
         self._cache: dict[object, np.ndarray] = {}
+        # the EMAs' states (EmaStates): kept after each ticker's bar ``keep_emas_at`` (its bar number, -1: none),
+        # and resumed after ``resume``'s
+        self.keep_emas_at: np.ndarray | None = None
+        self.kept_emas: dict[str, np.ndarray] = {}
+        self.resume: EmaStates | None = None
 
     @classmethod
     def from_frames(cls, frames: list[pd.DataFrame]) -> "Panel":
@@ -128,14 +133,23 @@ class Panel:
         return mean, std
 
     def ewm(self, x: np.ndarray, *, min_periods: int, alpha: float | None = None,
-            span: float | None = None) -> np.ndarray:
+            span: float | None = None, key: str | None = None) -> np.ndarray:
         """pandas' ``ewm(alpha= | span=, adjust=False, min_periods=).mean()``, per ticker (at alpha = 0.5,
-        after a missing value, pandas 3.1 gives other values than its recurrence; no feature uses 0.5)."""
+        after a missing value, pandas 3.1 gives other values than its recurrence; no feature uses 0.5).
+
+        ``key`` names this EMA among the panel's (a feature's EMAs each have their own): where
+        ``keep_emas_at`` is set, its state after each ticker's row there is kept in ``kept_emas[key]``;
+        where ``resume`` is set, each ticker's EMA continues from ``resume``'s state after its row
+        ``resume.at`` (the rows up to it are NaN)."""
         if (span is None) == (alpha is None):
             raise ValueError("ewm: give alpha or span")
         com = (span - 1) / 2 if span is not None else 1 / alpha - 1  # type: ignore[operator]  # as pandas does
         a = 1 / (1 + com)
         x = np.where(np.isfinite(x), x, np.nan)
+        if self.resume is not None:
+            if key is None or key not in self.resume.states:
+                raise ValueError(f"ewm: no state to resume the EMA {key!r} from")
+            return self._ewm_resumed(x, a, min_periods, key)
         valid = ~np.isnan(x)
         first = np.full(len(self.lengths), self.n)  # each ticker's first valid row (n: none)
         rows = np.flatnonzero(valid)
@@ -146,13 +160,61 @@ class Panel:
         gaps = np.zeros(len(self.lengths), dtype=bool)
         gaps[self.tid[started & ~valid]] = True  # a missing value after the start: the exact recurrence
         out = np.full(self.n, np.nan)
+        keep = self.keep_emas_at is not None and key is not None
+        states = np.full((len(self.lengths), 3), np.nan)  # weighted, old, nobs (EmaStates)
         smooth = started & ~gaps[self.tid]
         if smooth.any():
             out[smooth] = _ema_smooth(x[smooth], self.tid[smooth], since[smooth], a)
+            if keep:  # no missing value: pandas' weight is 1 after each bar, and every bar since the first counts
+                at = cast(np.ndarray, self.keep_emas_at)
+                here = np.flatnonzero((at >= 0) & ~gaps)
+                row = self.starts[here] + at[here]
+                begun = since[row] >= 0
+                states[here] = np.column_stack([np.where(begun, out[row], np.nan), np.ones(len(here)),
+                                                np.where(begun, since[row] + 1.0, 0.0)])
             out[smooth & (since < min_periods - 1)] = np.nan
         if gaps.any():
             exact = gaps[self.tid]
-            out[exact] = _ema_exact(x[exact], self.tid[exact], self.pos[exact], a, min_periods)
+            kept_rows = None
+            if keep:
+                kept_rows = cast(np.ndarray, self.keep_emas_at)[gaps]
+            out[exact], got = _ema_exact(x[exact], self.tid[exact], self.pos[exact], a, min_periods, kept_rows)
+            if keep:
+                states[gaps] = got
+        if keep:
+            self.kept_emas[cast(str, key)] = states
+        return out
+
+    def _ewm_resumed(self, x: np.ndarray, a: float, min_periods: int, key: str) -> np.ndarray:
+        """:meth:`ewm` continued from ``resume``: pandas' recurrence a bar at a time after each ticker's row
+        ``resume.at``, every ticker at once, from its state there; the state after ``keep_emas_at`` kept."""
+        resume = cast(EmaStates, self.resume)
+        weighted, old, nobs = (resume.states[key][:, j].copy() for j in range(3))
+        first = self.starts + resume.at + 1  # each ticker's first row after its state
+        count = self.lengths - resume.at - 1
+        out = np.full(self.n, np.nan)
+        keep_at = self.keep_emas_at
+        states = np.full((len(self.lengths), 3), np.nan)
+        for k in range(int(count.max(initial=0))):
+            on = np.flatnonzero(count > k)
+            rows = first[on] + k
+            cur = x[rows]
+            w, o, n = weighted[on], old[on], nobs[on]
+            obs = ~np.isnan(cur)
+            n = n + obs
+            have = ~np.isnan(w)
+            o = np.where(have, o * (1 - a), o)
+            mix = (o * w + a * cur) / (o + a)
+            w = np.where(have & obs & (w != cur), mix, w)
+            o = np.where(have & obs, 1.0, o)
+            w = np.where(~have & obs, cur, w)
+            weighted[on], old[on], nobs[on] = w, o, n
+            out[rows] = np.where(n >= min_periods, w, np.nan)
+            if keep_at is not None:
+                here = keep_at[on] == resume.at[on] + 1 + k
+                states[on[here]] = np.column_stack([w[here], o[here], n[here]])
+        if keep_at is not None:
+            self.kept_emas[key] = states
         return out
 
     # ---- windowed primitives (the Alpha158 set) ----------------------------------------------
@@ -281,17 +343,24 @@ def _ema_smooth(x: np.ndarray, tid: np.ndarray, since: np.ndarray, a: float) -> 
     return y[since, col]
 
 
-def _ema_exact(x: np.ndarray, tid: np.ndarray, pos: np.ndarray, a: float, min_periods: int) -> np.ndarray:
+def _ema_exact(x: np.ndarray, tid: np.ndarray, pos: np.ndarray, a: float, min_periods: int,
+               keep_at: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """pandas' own recurrence (adjust=False, ignore_na=False), a bar at a time for all the given
     tickers together: a missing value keeps the mean and decays its weight, min_periods counts
-    valid values.  Only tickers with a missing value after their first one come here."""
+    valid values.  Only tickers with a missing value after their first one come here.  With
+    ``keep_at`` (per ticker, a bar number or -1), also each ticker's state after that bar
+    (weighted, old, nobs; NaN: none)."""
     col = _columns(tid)
     m = np.full((int(pos.max()) + 1, int(col.max()) + 1), np.nan)
     m[pos, col] = x
     out = np.full_like(m, np.nan)
+    states = np.full((m.shape[1], 3), np.nan)
     weighted, old = m[0].copy(), np.ones(m.shape[1])
     nobs = ~np.isnan(weighted) * 1
     out[0] = np.where(nobs >= min_periods, weighted, np.nan)
+    if keep_at is not None:
+        here = keep_at == 0
+        states[here] = np.column_stack([weighted[here], old[here], nobs[here]])
     for i in range(1, m.shape[0]):
         cur = m[i]
         obs = ~np.isnan(cur)
@@ -303,7 +372,20 @@ def _ema_exact(x: np.ndarray, tid: np.ndarray, pos: np.ndarray, a: float, min_pe
         old = np.where(have & obs, 1.0, old)
         weighted = np.where(~have & obs, cur, weighted)
         out[i] = np.where(nobs >= min_periods, weighted, np.nan)
-    return out[pos, col]
+        if keep_at is not None:
+            here = keep_at == i
+            states[here] = np.column_stack([weighted[here], old[here], nobs[here]])
+    return out[pos, col], states
+
+
+@dataclass(frozen=True)
+class EmaStates:
+    """Where a panel's EMAs resume: per ticker, the row (within the ticker, ``at``) after which each EMA
+    continues from ``states[key][ticker]`` = (weighted, old, nobs): pandas' running mean, the weight of
+    its past and the valid values counted (:meth:`Panel.ewm`)."""
+
+    at: np.ndarray
+    states: dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -369,15 +451,15 @@ for _w in (5, 20, 60):
 @feature("rsi_14", 14, "Wilder RSI(14), scaled to [-0.5, 0.5]")
 def _rsi(p: Panel) -> np.ndarray:
     delta = p.diff(p.close, 1)
-    gain = p.ewm(np.clip(delta, 0, None), alpha=1 / 14, min_periods=14)
-    loss = p.ewm(np.clip(-delta, 0, None), alpha=1 / 14, min_periods=14)
+    gain = p.ewm(np.clip(delta, 0, None), alpha=1 / 14, min_periods=14, key="rsi_gain")
+    loss = p.ewm(np.clip(-delta, 0, None), alpha=1 / 14, min_periods=14, key="rsi_loss")
     return safe_ratio(gain, gain + loss, 0.5) - 0.5  # no movement at all = neutral
 
 
 def _macd_line(p: Panel) -> np.ndarray:
     def line() -> np.ndarray:
-        fast = p.ewm(p.close, span=12, min_periods=12)
-        slow = p.ewm(p.close, span=26, min_periods=26)
+        fast = p.ewm(p.close, span=12, min_periods=12, key="macd_fast")
+        slow = p.ewm(p.close, span=26, min_periods=26, key="macd_slow")
         return (fast - slow) / p.close
 
     return p.cached("macd_line", line)
@@ -391,7 +473,7 @@ def _macd(p: Panel) -> np.ndarray:
 @feature("macd_hist", 34, "MACD line minus its 9-bar EMA signal, divided by close")
 def _macd_hist(p: Panel) -> np.ndarray:
     line = _macd_line(p)
-    return line - p.ewm(line, span=9, min_periods=9)
+    return line - p.ewm(line, span=9, min_periods=9, key="macd_signal")
 
 
 @feature("bb_pctb_20", 20, "Bollinger %B(20, 2 std), 0.5 when the window is flat")
@@ -405,7 +487,7 @@ def _atr(p: Panel) -> np.ndarray:
     prev = p.shift(p.close, 1)
     true_range = np.fmax(np.fmax(p.high - p.low, np.abs(p.high - prev)), np.abs(p.low - prev))  # NaN-skipping max
     true_range[np.isnan(prev)] = np.nan
-    return p.ewm(true_range, alpha=1 / 14, min_periods=14) / p.close
+    return p.ewm(true_range, alpha=1 / 14, min_periods=14, key="atr") / p.close
 
 
 @feature("volume_z_20", 20, "z-score of log volume over 20 bars, 0 when volume is constant")

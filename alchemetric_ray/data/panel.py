@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, cast
 
 import numpy as np
 import pandas as pd
@@ -54,6 +54,7 @@ import pyarrow as pa
 from alchemetric_ray.data import features as feat
 from alchemetric_ray.data.features import Panel
 from alchemetric_ray.data.labels import LabelSpec, panel_labels
+from alchemetric_ray.data.tails import ema_keep_at, record, tail_length
 
 
 @dataclass
@@ -67,6 +68,7 @@ class GroupResult:
     nonfinite: int = 0  # rows after the warm-up dropped for a non-finite feature value
     rows_in: int = 0  # bars read
     digests: dict[str, str] = field(default_factory=dict)  # ticker -> sha256 of its bars (the input hash)
+    tails: pa.Table | None = None  # what an append resumes each ticker from (data/tails.py), where asked for
 
 
 def bars_digest(frame: pd.DataFrame) -> str:
@@ -151,33 +153,45 @@ def _digests(frames: list[tuple[str, pd.DataFrame]], together: pd.DataFrame) -> 
 
 
 def compute_group(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec: LabelSpec,
-                  need: int) -> GroupResult:
+                  need: int, *, tails: bool = False) -> GroupResult:
     """Features and labels of every ticker in ``frames``; a ticker with fewer than ``need`` bars, or
-    no labelled row with complete features, is skipped with its reason."""
+    no labelled row with complete features, is skipped with its reason.  ``tails``: with what an append
+    resumes each ticker from (``GroupResult.tails``)."""
     together = feat.stack([frame for _, frame in frames])
     rows = len(together)
     digests = _digests(frames, together)
     short = {ticker: f"{len(frame)} bars, fewer than the {need} the features and labels need"
              for ticker, frame in frames if len(frame) < need}
     panel = Panel.from_table(together, np.array([len(frame) for _, frame in frames], dtype=np.int64))
+    if tails:
+        panel.keep_emas_at = ema_keep_at(panel.lengths, spec.reach)
     dates = together["date"].to_numpy().astype("datetime64[ns]")
     cols, late_bad = panel_columns(panel, dates, names, spec)
     computed = np.array([ticker not in short for ticker, _ in frames], dtype=bool)  # the short ones: no row
     late_bad[~computed] = 0
     keep = cols["has_features"] & np.isfinite(cols["label"]) & computed[panel.tid]
     kept_rows = np.bincount(panel.tid[keep], minlength=len(frames))
+    tail_rows = None
+    if tails:
+        last = np.full(len(frames), -1, dtype=np.int64)
+        np.maximum.at(last, panel.tid[keep], panel.pos[keep])
+        bars = {c: together[c].to_numpy() for c in ("open", "high", "low", "close", "volume")}
+        emas = feat.EmaStates(cast(np.ndarray, panel.keep_emas_at), panel.kept_emas)
+        tail_rows = record([t for t, _ in frames], {"date": dates, **bars}, panel.lengths, last, emas,
+                           tail_length(names, spec.reach))
     labelled = {ticker for (ticker, _), n in zip(frames, kept_rows) if n}
     skipped = {ticker: short.get(ticker, "no row with complete features and a label")
                for ticker, _ in frames if ticker not in labelled}
     kept = [ticker for ticker, _ in frames if ticker in labelled]
     if not kept:
-        return GroupResult(pa.table({}), kept, skipped, int(late_bad.sum()), rows, digests)
+        return GroupResult(pa.table({}), kept, skipped, int(late_bad.sum()), rows, digests, tail_rows)
     rows_kept = np.flatnonzero(keep)
     names_of = [ticker for ticker, _ in frames]
     columns = {"date": dates[rows_kept], "ticker": names_of, **{n: cols[n][rows_kept] for n in names},
                "label": cols["label"][rows_kept], "fwd_ret": cols["fwd_ret"][rows_kept],
                "label_end": cols["label_end"][rows_kept]}
-    return GroupResult(_arrow(columns, panel.tid[rows_kept]), kept, skipped, int(late_bad.sum()), rows, digests)
+    return GroupResult(_arrow(columns, panel.tid[rows_kept]), kept, skipped, int(late_bad.sum()), rows, digests,
+                       tail_rows)
 
 
 def _arrow(columns: dict, tid: np.ndarray) -> pa.Table:

@@ -60,6 +60,7 @@ import pyarrow as pa
 from alchemetric_ray.bars.report import merge_reports
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data import features as feat
+from alchemetric_ray.data import tails as tails_store
 from alchemetric_ray.data.bars_store import BARS_DIR, bars_table, write_table_part
 from alchemetric_ray.data.cross_section import (
     STAGED_SUFFIX,
@@ -198,6 +199,9 @@ def stage_features(cfg: RunConfig, folder: Path, *, bars: Iterable[tuple[str, pd
     except BaseException:
         bar.close()  # an open progress line ends before the error message
         raise
+    kept_tails = stats.pop("tails")
+    if keep_bars is not None and kept_tails:  # what an append resumes each ticker from, beside its bars
+        tails_store.write(keep_bars, 0, kept_tails)
     clock = time.monotonic()
     cross_section = _pass_cross_section(folder, stats, source_description, runner)
     runner.seconds["cross_section"] = round(time.monotonic() - clock, 3)
@@ -355,10 +359,10 @@ def _groups(bars: Iterable[tuple[str, pd.DataFrame]], group_rows: int) -> Iterat
 
 
 def compute_checked(frames: list[tuple[str, pd.DataFrame]], names: list[str], spec: LabelSpec,
-                    need: int) -> GroupResult:
+                    need: int, tails: bool = False) -> GroupResult:
     """``compute_group``; where it raises, the ticker that fails alone is named, with its file."""
     try:
-        return compute_group(frames, names, spec, need)
+        return compute_group(frames, names, spec, need, tails=tails)
     except UserError:
         raise
     except Exception as exc:
@@ -450,10 +454,10 @@ def _group_frames(payload: Any) -> list[tuple[str, pd.DataFrame]]:
     return frames
 
 
-def _group_task(payload, names, spec, need) -> tuple[GroupResult, str]:
+def _group_task(payload, names, spec, need, tails) -> tuple[GroupResult, str]:
     import ray
 
-    return compute_checked(_group_frames(payload), names, spec, need), ray.get_runtime_context().get_node_id()
+    return compute_checked(_group_frames(payload), names, spec, need, tails), ray.get_runtime_context().get_node_id()
 
 
 def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
@@ -476,7 +480,7 @@ def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
         for index, frames in enumerate(every()):
             _keep(keep_bars, index, frames)
             runner.groups += 1
-            yield index, compute_checked(frames, names, spec, need), len(frames), None
+            yield index, compute_checked(frames, names, spec, need, keep_bars is not None), len(frames), None
         return
     import ray
 
@@ -486,7 +490,7 @@ def _computed(groups: Iterator[list[tuple[str, pd.DataFrame]]], runner: _Runner,
     try:
         for index, frames in enumerate(every()):
             _keep(keep_bars, index, frames)
-            pending[task.remote(_group_payload(frames), names, spec, need)] = (
+            pending[task.remote(_group_payload(frames), names, spec, need, keep_bars is not None)] = (
                 index, f"{frames[0][0]}..{frames[-1][0]}", len(frames))
             runner.groups += 1
             runner.tasks += 1
@@ -560,7 +564,8 @@ def _files_task(files: list[tuple[str, Path]], on_duplicate: str, names: list[st
     from alchemetric_ray.bars.ingest import ingest_files
 
     frames, report = ingest_files(files, min_history=need, on_duplicate=on_duplicate)  # ingest's min_history
-    result = compute_checked(frames, names, spec, need) if frames else GroupResult(pa.table({}), [])
+    result = compute_checked(frames, names, spec, need, group.keep is not None) if frames else \
+        GroupResult(pa.table({}), [])
     if group.keep is not None and frames:
         _keep(group.keep, group.index, frames)
     days = _stage(result, group.staging, group.index)
@@ -658,6 +663,7 @@ def _pass_features(computed: _Computed, staging: Path, progress: Callable,
     tickers: list[str] = []
     skipped: dict[str, str] = {}
     nonfinite = 0
+    tails: list[pa.Table] = []  # the groups' tails rows, in ticker order
     for index in sorted(by_group):
         result = by_group[index]
         for ticker, value in result.digests.items():
@@ -666,12 +672,14 @@ def _pass_features(computed: _Computed, staging: Path, progress: Callable,
         tickers += result.tickers
         skipped.update(result.skipped)
         nonfinite += result.nonfinite
+        if result.tails is not None and result.tails.num_rows:
+            tails.append(result.tails)
     runner.seconds["features"] = round(time.monotonic() - clock, 3)
     if not tickers:
         detail = "; ".join(f"{t}: {why}" for t, why in list(skipped.items())[:3])
         raise ShardError(f"no ticker has enough history for the features and labels ({detail or 'no data'})")
     return {"calendar": calendar, "hash": digest.hexdigest(), "tickers": tickers, "skipped": skipped,
-            "nonfinite": nonfinite}
+            "nonfinite": nonfinite, "tails": tails}
 
 
 # ---- the per-date pass -------------------------------------------------------------------------------
