@@ -152,7 +152,8 @@ def append_bars(cfg, out: str | Path | Location, *, rebuild: bool = False, progr
         return _rebuild(job, progress)
     # the new bars in one set of columns where they allow it (else frames without the ingest's source
     # names, which only a rebuild's build uses)
-    job.new = KeptBars.from_frames(dict(job.new)) or {t: bare(f) for t, f in job.new.items()}
+    if not isinstance(job.new, KeptBars):
+        job.new = KeptBars.from_frames(dict(job.new)) or {t: bare(f) for t, f in job.new.items()}
     kept_last = job.kept_last
     added: Mapping[str, pd.DataFrame]
     if isinstance(job.new, KeptBars):

@@ -173,11 +173,17 @@ def last_rows(folder: Path, manifest: Manifest) -> dict[str, np.datetime64]:
     return last
 
 
-def read_new(cfg) -> tuple[dict[str, pd.DataFrame], str]:
-    """The new bars, through the same ingest as a build (``cfg.data``): ticker -> bars; and where from."""
+def read_new(cfg) -> tuple[Mapping[str, pd.DataFrame], str]:
+    """The new bars, through the same ingest as a build (``cfg.data``): ticker -> bars; and where from.
+    One file of many tickers that ingest would keep as it is is read whole (``bars/columnar.py``)."""
+    from alchemetric_ray.bars.columnar import clean_long_table
     from alchemetric_ray.bars.sources import open_source
 
     source = open_source(cfg.data, min_history=0)
+    if source.kind == "files" and source.report is not None and not cfg.data.tickers:
+        whole = clean_long_table(Path(cfg.data.path), source.report)
+        if whole is not None:
+            return KeptBars(*whole), source.description
     new = {ticker: _canonical(frame) for ticker, frame in source.bars}
     return new, source.description
 
