@@ -205,6 +205,19 @@ def bars_of(folder: Path) -> dict[str, pd.DataFrame]:
             for t, frame in table.groupby("ticker", sort=True)}
 
 
+def test_a_daily_feed_in_one_file_appends_as_the_same_bars_in_a_folder_do(market, tmp_path):
+    """A vendor's file of every ticker's new bars (read whole where ingest would keep them as they are,
+    bars/columnar.py): the folder appended equals a fresh build, as with a file per ticker."""
+    root = market["root"]
+    build(root / "head", tmp_path / "appended", *market["splits"])
+    feed = pd.concat([pd.read_parquet(f).assign(ticker=f.stem) for f in sorted((root / "tail").glob("*.parquet"))])
+    feed.sort_values(["date", "ticker"]).to_parquet(tmp_path / "feed.parquet", index=False)
+    ar.features(data=str(tmp_path / "feed.parquet"), out=tmp_path / "appended", append=True)
+    build(root / "all", tmp_path / "fresh", *market["splits"])
+    assert_same_rows(tmp_path / "appended", tmp_path / "fresh")
+    assert Manifest.read(tmp_path / "appended").appends[-1]["computed"] == {"from_tails": TICKERS, "from_bars": 0}
+
+
 def test_a_folder_without_tails_is_appended_to_from_its_bars_store(market, tmp_path):
     """A folder built before builds kept tails: the append computes every ticker from the bars store, as
     before, equals a fresh build, and writes no tails (the next one does the same)."""
