@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import alchemetric_ray as ar
 from alchemetric_ray.bars.synthetic import SyntheticMarket, synthetic_bars
@@ -28,7 +30,9 @@ from alchemetric_ray.data import tails as tails_store
 from alchemetric_ray.data.append import EMA_BARS, tail_bars
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.data.panel import compute_group
+from alchemetric_ray.data.shards import file_chains
 from alchemetric_ray.errors import DataError, ShardError
+from alchemetric_ray.storage import locate
 
 REPO = Path(__file__).resolve().parents[1]
 TICKERS, DAYS, MONTH, OVERLAP, LAG = 12, 700, 21, 5, 3
@@ -94,11 +98,12 @@ def assert_same_rows(appended: Path, fresh: Path) -> None:
     if mf.cross_section:
         for key in ("dates_kept", "dates_dropped", "rows_dropped", "max_names"):
             assert ma.cross_section[key] == mf.cross_section[key], key
-    # a ticker is never in two files of a split (sequence windows are built a file at a time)
+    # a ticker is never in two chains of files of a split (a file and an append's continuations of it:
+    # sequence windows are built a chain at a time)
     for split in ("train", "val", "test"):
         seen: set[str] = set()
-        for name in ma.files[split]:
-            tickers = set(pq.read_table(appended / name, columns=["ticker"]).column(0).to_pylist())
+        for chain in file_chains([locate(appended / name) for name in ma.files[split]]):
+            tickers = {t for f in chain for t in pq.read_table(f.path, columns=["ticker"]).column(0).to_pylist()}
             assert not tickers & seen, (split, tickers & seen)
             seen |= tickers
 
@@ -374,22 +379,85 @@ def test_the_packaged_data_s_last_month_appended_equals_a_fresh_build(stocknet_d
     assert_same_rows(tmp_path / "appended", tmp_path / "fresh")
 
 
-def test_an_append_over_several_test_files_keeps_each_ticker_in_one_file(market, tmp_path, monkeypatch):
-    """The test segment rewritten a file at a time under a small ROWS_PER_FILE: the same rows as a fresh
-    build, each file closed before a ticker would take it past the limit, a ticker never in two files."""
-    from alchemetric_ray.data import shards
+def test_an_append_continues_each_test_file_and_compacts_the_longest_chain(market, tmp_path, monkeypatch):
+    """The new rows go to continuations of the test files (``part-NNNNN.K.parquet``, a file's tickers'
+    rows of the K-th append), not a rewrite of the segment: several files (a small ROWS_PER_FILE), each
+    continued once.  A chain of COMPACT_AT continuations is written again whole at the next append (the
+    longest first, one in COMPACT_AT of them an append); the rows equal a fresh build's each time."""
+    from alchemetric_ray.data import append_write, shards
 
     monkeypatch.setattr(shards, "ROWS_PER_FILE", 300)
-    root = market["root"]
+    monkeypatch.setattr(append_write, "COMPACT_AT", 2)
+    root, calendar = market["root"], market["calendar"]
     build(root / "head", tmp_path / "appended", *market["splits"])
-    before = Manifest.read(tmp_path / "appended")
-    assert len(before.files["test"]) > 1
-    ar.features(data=str(root / "tail"), out=tmp_path / "appended", append=True)
+    before = Manifest.read(tmp_path / "appended").files["test"]
+    assert len(before) > 2
+    cuts = [calendar[-MONTH - LAG], calendar[-14], calendar[-7], None]  # LAGGING first catches up
+    listings = []
+    for i, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
+        (tmp_path / f"feed{i}").mkdir()
+        for f in sorted((root / "tail").glob("*.parquet")):
+            frame = pd.read_parquet(f)
+            keep = (frame["date"] >= lo) & ((frame["date"] < hi) if hi is not None else True)
+            frame[keep.to_numpy()].to_parquet(tmp_path / f"feed{i}" / f.name, index=False)
+        ar.features(data=str(tmp_path / f"feed{i}"), out=tmp_path / "appended", append=True)
+        listings.append(Manifest.read(tmp_path / "appended").files["test"])
     build(root / "all", tmp_path / "fresh", *market["splits"])
     assert_same_rows(tmp_path / "appended", tmp_path / "fresh")
-    manifest = Manifest.read(tmp_path / "appended")
-    sizes = [pq.read_metadata(tmp_path / "appended" / name).num_rows for name in manifest.files["test"]]
-    assert len(sizes) > 1 and sum(sizes) == manifest.rows["test"]
-    for name, n in zip(manifest.files["test"], sizes):
-        tickers = set(pq.read_table(tmp_path / "appended" / name, columns=["ticker"]).column(0).to_pylist())
-        assert n <= 300 or len(tickers) == 1, (name, n, tickers)
+    # 1st: every file continued once; 2nd: twice; 3rd: the first chain (the longest) written again whole
+    assert listings[0] == [n for b in before for n in (b, b.replace(".parquet", ".1.parquet"))]
+    assert listings[1] == [n for b in before for n in (b, b.replace(".parquet", ".1.parquet"),
+                                                          b.replace(".parquet", ".2.parquet"))]
+    # 3rd: every chain is due; the first half of them (one in COMPACT_AT an append) written again whole
+    half = -(-len(before) // 2)
+    rewritten = [n for n in listings[2] if n not in listings[1]]
+    assert not set(listings[1][:3 * half]) & set(listings[2]) and rewritten[0] == listings[2][0]
+    assert all(re.fullmatch(r"split=test/part-\d+\.parquet", n) for n in rewritten[:half])
+    assert listings[2][-4 * (len(before) - half):] == [b.replace(".parquet", k) for b in before[half:]
+                                                        for k in (".parquet", ".1.parquet", ".2.parquet", ".3.parquet")]
+    listed = {name for names in Manifest.read(tmp_path / "appended").files.values() for name in names}
+    assert listed == {str(p.relative_to(tmp_path / "appended")) for p in (tmp_path / "appended").rglob("*.parquet")}
+
+
+def test_a_sequence_model_s_windows_reach_back_across_an_append(ray_session, market, tmp_path):
+    """A sequence model's windows are built a chain of files at a time: a ticker's first new windows
+    reach back into its rows before the append.  The appended folder's test windows are a fresh build's,
+    ticker by ticker and date by date (Ray Data's read), and the in-process reader (ShardReader) gives
+    the same tensors as Ray Data's ordered read."""
+    from ray.data import DataContext
+
+    from alchemetric_ray.data.batches import read_all
+    from alchemetric_ray.data.loaders import (
+        ShardReader,
+        build_datasets,
+        collate_for,
+        deterministic_context,
+        read_split_windows,
+    )
+
+    root, window = market["root"], 8
+    build(root / "head", tmp_path / "appended", *market["splits"])
+    ar.features(data=str(root / "tail"), out=tmp_path / "appended", append=True)
+    build(root / "all", tmp_path / "fresh", *market["splits"])
+    assert any(name.endswith(".1.parquet") for name in Manifest.read(tmp_path / "appended").files["test"])
+
+    def windows(folder: Path) -> list[dict]:
+        return sorted(read_split_windows(folder, "test", window).take_all(), key=lambda r: (r["ticker"], r["date"]))
+
+    appended, fresh = windows(tmp_path / "appended"), windows(tmp_path / "fresh")
+    assert len(appended) == len(fresh) > TICKERS * MONTH
+    for a, f in zip(appended, fresh):
+        assert (a["ticker"], a["date"]) == (f["ticker"], f["date"])
+        np.testing.assert_allclose(a["x"], f["x"], rtol=1e-5, atol=1e-5)
+    ctx = DataContext.get_current()
+    old = ctx.execution_options.preserve_order
+    try:
+        deterministic_context()
+        datasets, manifest = build_datasets(tmp_path / "appended", "sequence", window, splits=("test",))
+        ours = ShardReader(tmp_path / "appended", manifest, "sequence", window).rows("test")
+        ray_data = read_all(datasets["test"], 256, collate_for("sequence", manifest.features))
+        assert len(ours[1]) == len(fresh)
+        for a, b in zip(ours, ray_data):
+            assert torch.equal(a, b)
+    finally:
+        ctx.execution_options.preserve_order = old

@@ -209,7 +209,7 @@ def _resumed(job: _Job, added: Mapping[str, pd.DataFrame]) -> AppendSummary:
         rows, cs_record = _cross_section(rows, names, spec, job.cfg, job.description)
     from_bars = set(slow) | set(again)
     how = {"from_tails": len(set(fast) - from_bars), "from_bars": len(from_bars)}
-    return write(job, NewRows(rows, a0, cs_record, _merged(tails, computed), how), added)
+    return write(job, NewRows(rows, a0, cs_record, _merged(tails, computed), how, rewrite=bool(again)), added)
 
 
 def _check_revisions(job: _Job, tails_bars: KeptBars) -> None:

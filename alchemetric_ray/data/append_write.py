@@ -4,6 +4,7 @@ file written removed on a failure before the manifest is."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 import time
@@ -65,13 +66,15 @@ class NewRows:
     """What an append computed: the rows to write (raw features, before normalization), the first date it
     wrote again whole (a per-date pass; else None) and that pass's counts, the folder's tails brought up to
     date (``data/tails.py``; None: it keeps none) and how many tickers it computed from their tails and from
-    the bars store (``computed``)."""
+    the bars store (``computed``); whether the test segment is written again (``rewrite``: some of its rows
+    were computed again), else extended (:meth:`_TestWriter.extend`)."""
 
     rows: pd.DataFrame
     a0: Any = None
     cs_record: dict = field(default_factory=dict)
     tails: pa.Table | None = None
     computed: dict[str, int] = field(default_factory=dict)
+    rewrite: bool = True  # rows of the test segment on dates from a0 on are computed again: write it again
 
 
 def write(job: _Job[_Summary], new: NewRows, added: Mapping[str, pd.DataFrame]) -> _Summary:
@@ -86,14 +89,17 @@ def write(job: _Job[_Summary], new: NewRows, added: Mapping[str, pd.DataFrame]) 
         rows = rows[_in_test(plan, rows) == 2].reset_index(drop=True)
     writer = _TestWriter(folder / "split=test", _schema(list(manifest.features), manifest.regression),
                          len(manifest.classes))
-    from alchemetric_ray.data.shards import split_files
+    from alchemetric_ray.data.shards import file_chains, split_files
 
-    old_files = [f.local for f in split_files(folder, "test", manifest)]
+    chains = [[f.local for f in chain] for chain in file_chains(split_files(folder, "test", manifest))]
     old_tails = tails_store.listed(folder, manifest.files) if tails is not None else []
     new_table = _new_table(rows, list(manifest.features), Normalizer.from_dict(manifest.normalization),
                            writer.schema, manifest.regression)
     try:
-        writer.rewrite(old_files, new_table, a0)
+        if new.rewrite:
+            writer.rewrite(chains, new_table, a0)
+        else:
+            writer.extend(chains, new_table, manifest.rows.get("test", 0), manifest.class_counts.get("test", []))
         stacked = stack(added)
         bars_name = bars_store.write_table_part(folder, _next_index(folder / bars_store.BARS_DIR),
                                                 bars_table(stacked))
@@ -117,7 +123,9 @@ def write(job: _Job[_Summary], new: NewRows, added: Mapping[str, pd.DataFrame]) 
             skipped_tickers={t: why for t, why in manifest.skipped_tickers.items() if t not in set(tickers)},
             files={**manifest.files, "test": writer.names(),
                    bars_store.BARS_DIR: [str(p.relative_to(folder)) for p in job.parts] + [bars_name], **tail_files},
-            cross_section=_cross_record(manifest.cross_section, new.cs_record, folder, manifest, a0),
+            # (extended: no row of the segment is on a date from a0 on)
+            cross_section=_cross_record(manifest.cross_section, new.cs_record, folder, manifest,
+                                        a0 if new.rewrite else None),
             appends=[*manifest.appends, entry],
         )
         updated.write(folder)
@@ -134,7 +142,7 @@ def write(job: _Job[_Summary], new: NewRows, added: Mapping[str, pd.DataFrame]) 
         if not _committed(folder, len(manifest.appends) + 1):  # an interrupt just after the manifest's rename
             writer.remove()
         raise
-    for path in [*old_files, *old_tails]:  # no longer listed: their rows are in the new files
+    for path in [*writer.replaced, *old_tails]:  # no longer listed: their rows are in the new files
         if path not in writer.written:
             path.unlink(missing_ok=True)
     dates = f"dates {entry['first_date']}..{entry['last_date']}" if entry["first_date"] else \
@@ -183,31 +191,33 @@ def _entry(job: _Job[Any], rows: pd.DataFrame, stacked: pd.DataFrame, bars_name:
 
 
 class _TestWriter:
-    """The test segment's new part files: each ticker's kept rows then its new ones, a ticker never in
-    two files, up to ROWS_PER_FILE rows a file (as data/shards.py writes them), under names no file has."""
+    """The test segment's part files after an append: each ticker's kept rows then its new ones, a ticker
+    never in two chains of files (``shards.file_chains``), up to ROWS_PER_FILE rows a file (as
+    data/shards.py writes them), under names no file has.  ``listing``: the split's files then, in order;
+    ``replaced``: the old files it no longer lists."""
 
     def __init__(self, folder: Path, schema: pa.Schema, n_classes: int):
         self.folder, self.schema = folder, schema
         self.written: list[Path] = []
+        self.listing: list[Path] = []
+        self.replaced: list[Path] = []
         self.rows = 0
         self.classes = [0] * n_classes
         self.index = 0
 
-    def rewrite(self, old_files: list[Path], new_rows: pa.Table, a0) -> None:
-        """Each old file's rows before ``a0`` (all: None), each ticker's followed by its rows of
-        ``new_rows`` (by ticker then date), then the new rows of tickers no old file holds; a ticker's
-        rows never split across files, a file closed before it would pass ROWS_PER_FILE."""
+    def rewrite(self, old_chains: list[list[Path]], new_rows: pa.Table, a0) -> None:
+        """Each old chain's rows before ``a0`` (all: None), each ticker's followed by its rows of
+        ``new_rows`` (by ticker then date), then the new rows of tickers no old chain holds, as new part
+        files; a ticker's rows never split across files, a file closed before it would pass ROWS_PER_FILE."""
         from alchemetric_ray.data.shards import ROWS_PER_FILE
 
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.index = _next_index(self.folder)
+        self._start()
         new_runs = {t: (lo, hi) for t, lo, hi in _ticker_runs(new_rows)}
         pieces: list[pa.Table] = []
         sizes: list[int] = []  # rows of each ticker, in the order written
-        for path in old_files:
-            table = pq.read_table(path)
-            if table.schema != self.schema:
-                table = table.cast(self.schema)
+        for chain in old_chains:
+            self.replaced += chain
+            table = self._read(chain)
             if a0 is not None:  # the dates from the first new row on are written again, whole
                 table = table.filter(pc.less(table.column("date"), pa.scalar(a0, pa.timestamp("ns"))))
             runs = _ticker_runs(table)
@@ -229,25 +239,84 @@ class _TestWriter:
             pieces.append(new_rows.slice(lo, hi - lo))
             sizes.append(hi - lo)
         rows = pa.concat_tables(pieces) if pieces else new_rows.slice(0, 0)
+        self._count(rows)
+        for first, length in _file_cuts(sizes, ROWS_PER_FILE):
+            self.listing.append(self.write(rows.slice(first, length)))
+
+    def extend(self, old_chains: list[list[Path]], new_rows: pa.Table, old_rows: int, old_classes: list[int]) -> None:
+        """The new rows (by ticker then date) added without rewriting the segment: the new rows of the
+        tickers in each chain's range as a continuation of it (``part-NNNNN.K.parquet``), those of tickers
+        outside every range as new part files.  Chains of COMPACT_AT continuations or more are written
+        again whole as new part files instead, their new rows with them (the longest first, one in
+        COMPACT_AT of the chains an append, which keeps up with one continuation of each an append): what
+        a reader opens stays bounded, and so does what an append writes."""
+        from alchemetric_ray.data.shards import ROWS_PER_FILE
+
+        self._start()
+        self.rows, self.classes = old_rows, list(old_classes) if self.classes else []
+        self._count(new_rows)
+        new_runs = {t: (lo, hi) for t, lo, hi in _ticker_runs(new_rows)}
+        due = sorted((i for i, chain in enumerate(old_chains) if len(chain) - 1 >= COMPACT_AT),
+                     key=lambda i: -len(old_chains[i]))
+        compact = set(due[:-(-len(old_chains) // COMPACT_AT)])  # the longest; as many as keep up with appends
+        order = sorted(new_runs)  # the new rows' tickers
+        for i, chain in enumerate(old_chains):
+            bounds = _ticker_range(chain[0])
+            take = order[bisect.bisect_left(order, bounds[0]):bisect.bisect_right(order, bounds[1])] if bounds else []
+            runs = [new_runs.pop(t) for t in take if t in new_runs]
+            rows = pa.concat_tables([new_rows.slice(lo, hi - lo) for lo, hi in runs]) if runs else None
+            if i in compact:
+                self.replaced += chain
+                table = self._read(chain) if rows is None else pa.concat_tables([self._read(chain), rows])
+                table = table.take(pc.sort_indices(table, [("ticker", "ascending"), ("date", "ascending")]))
+                sizes = [hi - lo for _, lo, hi in _ticker_runs(table)]
+                self.listing += [self.write(table.slice(a, n)) for a, n in _file_cuts(sizes, ROWS_PER_FILE)]
+                continue
+            self.listing += chain
+            if rows is not None:
+                self.listing.append(self.write(rows, name=_continuation(chain)))
+        rest = sorted(new_runs.items())
+        if rest:
+            table = pa.concat_tables([new_rows.slice(lo, hi - lo) for _, (lo, hi) in rest])
+            sizes = [hi - lo for _, (lo, hi) in rest]
+            self.listing += [self.write(table.slice(a, n)) for a, n in _file_cuts(sizes, ROWS_PER_FILE)]
+
+    def _start(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.index = _next_index(self.folder)
+
+    def _read(self, chain: list[Path]) -> pa.Table:
+        """A chain's rows, by ticker then date (a continuation's rows after its file's, as the dates go)."""
+        parts = []
+        for path in chain:
+            table = pq.read_table(path)
+            parts.append(table if table.schema == self.schema else table.cast(self.schema))
+        if len(parts) == 1:
+            return parts[0]
+        table = pa.concat_tables(parts)
+        return table.take(pc.sort_indices(table, [("ticker", "ascending"), ("date", "ascending")]))
+
+    def _count(self, rows: pa.Table) -> None:
+        self.rows += rows.num_rows
         if self.classes and rows.num_rows:
             labels, counts = np.unique(rows.column("label").to_numpy(), return_counts=True)
             for c, n in zip(labels, counts):
                 self.classes[int(c)] += int(n)
-        for start, length in _file_cuts(sizes, ROWS_PER_FILE):
-            self.write(rows.slice(start, length))
-        self.rows += rows.num_rows
 
-    def write(self, table: pa.Table) -> None:
+    def write(self, table: pa.Table, *, name: str | None = None) -> Path:
         from alchemetric_ray.data.shards import ROWS_PER_ROW_GROUP
 
-        path = self.folder / f"part-{self.index:05d}.parquet"
+        if name is None:
+            name = f"part-{self.index:05d}.parquet"
+            self.index += 1
+        path = self.folder / name
         self.written.append(path)
         # dictionary encoding for the ticker only, as data/shards.py writes
         pq.write_table(table.combine_chunks(), path, row_group_size=ROWS_PER_ROW_GROUP, use_dictionary=["ticker"])
-        self.index += 1
+        return path
 
     def names(self) -> list[str]:
-        return [f"{self.folder.name}/{p.name}" for p in self.written if p.parent == self.folder]
+        return [f"{self.folder.name}/{p.name}" for p in self.listing]
 
     def remove(self) -> None:
         for path in self.written:
@@ -255,6 +324,32 @@ class _TestWriter:
                 path.unlink(missing_ok=True)
             except OSError:  # never made (its folder refused it)
                 pass
+
+
+COMPACT_AT = 8  # continuations of a file after which an append writes its chain again whole
+_CONTINUATION = re.compile(r"^part-(\d+)(?:\.(\d+))?\.parquet$")
+
+
+def _continuation(chain: list[Path]) -> str:
+    """The name of the next continuation of ``chain``: its first file's number, then one past its last."""
+    numbers = [_CONTINUATION.match(p.name) for p in chain]
+    base = numbers[0].group(1) if numbers[0] else chain[0].stem
+    last = max((int(m.group(2)) for m in numbers if m and m.group(2)), default=0)
+    return f"part-{base}.{last + 1}.parquet"
+
+
+def _ticker_range(path: Path) -> tuple[str, str] | None:
+    """The first and last ticker of a chain's first file (chains hold ticker ranges that do not overlap: a
+    ticker in a chain's range joins it), from the file's statistics where it has them; None: no row."""
+    meta = pq.read_metadata(path)
+    if not meta.num_rows:
+        return None
+    column = meta.schema.names.index("ticker")
+    stats = [meta.row_group(g).column(column).statistics for g in range(meta.num_row_groups)]
+    if all(st is not None and st.has_min_max for st in stats):
+        return str(min(st.min for st in stats)), str(max(st.max for st in stats))
+    tickers = pc.unique(pq.read_table(path, columns=["ticker"]).column(0)).to_pylist()
+    return str(min(tickers)), str(max(tickers))
 
 
 def _file_cuts(sizes: list[int], per_file: int) -> list[tuple[int, int]]:

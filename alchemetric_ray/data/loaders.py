@@ -31,7 +31,7 @@ import torch
 from ray.data.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn
 
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
-from alchemetric_ray.data.shards import split_files
+from alchemetric_ray.data.shards import file_chains, split_files
 from alchemetric_ray.errors import ShardError
 from alchemetric_ray.storage import Location, locate
 
@@ -167,31 +167,42 @@ def make_windows(group: dict[str, np.ndarray], features: list[str], window: int)
 
 
 def read_windows(files: list[Location], features: list[str], window: int, *, columns: list[str] | None = None):
-    """Per-ticker sliding windows of Parquet files in which no ticker spans two files, as a Ray Dataset
-    (columns x, label, fwd_ret, date, ticker and the other columns read).
+    """Per-ticker sliding windows of Parquet files in which no ticker spans two chains of files
+    (``shards.file_chains``: a file and an append's continuations of it), as a Ray Dataset (columns x,
+    label, fwd_ret, date, ticker and the other columns read).
 
-    One task per file reads it and windows each of its tickers (:func:`make_windows`), in (ticker,
+    One task per chain reads it and windows each of its tickers (:func:`make_windows`), in (ticker,
     date) order: nothing is shuffled between tasks, where a ``groupby("ticker")`` would move every row
     through an all-to-all exchange on every execution, i.e. every streamed epoch.  The caller
-    guarantees the files keep tickers whole (:func:`check_whole_tickers` for shards; one file per
+    guarantees the chains keep tickers whole (:func:`check_whole_tickers` for shards; one file per
     ticker for prediction's staging folder)."""
     import ray.data
 
     filesystem = None if not files or files[0].is_local else files[0].filesystem  # pickled to the tasks
-    items = ray.data.from_items([{"path": f.path} for f in files], override_num_blocks=max(1, len(files)))
+    chains = file_chains(files)
+    items = ray.data.from_items([{"path": _joined(chain)} for chain in chains], override_num_blocks=max(1, len(chains)))
     return items.map_batches(_file_windows,  # type: ignore[arg-type]  # Ray's type has no room for fn_args
                              fn_args=(filesystem, list(features), window, columns),
                              batch_size=1, batch_format="numpy")
 
 
+_CHAIN_SEP = "\0"  # between the paths of a chain's files in one item (no path holds it)
+
+
+def _joined(chain: list[Location]) -> str:
+    return _CHAIN_SEP.join(f.path for f in chain)
+
+
 def _file_windows(batch: dict[str, np.ndarray | list[str]], filesystem, features: list[str], window: int,
                   columns: list[str] | None):
-    """The windows of the files named in ``batch``, one ticker at a time (a generator: Ray Data
-    gathers them into blocks, so a file's windows are never all in memory at once)."""
+    """The windows of the files (or chains of files, :func:`_joined`) named in ``batch``, one ticker at a
+    time (a generator: Ray Data gathers them into blocks, so a chain's windows are never all in memory
+    at once)."""
     import pyarrow.parquet as pq
 
-    for path in batch["path"]:
-        table = pq.read_table(str(path), filesystem=filesystem, columns=columns)
+    for item in batch["path"]:
+        parts = [pq.read_table(path, filesystem=filesystem, columns=columns) for path in str(item).split(_CHAIN_SEP)]
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
         cols = {name: _column(table, name) for name in table.column_names}
         tickers = cols["ticker"]
         order = np.argsort(tickers, kind="stable")
@@ -221,15 +232,16 @@ def folder_batches(folder: str | Path, *, windows: tuple[list[str], int] | None 
 
 
 def check_whole_tickers(shards: str | Path | Location, split: str, manifest: Manifest) -> None:
-    """No ticker of ``split`` spans two of its files, which sequence windows need (:func:`read_windows`).
+    """No ticker of ``split`` spans two of its chains of files (``shards.file_chains``), which sequence
+    windows need (:func:`read_windows`).
 
-    Shards are ordered by ticker, then date, and written a whole ticker per file since 2026-12-01;
-    older shard folders may cut a ticker between two files.  Reads the ticker column of each file's
-    first and last row group only."""
+    Shards are ordered by ticker, then date, and written a whole ticker per file since 2026-12-01 (an
+    append adds a ticker's new rows to its file's chain); older shard folders may cut a ticker between
+    two files.  Reads the ticker column of each chain's first file's first and last row group only."""
     import pyarrow.parquet as pq
 
     previous = None
-    for file in split_files(shards, split, manifest):
+    for file in (chain[0] for chain in file_chains(split_files(shards, split, manifest))):
         with pq.ParquetFile(file.filesystem.open_input_file(file.path)) as f:
             if not f.metadata.num_row_groups:
                 continue
@@ -386,6 +398,6 @@ class ShardReader:
             return concat_batches([collate(pq.read_table(f.path, filesystem=f.filesystem, columns=cols))
                                    for f in files])
         check_whole_tickers(self.shards, split, self.manifest)
-        return concat_batches([collate(chunk) for f in files
-                               for chunk in _file_windows({"path": [f.path]}, f.filesystem, self.manifest.features,
-                                                          self.window, cols)])
+        return concat_batches([collate(chunk) for chain in file_chains(files)
+                               for chunk in _file_windows({"path": [_joined(chain)]}, chain[0].filesystem,
+                                                          self.manifest.features, self.window, cols)])

@@ -5,7 +5,7 @@ Layout of ``OUT``::
     OUT/manifest.json
     OUT/split=train/part-00000.parquet ...   (rows ordered by ticker, then date)
     OUT/split=val/...
-    OUT/split=test/...
+    OUT/split=test/...                       (an append adds part-NNNNN.K.parquet: data/append_write.py)
 
 Columns: ``date`` (timestamp), ``ticker``, one float32 column per feature (normalized with the
 train segment's statistics), ``label`` (int64 class id), ``fwd_ret`` (float32 forward log
@@ -28,6 +28,7 @@ A regression target's ``label`` is float32 (the cross-sectional value); a class 
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -88,6 +89,22 @@ def split_files(shards: str | Path | Location, split: str, manifest: Manifest) -
         return [where / name for name in manifest.files.get(split, [])]
     folder = where / f"split={split}"
     return [folder / name for name in folder.listing("*.parquet", folders=False)]
+
+
+_CHAIN_NAME = re.compile(r"^(part-\d+)(?:\.\d+)?\.parquet$")
+
+
+def file_chains(files: list[Location]) -> list[list[Location]]:
+    """A split's files as chains: a part file (``part-NNNNN.parquet``) and the continuations appends wrote
+    of it (``part-NNNNN.K.parquet``: the rows the K-th of them added to its tickers), in the order listed.
+    A ticker's rows lie in one chain, a build's in one file; a sequence model's windows are built a chain
+    at a time (data/loaders.py).  Another name is a chain of its own."""
+    chains: dict[str, list[Location]] = {}
+    for file in files:
+        name = file.path.rsplit("/", 1)[-1]
+        found = _CHAIN_NAME.match(name)
+        chains.setdefault(found.group(1) if found else file.path, []).append(file)
+    return list(chains.values())
 
 
 def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[tuple[str, pd.DataFrame]] | None = None,
