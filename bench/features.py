@@ -15,7 +15,8 @@ as one Parquet file per ticker (the `--data DIR` a user gives):
    single-process numpy script that reads the same Parquet files, computes the same 16 features and
    the label and writes one Parquet file) on one core;
 4. peak RSS per task from 1M to the universe's rows;
-5. an append of the last 21 days to the universe built without them, against the full build.
+5. an append of the last 21 days (one daily-feed file of every ticker's bars) to the universe built
+   without them, against that build (each timed in its process after the modules are imported).
 Results: ``bench/results/features-<rows>.json``; the table is printed.
 """
 
@@ -58,15 +59,16 @@ if cpus:  # Ray's workers to watch (without Ray, the scan of every process would
     import ray
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
 from alchemetric_ray.config import load_config
+import alchemetric_ray as ar
+from alchemetric_ray.data.append import append_bars  # both timed after their modules are imported
+from alchemetric_ray.data.shards import build_shards
 cfg = load_config(None, {overrides!r})
 start = time.perf_counter()
 if {append!r}:
-    import alchemetric_ray as ar
     shards = ar.features(cfg, data={data!r}, out={out!r}, append=True)
     rows = dict(shards.rows)
     seconds = warm = time.perf_counter() - start
 else:
-    from alchemetric_ray.data.shards import build_shards
     built = build_shards(cfg, {out!r})
     rows = built.manifest.rows
     seconds = time.perf_counter() - start
@@ -95,15 +97,21 @@ def write_universe(folder: Path, tickers: int, days: int, seed: int = 7) -> int:
 
 
 def split_universe(folder: Path, head: Path, tail: Path, days: int) -> None:
-    """``head``: every ticker without its last ``days`` bars; ``tail``: those bars."""
+    """``head``: every ticker without its last ``days`` bars (a file per ticker); ``tail``: those bars as a
+    daily feed comes, one file of every ticker's bars by date (a Parquet file with a ticker column)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     head.mkdir(parents=True, exist_ok=True)
-    tail.mkdir(parents=True, exist_ok=True)
+    pieces = []
     for path in sorted(folder.glob("*.parquet")):
         table = pq.read_table(path)
         pq.write_table(table.slice(0, table.num_rows - days), head / path.name)
-        pq.write_table(table.slice(table.num_rows - days), tail / path.name)
+        last = table.slice(table.num_rows - days).replace_schema_metadata(None)
+        pieces.append(last.append_column("ticker", pa.array([path.stem] * last.num_rows)))
+    feed = pa.concat_tables(pieces)
+    pq.write_table(feed.take(pc.sort_indices(feed, [("date", "ascending"), ("ticker", "ascending")])), tail)
 
 
 def child(repo: Path, overrides: list[str], out: Path, *, cpus: int | None, one_core: bool = False,
@@ -202,7 +210,7 @@ def main() -> None:
         print(f"bars written: {rows_big:,} + {rows_small:,} rows in {time.perf_counter() - t0:.0f} s", flush=True)
 
         # 1 and 5: the universe without its last 21 days, then the append of those days; the whole universe
-        head, tail = scratch / "head", scratch / "tail"
+        head, tail = scratch / "head", scratch / "tail.parquet"
         split_universe(big, head, tail, APPEND_DAYS)
         fixed = ["features.train_frac=0.6", "features.val_frac=0.2"]
         full = child(REPO, [f"data.path={big}", *fixed], scratch / "full", cpus=cores)
@@ -281,7 +289,7 @@ def only_append(args: argparse.Namespace) -> None:
     cores = os.cpu_count() or 1
     scratch = Path(tempfile.mkdtemp(prefix="alchemetric-bench-append-"))
     try:
-        big, head, tail = scratch / "universe", scratch / "head", scratch / "tail"
+        big, head, tail = scratch / "universe", scratch / "head", scratch / "tail.parquet"
         rows = write_universe(big, args.tickers, args.days)
         split_universe(big, head, tail, APPEND_DAYS)
         fixed = ["features.train_frac=0.6", "features.val_frac=0.2"]

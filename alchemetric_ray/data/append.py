@@ -4,31 +4,40 @@ An append computes only the rows that change and leaves the folder as a fresh bu
 would be, row for row, for every row that build labels (``tests/test_append.py``):
 
 1. **Settings**: the shards' own (``manifest.built_with``; an override that conflicts is refused, as
-   for training on shards).  The new bars are read through the same ingest as a build.
-2. **Revisions**: a new bar for a date the folder already keeps (``OUT/bars/``, the build's input
-   bars, :mod:`~alchemetric_ray.data.bars_store`) must equal the kept one (open, high, low, close,
-   volume, to 1e-9 relative); otherwise the append is refused in one line naming the ticker, the date
-   and both closes, and ``--rebuild`` rebuilds the folder from the kept bars merged with the new ones.
-3. **Rows**: per ticker, the rows after its last row in the shards: its newest ``reach`` kept bars
-   had no label at the last build (so they were not written) and have one now, then the new bars'.
-   They are computed by :func:`~alchemetric_ray.data.panel.compute_group` over a tail of the kept
-   bars plus the new ones: :func:`tail_bars` bars before the first row to write, enough for the
-   longest warm-up and for the slowest EMA to forget where the tail starts (to ``EMA_TOLERANCE``).
+   for training on shards).  The new bars are read through the same ingest as a build (one file of
+   many tickers that ingest would keep as it is: whole, ``bars/columnar.py``).
+2. **Revisions**: a new bar for a date the folder already keeps must equal the kept one (open, high,
+   low, close, volume, to 1e-9 relative), checked against the tails (``data/tails.py``: each ticker's
+   last bars), or the bars store (``OUT/bars/``, the build's input bars,
+   :mod:`~alchemetric_ray.data.bars_store`) for an older one; otherwise the append is refused in one
+   line naming the ticker, the date and both closes, and ``--rebuild`` rebuilds the folder from the
+   kept bars merged with the new ones.
+3. **Rows**: per ticker, the rows after its last row in the shards: its newest ``reach`` kept bars had
+   no label at the last build (so they were not written) and have one now, then the new bars'.  They
+   are computed from its tail (the bars its first new row looks back on) and the new bars, its EMAs
+   resumed from their states after its last row (``features.Panel.ewm``), by
+   :func:`_resumed_rows`.  A ticker without them (new to the folder, a folder built before tails were
+   kept) is computed from the bars store: :func:`tail_bars` kept bars before its first row to write,
+   enough for the longest warm-up and for the slowest EMA to forget where they start (to
+   ``EMA_TOLERANCE``).
 4. **Per-date pass** (a cross-sectional label or feature): a date's values depend on that date's rows
    only, so it runs over every row of the dates from the first new row on (``A0``); where another
-   ticker already has rows on those dates (its bars ended earlier), they are recomputed with the rest.
+   ticker already has rows on those dates (its bars ended later than the first new row's), its rows
+   from ``A0`` are computed again with the rest, from the bars store.
 5. **Split and normalization**: the manifest's split plan (its test segment now ends at the last new
    row) and its train-fitted normalizer, unchanged.  Rows must fall in the test segment: a row that
    would land in train or val (a ticker new to the folder with years of history) is refused, since
    the normalization fitted on train would change (``--rebuild``).  Rows without a label yet (the
    newest ``reach`` bars) are not written, as in a build: they join at the next append.
-6. **Writing**: the test segment is written again as new part files (new names) holding its rows and
-   the new ones, a ticker in one file, as a build writes them: a sequence model's windows are built a
-   file at a time, so a ticker's new rows in a file of their own would cut its windows.  Then the new
-   bars as a new ``bars/part-NNNNN.parquet``, then the manifest (atomically), with ``files``,
-   ``rows``, ``class_counts``, ``tickers``, the test segment's end and an ``appends`` entry.  Only then
-   are the test files it no longer lists removed.  A failure or an interrupt before the manifest is
-   written removes every file the append wrote: the folder is left as it was.
+6. **Writing** (``data/append_write.py``): each test file's tickers' new rows as a continuation of it
+   (``part-NNNNN.K.parquet``; a sequence model's windows are built a chain of files at a time, so a
+   ticker's new windows reach back into its earlier rows), the new rows of a ticker outside every
+   file's range as a new file; where rows of the test segment were computed again (4.), the segment
+   is written again instead.  Then the new bars as a new ``bars/part-NNNNN.parquet``, the tails
+   brought up to date as a new ``tails/part-NNNNN.parquet``, then the manifest (atomically), with
+   ``files``, ``rows``, ``class_counts``, ``tickers``, the test segment's end and an ``appends`` entry.
+   Only then are the files it no longer lists removed.  A failure or an interrupt before the manifest
+   is written removes every file the append wrote: the folder is left as it was.
 
 Local folders only (a shard folder on object storage is refused in one line).
 """
@@ -246,11 +255,24 @@ def _resumed_rows(tickers: list[str], tails: Tails, added: Mapping[str, pd.DataF
     index = tails.index
     which = np.array([index[t] for t in tickers], dtype=np.int64)
     starts, tail_lengths = tails.starts[which], tails.lengths[which]
-    pieces = [(np.arange(a, a + n), _added_arrays(added, t)) for t, a, n in zip(tickers, starts.tolist(),
-                                                                                tail_lengths.tolist())]
-    columns = {c: np.concatenate([part for rows, new in pieces for part in (tails.cols[c][rows], new[c])])
-               for c in ("date", "open", "high", "low", "close", "volume")}
-    lengths = tail_lengths + np.array([len(new["date"]) for _, new in pieces], dtype=np.int64)
+    new = added if isinstance(added, KeptBars) else KeptBars.from_frames({t: added[t] for t in tickers})
+    if new is None:  # frames of other columns or types: one set of columns of the bars' own
+        new = KeptBars(tickers, np.array([len(added[t]) for t in tickers], dtype=np.int64),
+                       {c: np.concatenate([_added_arrays(added, t)[c] for t in tickers]) for c in BAR_COLUMNS})
+    new_starts, new_lengths = (np.array(v, dtype=np.int64) for v in zip(*[new.bounds[t] for t in tickers]))
+    new_lengths = new_lengths - new_starts
+    # each ticker's tail, then its new bars: gathered from both column sets by index arithmetic
+    lengths = tail_lengths + new_lengths
+    first = np.cumsum(lengths) - lengths
+    pos = np.arange(int(lengths.sum())) - np.repeat(first, lengths)  # a row's bar number in its ticker
+    in_tail = pos < np.repeat(tail_lengths, lengths)
+    from_tail = (np.repeat(starts, lengths) + pos)[in_tail]
+    from_new = (np.repeat(new_starts - tail_lengths, lengths) + pos)[~in_tail]
+    columns = {}
+    for c in BAR_COLUMNS:
+        column = np.empty(len(pos), dtype=np.result_type(tails.cols[c].dtype, new.cols[c].dtype))
+        column[in_tail], column[~in_tail] = tails.cols[c][from_tail], new.cols[c][from_new]
+        columns[c] = column
     dates = columns["date"].astype("datetime64[ns]")
     resume_at = tail_lengths - 1 - spec.reach  # the checkpoint: the tail's bar `reach` before its last
     panel_starts = np.cumsum(lengths) - lengths

@@ -111,7 +111,7 @@ def write(job: _Job[_Summary], new: NewRows, added: Mapping[str, pd.DataFrame]) 
             tail_files = {tails_store.TAILS_DIR: [name]}
         entry = _entry(job, rows, stacked, bars_name, writer.rows - manifest.rows.get("test", 0), a0)
         entry["computed"] = new.computed
-        tickers = list(manifest.tickers) + sorted(set(rows["ticker"]) - set(manifest.tickers)) if len(rows) \
+        tickers = list(manifest.tickers) + sorted(set(rows["ticker"].unique()) - set(manifest.tickers)) if len(rows) \
             else list(manifest.tickers)
         updated = dataclasses.replace(
             manifest,
@@ -185,7 +185,7 @@ def _entry(job: _Job[Any], rows: pd.DataFrame, stacked: pd.DataFrame, bars_name:
         "first_date": day(rows["date"].min()) if len(rows) else None,
         "last_date": day(rows["date"].max()) if len(rows) else None,
         "rows": {"train": 0, "val": 0, "test": added_rows},
-        "tickers": int(rows["ticker"].nunique()) if len(rows) else 0,
+        "tickers": len(rows["ticker"].unique()) if len(rows) else 0,
         "rewritten_from": day(a0) if a0 is not None else None,
     }
 
@@ -263,8 +263,8 @@ class _TestWriter:
         for i, chain in enumerate(old_chains):
             bounds = _ticker_range(chain[0])
             take = order[bisect.bisect_left(order, bounds[0]):bisect.bisect_right(order, bounds[1])] if bounds else []
-            runs = [new_runs.pop(t) for t in take if t in new_runs]
-            rows = pa.concat_tables([new_rows.slice(lo, hi - lo) for lo, hi in runs]) if runs else None
+            runs = [new_runs.pop(t) for t in take if t in new_runs]  # consecutive: the rows are by ticker
+            rows = new_rows.slice(runs[0][0], runs[-1][1] - runs[0][0]) if runs else None
             if i in compact:
                 self.replaced += chain
                 table = self._read(chain) if rows is None else pa.concat_tables([self._read(chain), rows])
@@ -326,7 +326,7 @@ class _TestWriter:
                 pass
 
 
-COMPACT_AT = 8  # continuations of a file after which an append writes its chain again whole
+COMPACT_AT = 16  # continuations of a file after which an append writes its chain again whole
 _CONTINUATION = re.compile(r"^part-(\d+)(?:\.(\d+))?\.parquet$")
 
 
