@@ -528,20 +528,20 @@ def _files_readable_by_tasks() -> bool:
     return len(alive) == 1 and alive[0].get("NodeID") == here and alive[0].get("Resources", {}).get("CPU", 0) > 0
 
 
-def _file_groups(files: list[tuple[str, Path, int]], group_bytes: float, cpus: int = 1) -> list[list[tuple[str, Path]]]:
-    """Consecutive files in groups of about ``group_bytes``, as many as a multiple of ``cpus`` (each CPU
-    takes as many groups: a last round of fewer tasks than CPUs would leave CPUs idle), of about equal
-    size (a file goes to the group its first byte falls in)."""
-    total = sum(size for _, _, size in files)
-    count = max(1, math.ceil(total / max(group_bytes, 1)))
-    count = math.ceil(count / cpus) * cpus
-    share = max(total / count, 1)
-    groups: list[list[tuple[str, Path]]] = [[] for _ in range(count)]
-    before = 0
-    for ticker, path, size in files:
-        groups[min(int(before // share), count - 1)].append((ticker, path))
-        before += size
-    return [g for g in groups if g]
+def _file_groups(files: list[tuple[str, Path, int]], group_bytes: float) -> list[list[tuple[str, Path]]]:
+    """Consecutive files in groups of at least ``group_bytes`` (the last one may be smaller)."""
+    groups: list[list[tuple[str, Path]]] = []
+    group: list[tuple[str, Path]] = []
+    size = 0
+    for ticker, path, nbytes in files:
+        group.append((ticker, path))
+        size += nbytes
+        if size >= group_bytes:
+            groups.append(group)
+            group, size = [], 0
+    if group:
+        groups.append(group)
+    return groups
 
 
 @dataclass(frozen=True)
@@ -596,7 +596,7 @@ def _computed_files(files: list[tuple[str, Path, int]], runner: _Runner, keep_ba
     from alchemetric_ray.bars.ingest import no_ticker_error
 
     cfg = runner.cfg
-    groups = _file_groups(files, runner.group_rows * BYTES_PER_ROW, runner.cpus())  # ~ features.group_rows bars
+    groups = _file_groups(files, runner.group_rows * BYTES_PER_ROW)  # ~ features.group_rows bars a group
     if keep_bars is not None:  # the tasks write into folders that exist: none makes one (under a removed one)
         (keep_bars / BARS_DIR).mkdir(exist_ok=True)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)  # the files' node
