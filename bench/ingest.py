@@ -6,7 +6,7 @@
 Contenders, in one process, same batch size, after a warm-up pass, median of repeats:
   pyarrow      pq.read_table -> one (rows, features) float32 tensor -> slices (the floor)
   ray_ours     our loader: loaders.read_split (V1 reader, a block per file)
-               -> iter_torch_batches(collate_fn=TabularCollate)
+               -> batches.stream (iter_torch_batches(collate_fn=TabularCollate), windows sliced)
   ray_default  ray.data.read_parquet with Ray's defaults -> iter_torch_batches() -> torch.stack of the columns
 Prints rows/s and the ratio to pyarrow; writes bench/results/ingest-<rows>.json.
 """
@@ -67,7 +67,9 @@ def run_ray(ds, names: list[str], batch: int, ours: bool) -> int:
 
     seen = 0
     if ours:
-        for _x, yb, _date, _fwd in ds.iter_torch_batches(batch_size=batch, collate_fn=TabularCollate(names)):
+        from alchemetric_ray.data.batches import stream
+
+        for _x, yb, _date, _fwd in stream(ds, batch, TabularCollate(names)):
             seen += len(yb)
     else:
         for b in ds.iter_torch_batches(batch_size=batch):
