@@ -336,6 +336,16 @@ def test_a_failed_append_leaves_the_folder_as_it_was(market, tmp_path):
     finally:
         subprocess.run(["umount", str(test_dir)], capture_output=True)
     assert digest(out) == unchanged
+    # the tails' folder, written after the test files' continuations and the new bars: those are removed
+    tails_dir = out / tails_store.TAILS_DIR
+    subprocess.run(["mount", "--bind", str(tails_dir), str(tails_dir)], check=True, capture_output=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(tails_dir)], check=True, capture_output=True)
+        with pytest.raises(ShardError, match=r"tails.*(read-only|Read-only)"):
+            ar.features(data=str(root / "tail"), out=out, append=True)
+    finally:
+        subprocess.run(["umount", str(tails_dir)], capture_output=True)
+    assert digest(out) == unchanged
 
 
 def test_the_command_line_appends_and_says_so_in_one_line(market, tmp_path):
