@@ -198,16 +198,7 @@ class Panel:
         for k in range(int(count.max(initial=0))):
             on = np.flatnonzero(count > k)
             rows = first[on] + k
-            cur = x[rows]
-            w, o, n = weighted[on], old[on], nobs[on]
-            obs = ~np.isnan(cur)
-            n = n + obs
-            have = ~np.isnan(w)
-            o = np.where(have, o * (1 - a), o)
-            mix = (o * w + a * cur) / (o + a)
-            w = np.where(have & obs & (w != cur), mix, w)
-            o = np.where(have & obs, 1.0, o)
-            w = np.where(~have & obs, cur, w)
+            w, o, n = _ema_step(weighted[on], old[on], nobs[on], x[rows], a)
             weighted[on], old[on], nobs[on] = w, o, n
             out[rows] = np.where(n >= min_periods, w, np.nan)
             if keep_at is not None:
@@ -362,20 +353,27 @@ def _ema_exact(x: np.ndarray, tid: np.ndarray, pos: np.ndarray, a: float, min_pe
         here = keep_at == 0
         states[here] = np.column_stack([weighted[here], old[here], nobs[here]])
     for i in range(1, m.shape[0]):
-        cur = m[i]
-        obs = ~np.isnan(cur)
-        nobs += obs
-        have = ~np.isnan(weighted)
-        old = np.where(have, old * (1 - a), old)
-        mix = (old * weighted + a * cur) / (old + a)
-        weighted = np.where(have & obs & (weighted != cur), mix, weighted)
-        old = np.where(have & obs, 1.0, old)
-        weighted = np.where(~have & obs, cur, weighted)
+        weighted, old, nobs = _ema_step(weighted, old, nobs, m[i], a)
         out[i] = np.where(nobs >= min_periods, weighted, np.nan)
         if keep_at is not None:
             here = keep_at == i
             states[here] = np.column_stack([weighted[here], old[here], nobs[here]])
     return out[pos, col], states
+
+
+def _ema_step(weighted: np.ndarray, old: np.ndarray, nobs: np.ndarray, cur: np.ndarray,
+              a: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One bar of pandas' recurrence for many tickers: the running mean, the weight of its past and the
+    valid values counted after the values ``cur`` (NaN: missing, which keeps the mean and decays its
+    weight)."""
+    obs = ~np.isnan(cur)
+    have = ~np.isnan(weighted)
+    old = np.where(have, old * (1 - a), old)
+    mix = (old * weighted + a * cur) / (old + a)
+    weighted = np.where(have & obs & (weighted != cur), mix, weighted)
+    old = np.where(have & obs, 1.0, old)
+    weighted = np.where(~have & obs, cur, weighted)
+    return weighted, old, nobs + obs
 
 
 @dataclass(frozen=True)
