@@ -59,9 +59,11 @@ if cpus:  # Ray's workers to watch (without Ray, the scan of every process would
     import ray
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
 from alchemetric_ray.config import load_config
-import alchemetric_ray as ar
-from alchemetric_ray.data.append import append_bars  # both timed after their modules are imported
-from alchemetric_ray.data.shards import build_shards
+if {append!r}:  # each timed once its modules are imported (the append's: the API's, torch's among them)
+    import alchemetric_ray as ar
+    from alchemetric_ray.data.append import append_bars
+else:
+    from alchemetric_ray.data.shards import build_shards
 cfg = load_config(None, {overrides!r})
 start = time.perf_counter()
 if {append!r}:
@@ -75,8 +77,16 @@ else:
     start = time.perf_counter()  # the same build again in the same process: modules imported, Ray's workers warm
     build_shards(cfg, {out!r} + "-again")
     warm = time.perf_counter() - start
+def peak_mib():
+    # this process's own high-water mark (VmHWM): Linux carries ru_maxrss over an exec, so it would report
+    # the benchmark's parent (which made the bars) where that was larger
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print("RESULT " + json.dumps({{"seconds": seconds, "warm_seconds": warm, "rows": rows,
-                              "driver_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                              "driver_peak_mib": peak_mib(),
                               "worker_peak_mib": peak["workers"] / 2**20}}))
 """
 
