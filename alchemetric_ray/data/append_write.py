@@ -1,6 +1,7 @@
-"""How an append writes (:mod:`~alchemetric_ray.data.append`): the test segment again as new part files
-with the new rows, the new bars as a bars part, then the manifest with its ``appends`` entry; every
-file written removed on a failure before the manifest is."""
+"""How an append writes (:mod:`~alchemetric_ray.data.append`): the new rows as continuations of the test
+files (or the test segment again, where rows of it were computed again), the new bars as a bars part, the
+tails as a new tails part, then the manifest with its ``appends`` entry; every file written removed on a
+failure before the manifest is, and the files it no longer lists removed after it."""
 
 from __future__ import annotations
 
