@@ -228,7 +228,10 @@ def test_a_folder_without_tails_is_appended_to_from_its_bars_store(market, tmp_p
     before, equals a fresh build, and writes no tails (the next one does the same)."""
     root = market["root"]
     build(root / "head", tmp_path / "appended", *market["splits"])
-    shutil.rmtree(tmp_path / "appended" / tails_store.TAILS_DIR)
+    shutil.rmtree(tmp_path / "appended" / tails_store.TAILS_DIR)  # and its manifest without them, as it was then
+    manifest = json.loads((tmp_path / "appended" / "manifest.json").read_text())
+    del manifest["files"][tails_store.TAILS_DIR]
+    (tmp_path / "appended" / "manifest.json").write_text(json.dumps(manifest))
     ar.features(data=str(root / "tail"), out=tmp_path / "appended", append=True)
     build(root / "all", tmp_path / "fresh", *market["splits"])
     assert_same_rows(tmp_path / "appended", tmp_path / "fresh")
@@ -289,7 +292,13 @@ def test_a_revised_close_is_refused_in_one_line_and_rebuild_equals_a_fresh_build
 def test_a_folder_without_bars_and_rebuild_alone_are_refused_in_one_line(market, tmp_path):
     root = market["root"]
     build(root / "head", tmp_path / "shards", *market["splits"])
-    shutil.rmtree(tmp_path / "shards" / bars_store.BARS_DIR)
+    shutil.rmtree(tmp_path / "shards" / bars_store.BARS_DIR)  # the bars its manifest lists, gone
+    with pytest.raises(ShardError, match=r"cannot be appended to \(its bars store lacks bars/part-00000.parquet\)"
+                                         r".*rebuild it"):
+        ar.features(data=str(root / "tail"), out=tmp_path / "shards", append=True)
+    manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())  # a build from before bars were kept
+    del manifest["files"][bars_store.BARS_DIR]
+    (tmp_path / "shards" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ShardError, match=r"cannot be appended to \(it keeps no bars \(bars/\).*rebuild it"):
         ar.features(data=str(root / "tail"), out=tmp_path / "shards", append=True)
     with pytest.raises(ShardError, match="--rebuild goes with --append"):
@@ -427,6 +436,34 @@ def test_an_append_continues_each_test_file_and_compacts_the_longest_chain(marke
                                                         for k in (".parquet", ".1.parquet", ".2.parquet", ".3.parquet")]
     listed = {name for names in Manifest.read(tmp_path / "appended").files.values() for name in names}
     assert listed == {str(p.relative_to(tmp_path / "appended")) for p in (tmp_path / "appended").rglob("*.parquet")}
+
+
+def test_what_an_interrupted_append_left_unlisted_is_neither_read_nor_overwritten(market, tmp_path):
+    """A kill -9 between an append's first file and its manifest leaves files no manifest lists (a
+    continuation, a bars part, a tails part): the folder still reads as before it, and the next append
+    equals a fresh build, writing under other names and leaving those files as they were."""
+    root = market["root"]
+    out = tmp_path / "appended"
+    build(root / "head", out, *market["splits"])
+    first = Manifest.read(out).files["test"][0]
+    left = [out / first.replace(".parquet", ".1.parquet"), out / "bars" / "part-00001.parquet",
+            out / tails_store.TAILS_DIR / "part-00001.parquet"]
+    for path in left:
+        path.write_bytes(b"an interrupted append's half-written file")
+    ar.features(data=str(root / "tail"), out=out, append=True)
+    build(root / "all", tmp_path / "fresh", *market["splits"])
+    assert_same_rows(out, tmp_path / "fresh")
+    manifest = Manifest.read(out)
+    assert first.replace(".parquet", ".2.parquet") in manifest.files["test"]
+    assert not {str(p.relative_to(out)) for p in left} & {n for names in manifest.files.values() for n in names}
+    assert all(p.read_bytes() == b"an interrupted append's half-written file" for p in left)
+    # a listed file broken (a disk's fault): one line naming it, the folder as it was
+    broken = out / manifest.files["bars"][0]
+    broken.write_bytes(b"broken")
+    unchanged = digest(out)
+    with pytest.raises(ShardError, match=rf"^{re.escape(str(broken))}: the shards' kept bars cannot be read \(") as err:
+        ar.features(data=str(root / "tail"), out=out, append=True, rebuild=True)
+    assert "\n" not in str(err.value) and digest(out) == unchanged
 
 
 def test_a_sequence_model_s_windows_reach_back_across_an_append(ray_session, market, tmp_path):

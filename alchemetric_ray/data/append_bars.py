@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from alchemetric_ray.data import bars_store
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.data.splits import SPLITS
+from alchemetric_ray.errors import ShardError
 
 REVISION_RTOL = 1e-9  # a kept bar and a new one for the same date are the same bar within this
 BAR_COLUMNS = ["date", *bars_store.PRICE_COLUMNS]
@@ -105,7 +106,12 @@ def _read_bars(parts: list[Path], since: dict[str, np.datetime64] | None,
     date twice keeps the parts' order); the tickers and their row counts."""
     pieces = []
     for part in parts:
-        table = pq.read_table(part, columns=["ticker", *columns], read_dictionary=["ticker"])
+        try:
+            table = pq.read_table(part, columns=["ticker", *columns], read_dictionary=["ticker"])
+        except (OSError, pa.ArrowException) as exc:
+            raise ShardError(f"{part}: the shards' kept bars cannot be read ({str(exc).splitlines()[0]}); rebuild "
+                             f"the folder from all the bars: alchemetric-ray features --data ALL_BARS --out "
+                             f"{part.parent.parent}") from None
         if not table.num_rows:
             continue
         ticker = table.column("ticker").combine_chunks()

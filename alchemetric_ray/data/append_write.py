@@ -105,7 +105,7 @@ def write(job: _Job[_Summary], new: NewRows, added: Mapping[str, pd.DataFrame]) 
         bars_name = bars_store.write_table_part(folder, _next_index(folder / bars_store.BARS_DIR),
                                                 bars_table(stacked))
         writer.written.append(folder / bars_name)
-        tail_files = {}
+        tail_files: dict[str, list[str]] = {}
         if tails is not None:
             name = tails_store.write(folder, _next_index(folder / tails_store.TAILS_DIR), [tails])
             writer.written.append(folder / name)
@@ -122,7 +122,7 @@ def write(job: _Job[_Summary], new: NewRows, added: Mapping[str, pd.DataFrame]) 
             manifest.class_counts,
             tickers=tickers,
             skipped_tickers={t: why for t, why in manifest.skipped_tickers.items() if t not in set(tickers)},
-            files={**manifest.files, "test": writer.names(),
+            files={**{k: v for k, v in manifest.files.items() if k != tails_store.TAILS_DIR}, "test": writer.names(),
                    bars_store.BARS_DIR: [str(p.relative_to(folder)) for p in job.parts] + [bars_name], **tail_files},
             # (extended: no row of the segment is on a date from a0 on)
             cross_section=_cross_record(manifest.cross_section, new.cs_record, folder, manifest,
@@ -332,10 +332,13 @@ _CONTINUATION = re.compile(r"^part-(\d+)(?:\.(\d+))?\.parquet$")
 
 
 def _continuation(chain: list[Path]) -> str:
-    """The name of the next continuation of ``chain``: its first file's number, then one past its last."""
+    """The name of the next continuation of ``chain``: its first file's number, then one past its last and
+    past any file of that name on disk (one an interrupted append left unlisted is neither read nor
+    overwritten)."""
     numbers = [_CONTINUATION.match(p.name) for p in chain]
     base = numbers[0].group(1) if numbers[0] else chain[0].stem
-    last = max((int(m.group(2)) for m in numbers if m and m.group(2)), default=0)
+    on_disk = [_CONTINUATION.match(p.name) for p in chain[0].parent.glob(f"part-{base}.*.parquet")]
+    last = max((int(m.group(2)) for m in [*numbers, *on_disk] if m and m.group(2)), default=0)
     return f"part-{base}.{last + 1}.parquet"
 
 

@@ -40,6 +40,7 @@ import pandas as pd
 
 from alchemetric_ray.config import RunConfig
 from alchemetric_ray.data import features as feat
+from alchemetric_ray.data.bars_store import BARS_DIR
 from alchemetric_ray.data.cross_section import read_staged
 from alchemetric_ray.data.labels import LabelSpec
 from alchemetric_ray.data.manifest import MANIFEST, Manifest
@@ -55,6 +56,7 @@ from alchemetric_ray.data.shard_parts import (
 )
 from alchemetric_ray.data.splits import SPLITS, SplitPlan, SplitSpec, plan_splits
 from alchemetric_ray.data.staging import StagedFeatures, stage_features, staged_files
+from alchemetric_ray.data.tails import TAILS_DIR
 from alchemetric_ray.errors import ShardError
 from alchemetric_ray.fsutil import unwritable_ancestor
 from alchemetric_ray.outputs import claim, staged_output
@@ -147,6 +149,12 @@ def build_shards(cfg: RunConfig, out: str | Path | Location, *, bars: Iterable[t
             _check_classes(counts, spec.classes)
         files = {s: sorted(f"{split_dir(tmp, s).name}/{p.name}" for p in split_dir(tmp, s).glob("*.parquet"))
                  for s in SPLITS}
+        # the kept bars and tails too: an append reads the files listed, never what else lies there (a file an
+        # interrupted append left)
+        for kept in (BARS_DIR, TAILS_DIR):
+            parts = sorted(f"{kept}/{p.name}" for p in (tmp / kept).glob("part-*.parquet"))
+            if parts:
+                files[kept] = parts
         manifest = Manifest(
             created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             source=features.source_description,
