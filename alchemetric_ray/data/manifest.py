@@ -44,7 +44,9 @@ class Manifest:
     # Readers read these and only these: on object storage, where a folder cannot be swapped in
     # whole, a file the manifest does not list (left by an older or an unfinished build) is ignored.
     # Empty in manifests written before the list existed: readers then take the split's folder.
-    # "bars": the bars store's parts (data/bars_store.py), which `features --append` reads and adds to.
+    # "bars": the bars store's parts (data/bars_store.py), which `features --append` reads and adds to;
+    # "tails": what an append resumes each ticker from (data/tails.py).  An append reads only the files listed
+    # (in manifests from before a build listed them: every part in the folder).
     files: dict[str, list[str]] = field(default_factory=dict)
     # the per-date pass (data/cross_section.py): its operations, threshold and what it dropped;
     # empty when the label and features are per ticker only (and in manifests from before it)
