@@ -36,7 +36,7 @@ def _plant(shards: Path, seed: int = 0) -> None:
     from alchemetric_ray.data.cross_section import rank_by_date
 
     manifest = json.loads((shards / "manifest.json").read_text())
-    for files in manifest["files"].values():
+    for files in (manifest["files"][split] for split in ("train", "val", "test")):  # the shards (not bars, tails)
         for name in files:
             frame = pq.read_table(shards / name).to_pandas()
             days = frame["date"].to_numpy().astype("datetime64[D]").astype(np.int64)
