@@ -41,22 +41,32 @@ def _cfg(shards, tmp_path, *overrides):
 
 
 def _train_worker_pids(class_name: str = "RayTrainWorker") -> list[int]:
-    """The pids of the live actors of a class: Train's workers, or Tune's trials (``ImplicitFunc``)."""
-    import ray
-    from ray.util.state import list_actors
+    """The pids of the live processes of an actor class: Train's workers, or Tune's trials (``ImplicitFunc``).
 
-    actors = list_actors(address=ray.get_runtime_context().gcs_address,
-                         filters=[("class_name", "=", class_name), ("state", "=", "ALIVE")],
-                         raise_on_missing_output=False)
-    return [a.pid for a in actors if a.pid]
+    Read from the processes' titles (Ray names an actor's process ``ray::<Class>`` and ``ray::<Class>.<method>``
+    while a method runs): a scan takes milliseconds, where the state API's round trip through the GCS can take
+    longer on a busy machine than a small trial lives."""
+    import psutil
+
+    pids = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        title = (proc.info["cmdline"] or [""])[0]
+        if (title == f"ray::{class_name}" or title.startswith(f"ray::{class_name}.")) \
+                and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            pids.append(proc.info["pid"])
+    return pids
 
 
-def _wait_for(predicate, timeout: float, what: str, poll: float = 0.02):
+def _wait_for(predicate, timeout: float, what: str, poll: float = 0.02, runner: threading.Thread | None = None):
+    """Polls until ``predicate`` holds; fails at once, not at the timeout, when ``runner`` (the run the test
+    watches) has ended before it did."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
+        if runner is not None and not runner.is_alive():
+            raise AssertionError(f"the run ended before {what}")
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
@@ -74,9 +84,12 @@ def test_worker_killed_mid_epoch_restarts_resumes_and_equals_an_uninterrupted_ru
         _cfg(shards, tmp_path, "storage.name=killed", "storage.run=killed", "scaling.max_failures=2",
              "train.local_mode=false"),
         progress=False)), daemon=True)
+    before = set(_train_worker_pids())  # a process of the clean run's group may not have exited yet
     runner.start()
-    pid = _wait_for(lambda: _train_worker_pids(), 600, "the training worker (state API)", poll=0.5)[0]
-    _wait_for(lambda: (run_dir / "epoch-0000" / "meta.json").is_file(), 600, "the first epoch's checkpoint")
+    pid = _wait_for(lambda: [p for p in _train_worker_pids() if p not in before], 600, "the training worker's process",
+                    runner=runner)[0]
+    _wait_for(lambda: (run_dir / "epoch-0000" / "meta.json").is_file(), 600, "the first epoch's checkpoint",
+              runner=runner)
     # into the second epoch: the clean run's pace is only an estimate of this one's (a busy machine slows either),
     # so at most 1.5 s after the first checkpoint, well inside an epoch of several seconds
     time.sleep(min(0.4 * epoch_s, 1.5))
@@ -120,9 +133,12 @@ def test_a_sweep_trial_killed_mid_epoch_is_retried_from_the_checkpoint_tune_kept
     outcome: list = []
     runner = threading.Thread(target=lambda: outcome.append(run_sweep(cfg, export=False, progress=False)),
                               daemon=True)
+    before = set(_train_worker_pids("ImplicitFunc"))
     runner.start()
-    pid = _wait_for(lambda: _train_worker_pids("ImplicitFunc"), 600, "the trial's process (state API)", poll=0.5)[0]
-    _wait_for(lambda: any(p.stat().st_size for p in session.glob(results)), 600, "Tune's first result of the trial")
+    pid = _wait_for(lambda: [p for p in _train_worker_pids("ImplicitFunc") if p not in before], 600,
+                    "the trial's process", runner=runner)[0]
+    _wait_for(lambda: any(p.stat().st_size for p in session.glob(results)), 600, "Tune's first result of the trial",
+              runner=runner)
     time.sleep(0.2)
     os.kill(pid, signal.SIGKILL)  # in the second epoch (seconds long: an LSTM on batches of 16)
     killed_before_second_checkpoint = not list(sweep_dir.glob("*/checkpoint_000001"))
