@@ -335,6 +335,9 @@ def test_a_worker_group_stopped_four_ways_keeps_the_finished_epochs_and_each_res
         ray_line = [ln for ln in out.splitlines() if ln.startswith("ray  ")]
         assert ray_line == ["ray              a Ray Train worker group runs the loop"], out[-3000:]
         assert "ray: session logs in " in out, out[-3000:]
+        # its one worker reads the cached shards itself (pyarrow), without Ray Data
+        assert re.search(r"^left for data +\S+ CPU  \(the worker reads its cached shards once with pyarrow: no Ray "
+                         r"Data\)$", out, re.M), out[-3000:]
 
     # 1. SIGHUP while the worker group starts (Ray is up): nothing to resume, the same command again
     out, err, during = stop(_cli(tmp_path, shards, "train", *args), r"^resource plan", signal.SIGHUP)

@@ -41,6 +41,42 @@ def _sweep_args(shards, tmp_path, *extra):
             "tune.grace_period=1", *extra]
 
 
+def _trial_tasks(before: dict | None = None, trials: int = 0, wait_s: float = 30) -> dict[str, list[str]]:
+    """The Ray tasks each one-worker trial started from its process, by name, per call of Tune's
+    ``ImplicitFunc.train`` in the trial (Tune calls it for each result; the first starts the loop);
+    ``before``: the calls to leave out.  Ray's state API hears of tasks a little after they ran (each process
+    reports them every second): waits until ``trials`` calls have started a task, or ``wait_s`` has passed."""
+    from ray.util.state import list_tasks
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        runs = [t.task_id for t in list_tasks(filters=[("func_or_class_name", "=", "ImplicitFunc.train")],
+                                              raise_on_missing_output=False) if t.task_id not in (before or {})]
+        started = {run: [t.name for t in list_tasks(filters=[("parent_task_id", "=", run)], detail=True,
+                                                    raise_on_missing_output=False)] for run in runs}
+        if sum(1 for names in started.values() if names) >= trials or time.monotonic() > deadline:
+            return started
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_a_trial_told_not_to_cache_streams_its_shards_through_ray_data(ray_session, shards, tmp_path, capsys):
+    """``train.cache_data=false``: the one-worker trial streams its shards every epoch from Ray Data, which its
+    process starts (the cached trials of the test below start none); the plan says which."""
+    from alchemetric_ray.sweeps.sweep import run_sweep
+
+    before = _trial_tasks()
+    cfg = load_config(None, _sweep_args(shards, tmp_path, "tune.space={train.lr: [0.01]}", "train.epochs=1",
+                                        "train.cache_data=false"))
+    out = run_sweep(cfg, export=False, progress=False)
+    assert [t.epochs_run for t in out.summary.trials] == [1]
+    started = _trial_tasks(before, trials=1)
+    assert "ReadParquet" in sum(started.values(), []), started
+    said = capsys.readouterr().out
+    assert "data path        streamed from Ray Data (train.cache_data=false)" in said, said
+    assert "left for data    " in said and "with pyarrow" not in said, said
+
+
 # ---- the search space and the concurrency plan (no Ray needed) -----------------------------------
 
 
@@ -118,7 +154,7 @@ def test_a_one_worker_trial_holds_its_worker_and_a_worker_group_keeps_its_driver
 
 
 @pytest.mark.slow
-def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shards, tmp_path):
+def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shards, tmp_path, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -128,8 +164,15 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
     # asked to score the test segment (`tune --evaluate`): the one look, recorded in the model folder
     cfg = load_config(None, _sweep_args(shards, tmp_path, "tune.space={train.lr: [0.01, 1.0e-9]}",
                                         "train.score_test=true"))
+    before = _trial_tasks()
     out = run_sweep(cfg)
     s = out.summary
+    # each one-worker trial read its cached shards with pyarrow: it started no Ray Data (no read task, no actor)
+    started = _trial_tasks(before, trials=1, wait_s=4)  # (a trial that streams is seen within a second or two)
+    assert len(started) >= 2 and not any(started.values()), started
+    said = capsys.readouterr().out
+    assert ("left for data    7 CPU  (each trial reads its cached shards once with pyarrow, in its own process: no "
+            "Ray Data)") in said, said
     assert s.num_trials == 2 and {t.status for t in s.trials} == {"TERMINATED"}
     by_lr = {t.config["train.lr"]: t for t in s.trials}
     assert by_lr[1e-9].stopped_early and by_lr[1e-9].epochs_run < 3

@@ -152,14 +152,18 @@ def even_shards(stocknet_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_ddp_two_workers_equal_one_process_on_the_same_global_batches(ray_session, even_shards, tmp_path):
+def test_ddp_two_workers_equal_one_process_on_the_same_global_batches(ray_session, even_shards, tmp_path, capsys):
     shards = even_shards
     # Full-batch steps: the global batch of 2 DDP ranks is the whole train split, exactly what the
     # single worker sees; gradients averaged over two equal halves equal the full mean.
     common = ["train.batch_size=100000", "model.dropout=0.0", "train.epochs=3", "train.deterministic=true",
               "train.patience=0", "train.lr=0.01", "train.schedule=constant"]
     two = run_training(_cfg(shards, tmp_path, *common, "scaling.workers=2", "storage.name=ddp2"), export=False)
+    # two workers split the rows through Ray Data; one reads them itself with pyarrow (the same rows, below)
+    said = capsys.readouterr().out
+    assert "left for data    " in said and "with pyarrow" not in said, said
     one = run_training(_cfg(shards, tmp_path, *common, "scaling.workers=1", "storage.name=ddp1"), export=False)
+    assert "with pyarrow" in capsys.readouterr().out
     total = Manifest.read(shards).rows["train"]
     rows, prints = two.summary.rows, two.summary.fingerprint
     assert two.summary.world_size == 2 and len(rows) == 2

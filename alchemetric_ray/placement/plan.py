@@ -111,6 +111,12 @@ ONE_WORKER_PER_TRIAL = ("one worker per trial (a sweep's default: small daily-ba
                         "GPU, so trials run side by side; scaling.workers=N for DDP trials)")
 
 
+def runs_in_trial(cfg: RunConfig, plan: ResourcePlan) -> bool:
+    """Whether each trial of a sweep runs the loop in its own process (one worker) instead of a ``TorchTrainer``;
+    such a trial that caches its shard reads it with pyarrow, with no Ray Data (``sweeps/trial.py``)."""
+    return cfg.tune.trial_loop == "auto" and plan.num_workers == 1
+
+
 def plan_resources(cfg: RunConfig, cluster: dict[str, float], capacity: Capacity | None = None, *,
                    trial: bool = False) -> ResourcePlan:
     """Plan a Train run (``trial``: one sweep trial) for a Ray cluster with ``cluster`` total resources

@@ -8,15 +8,10 @@ from alchemetric_ray.config import RunConfig
 from alchemetric_ray.errors import PlanError
 from alchemetric_ray.placement.autoscale import run_bundles
 from alchemetric_ray.placement.gpu_share import share_gpu, shares_gpu
-from alchemetric_ray.placement.plan import DATA_CPU_RESERVE, ResourcePlan, nodes_needed
+from alchemetric_ray.placement.plan import DATA_CPU_RESERVE, ResourcePlan, nodes_needed, runs_in_trial
 from alchemetric_ray.sweeps.space import trial_count
 
 TRIAL_DRIVER_CPU = 0.1  # a trial function that only waits on its TorchTrainer
-
-
-def runs_in_trial(cfg: RunConfig, plan: ResourcePlan) -> bool:
-    """Whether each trial runs the loop in its own process (one worker) instead of a ``TorchTrainer``."""
-    return cfg.tune.trial_loop == "auto" and plan.num_workers == 1
 
 
 def trial_resources(cfg: RunConfig, plan: ResourcePlan) -> dict[str, float]:

@@ -1,7 +1,9 @@
 """One trial, as Tune runs it: the trial function, and the line the sweep's driver prints when a trial ends.
 
 A one-worker trial (``tune.trial_loop=auto``) runs the loop in the trial's own process
-(``train/runtime.py``: ``TrialProcess``); any other builds a ``TorchTrainer`` named after the trial
+(``train/runtime.py``: ``TrialProcess``), and where it caches its shard (``train.cache_data``, the default) reads it
+there with pyarrow (``data/loaders.py``: ``ShardReader``), the same rows in the same order as Ray Data's, with no
+Ray Data to start; any other builds a ``TorchTrainer`` named after the trial
 and fits it, with Tune's ``TuneReportCallback`` forwarding each epoch's report.
 """
 
@@ -12,14 +14,21 @@ from typing import Any
 
 from alchemetric_ray import console
 from alchemetric_ray.config import RunConfig
-from alchemetric_ray.data.loaders import build_datasets
+from alchemetric_ray.data.loaders import ShardReader, build_datasets
 from alchemetric_ray.data.manifest import Manifest
 from alchemetric_ray.models import model_spec
 from alchemetric_ray.placement.plan import ResourcePlan
 from alchemetric_ray.storage import Location
 from alchemetric_ray.sweeps.resources import runs_in_trial
 from alchemetric_ray.sweeps.summary import plain
-from alchemetric_ray.training.trainer import Execution, build_trainer, check_compatible, data_config, loop_config
+from alchemetric_ray.training.trainer import (
+    Execution,
+    build_trainer,
+    check_compatible,
+    data_config,
+    loop_config,
+    reads_with_pyarrow,
+)
 
 
 # The function's name is the trainable's, which Tune puts in the name of every trial's folder.
@@ -38,13 +47,20 @@ def _trial(config: dict[str, Any], *, base: dict,  # noqa: PLR0913  (Tune's with
     cfg = RunConfig.from_dict(base).with_values(config)
     shards, manifest = targets[cfg.features.label]  # the shards built for this trial's label
     check_compatible(cfg, manifest)
-    datasets, _ = build_datasets(shards, model_spec(cfg.model.name).inputs, cfg.features.window, check=False)
+    inputs = model_spec(cfg.model.name).inputs
     if runs_in_trial(cfg, plan):
         from alchemetric_ray.training.loop import run_loop
         from alchemetric_ray.training.runtime import TrialProcess
 
-        run_loop(loop_config(cfg, manifest, plan, epoch_lines=False), TrialProcess(datasets, data_config(cfg)))
+        if reads_with_pyarrow(cfg, plan, False, sweep=True):  # once, here: no Ray Data (actors, read tasks) to start
+            runtime = TrialProcess(None, data_config(cfg),
+                                   reader=ShardReader(shards, manifest, inputs, cfg.features.window))
+        else:
+            runtime = TrialProcess(build_datasets(shards, inputs, cfg.features.window, check=False)[0],
+                                   data_config(cfg))
+        run_loop(loop_config(cfg, manifest, plan, epoch_lines=False), runtime)
         return
+    datasets, _ = build_datasets(shards, inputs, cfg.features.window, check=False)
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from alchemetric_ray.placement.session import set_worker_group_start_timeout

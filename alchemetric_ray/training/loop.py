@@ -82,7 +82,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> LoopSummary:
     """The ``TorchTrainer``'s loop: :func:`run_loop` as a Ray Train worker."""
     phases = PhaseLog()  # from here on, time and memory per phase (before this: Ray's start-up)
     folder = RunFolder(locate(config["run_dir"])) if config.get("run_dir") else None
-    return run_loop(config, TrainGroup(folder), phases)
+    return run_loop(config, TrainGroup(folder, reader=config.get("reader")), phases)
 
 
 def local_loop(config: dict[str, Any]) -> LoopSummary:

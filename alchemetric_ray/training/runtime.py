@@ -5,14 +5,16 @@ its rank and group size, a dataset shard by name, the checkpoint to resume from,
 epoch (with rank 0's checkpoint), and its model made ready for the group.
 
 - :class:`TrainGroup`: a worker of a Ray Train ``TorchTrainer`` (``train``, and sweeps whose
-  trials have several workers): Ray Train's context, shards, checkpoints and ``prepare_model``.
+  trials have several workers): Ray Train's context, shards, checkpoints and ``prepare_model``; a group of
+  one worker that caches its shards reads them itself with pyarrow (no Ray Data to start).
 - :class:`TrialProcess`: a sweep's one-worker trial runs the loop in the Tune trial's own process,
   which holds the worker's resources (CPU, GPU).  A ``TorchTrainer`` there would start six more
   processes per trial (controller, worker, dataset manager and Train's helpers) to run a single
   worker; each imports Ray and most import torch, which on a laptop is most of a short trial
   (``bench/PROFILE.md``, section 5).  Reports and checkpoints go to Tune itself (its
   ``report``/``get_checkpoint``: kept, ranked and restored by Tune's checkpoint config), and the
-  datasets are read through the same ``CompleteValidationConfig`` as a one-worker Train run.
+  shards are read whole with pyarrow where the trial caches them, else streamed through the same
+  ``CompleteValidationConfig`` as a one-worker Train run.
 - :class:`LocalRun`: a one-worker ``train`` on this machine runs the loop in the driver's own
   process (``TorchTrainer``'s local mode, ``ScalingConfig(num_workers=0)``): no controller, worker
   group or Train helper process to start.  Local mode keeps checkpoints in memory only, ignores the
@@ -41,11 +43,16 @@ if TYPE_CHECKING:
 
 
 class _Runtime:
+    reader: ShardReader | None = None  # a one-worker run's cached shards, read in its process with pyarrow
+
     def shard(self, name: str):
         raise NotImplementedError
 
     def rows(self, name: str, batch_size: int, collate) -> Batch:
-        """Every row of the split ``name``, read once from this runtime's shard."""
+        """Every row of the split ``name``, read once: with a ``reader`` (no Ray Data) here with pyarrow, in the
+        files' order; else from this runtime's shard."""
+        if self.reader is not None:
+            return self.reader.rows(name)
         return read_all(self.shard(name), batch_size, collate)
 
 
@@ -53,13 +60,13 @@ class TrainGroup(_Runtime):
     """The loop as a Ray Train worker; ``folder``: the run's folder, where a checkpoint newer than
     the one Ray Train's snapshot names may lie (the snapshot is written behind the reports)."""
 
-    def __init__(self, folder: RunFolder | None = None) -> None:
+    def __init__(self, folder: RunFolder | None = None, reader: ShardReader | None = None) -> None:
         import ray.train
 
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         self.local_world = ctx.get_local_world_size()
-        self.folder = folder
+        self.folder, self.reader = folder, reader
 
     def shard(self, name: str):
         import ray.train
@@ -97,11 +104,12 @@ class _OneWorker(_Runtime):
 
     rank, world, local_world = 0, 1, 1
 
-    def __init__(self, datasets: dict[str, Any] | None, data_config) -> None:
+    def __init__(self, datasets: dict[str, Any] | None, data_config, *, reader: ShardReader | None = None) -> None:
         # the one-worker branch of the DataConfig a TorchTrainer would use: each dataset whole,
         # through its own iterator, with the run's execution options
         self._shards = {} if datasets is None else \
             data_config.configure(datasets, world_size=1, worker_handles=None, worker_node_ids=None)[0]
+        self.reader = reader
 
     def shard(self, name: str):
         return self._shards[name]
@@ -113,10 +121,10 @@ class _OneWorker(_Runtime):
 class TrialProcess(_OneWorker):
     """The loop in a one-worker Tune trial's own process."""
 
-    def __init__(self, datasets: dict[str, Any], data_config) -> None:
+    def __init__(self, datasets: dict[str, Any] | None, data_config, *, reader: ShardReader | None = None) -> None:
         if not console.verbose():  # Tune's storage says "Checkpoint successfully created at ..." every epoch
             logging.getLogger("ray.train._internal.storage").setLevel(logging.WARNING)
-        super().__init__(datasets, data_config)
+        super().__init__(datasets, data_config, reader=reader)
 
     def latest_checkpoint(self):
         import ray.tune
@@ -136,12 +144,8 @@ class LocalRun(_OneWorker):
 
     def __init__(self, datasets: dict[str, Any] | None, data_config, folder: RunFolder, scalars: ScalarWriter | None,
                  *, reader: ShardReader | None = None) -> None:
-        super().__init__(datasets, data_config)
-        self.folder, self.scalars, self.reader = folder, scalars, reader
-
-    def rows(self, name: str, batch_size: int, collate) -> Batch:
-        """With a ``reader`` (no Ray Data): the split read here with pyarrow, in the files' order."""
-        return self.reader.rows(name) if self.reader is not None else super().rows(name, batch_size, collate)
+        super().__init__(datasets, data_config, reader=reader)
+        self.folder, self.scalars = folder, scalars
 
     def latest_checkpoint(self):
         """The newest complete checkpoint in the run folder (as Ray Train, a run whose folder holds

@@ -31,7 +31,7 @@ from alchemetric_ray.interrupts import seen_during
 from alchemetric_ray.models import is_cross_sectional, model_spec
 from alchemetric_ray.placement.autoscale import CONTROLLER_FAILURE_LIMIT, run_bundles, scale_up
 from alchemetric_ray.placement.capacity import discover_capacity
-from alchemetric_ray.placement.plan import ResourcePlan, plan_resources
+from alchemetric_ray.placement.plan import ResourcePlan, plan_resources, runs_in_trial
 from alchemetric_ray.placement.session import (
     check_storage_access,
     check_storage_reaches_every_node,
@@ -164,12 +164,13 @@ class Execution:
     """How a ``TorchTrainer`` runs its loop: in a worker group, or with ``local_mode`` in this process
     (``runtime``: a ``LocalRun`` that persists its reports; without one, Ray's local mode as it is);
     Ray Train's ``callbacks`` (worker mode); ``epoch_lines``: the loop prints a line per epoch (a sweep's
-    trials print one line each instead)."""
+    trials print one line each instead); ``reader``: the shards a one-worker group reads with pyarrow."""
 
     local_mode: bool = False
     runtime: Any = None
     callbacks: list | None = None
     epoch_lines: bool = True
+    reader: ShardReader | None = None  # a worker group of one: its worker reads its cached shards with pyarrow
 
 
 def build_trainer(cfg: RunConfig, datasets: dict | None, manifest: Manifest, plan: ResourcePlan, *, name: str,
@@ -187,6 +188,8 @@ def build_trainer(cfg: RunConfig, datasets: dict | None, manifest: Manifest, pla
         config["runtime"] = runtime
     elif not local_mode:
         config["run_dir"] = str(storage_location(cfg) / name)  # a newer checkpoint there wins (train/runtime.py)
+        if execution.reader is not None:
+            config["reader"] = execution.reader
     return TorchTrainer(
         # a local run's LoopSummary comes back as result.return_value
         local_loop if local_mode and runtime is not None else train_loop_per_worker,  # type: ignore[arg-type]  # Ray: -> None
@@ -224,7 +227,7 @@ class Prepared:
     datasets: dict[str, Any] | None  # Ray Datasets; None for a sweep (each trial builds its own) or with a reader
     local: bool = False  # the loop runs in this process (runs_locally), and why
     local_why: str = ""
-    reader: ShardReader | None = None  # the loop's cached shards read here with pyarrow: no Ray Data, no Ray
+    reader: ShardReader | None = None  # the one worker reads the cached shards with pyarrow (reads_with_pyarrow)
 
 
 def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, name: str | None = None,  # noqa: PLR0913
@@ -263,10 +266,12 @@ def prepare_run(cfg: RunConfig, *, sweep: bool = False, export: bool = True, nam
     if sweep:
         return Prepared(name, cfg, plan, shards, manifest, None)
     inputs = model_spec(cfg.model.name).inputs
-    if local and cfg.train.cache_data:
+    pyarrow = reads_with_pyarrow(cfg, plan, local)
+    if not (local and pyarrow):  # Ray Data reads the shards, or (a worker group's run) predicts the test segment
+        console.quiet_ray_data()
+    if pyarrow:
         return Prepared(name, cfg, plan, shards, manifest, None, local, local_why,
                         ShardReader(shards, manifest, inputs, cfg.features.window))
-    console.quiet_ray_data()
     datasets, _ = build_datasets(shards, inputs, cfg.features.window, check=False)
     return Prepared(name, cfg, plan, shards, manifest, datasets, local, local_why)
 
@@ -300,7 +305,21 @@ def _say_ray_use(cfg: RunConfig, plan: ResourcePlan, local: bool, *, sweep: bool
     needed, plan.reasons.ray = uses_ray(cfg, local, sweep=sweep, up=up)
     if not needed:
         plan.cpus_for_data, plan.reasons.data = 0, "pyarrow reads the shards once, in this process"
+    elif reads_with_pyarrow(cfg, plan, local, sweep=sweep):
+        plan.reasons.data = ("each trial reads its cached shards once with pyarrow, in its own process: no Ray Data"
+                             if sweep else "the worker reads its cached shards once with pyarrow: no Ray Data")
     return needed
+
+
+def reads_with_pyarrow(cfg: RunConfig, plan: ResourcePlan, local: bool, *, sweep: bool = False) -> bool:
+    """Whether the loop reads its cached shards (``train.cache_data``) itself with pyarrow
+    (``data/loaders.py:ShardReader``) instead of through Ray Data: one worker (a local run, a worker group of
+    one, a sweep's one-worker trial), which reads every row of them anyway; its read task, Ray Data's actors
+    and their processes are not started.  Several workers split the rows through Ray Data; a streamed run
+    (``train.cache_data=false``) reads them every epoch through it."""
+    if not cfg.train.cache_data:
+        return False
+    return runs_in_trial(cfg, plan) if sweep else (local or plan.num_workers == 1)
 
 
 def uses_ray(cfg: RunConfig, local: bool, *, sweep: bool, up: bool) -> tuple[bool, str]:
@@ -432,7 +451,7 @@ def _fit_logged(cfg: RunConfig, run: Prepared, folder, tensorboard: Location, lo
                                 execution=Execution(local_mode=True, runtime=runtime))
     else:
         trainer = build_trainer(cfg, run.datasets, run.manifest, run.plan, name=run.name,
-                                execution=Execution(callbacks=[TensorBoardScalars(tensorboard)]))
+                                execution=Execution(callbacks=[TensorBoardScalars(tensorboard)], reader=run.reader))
     try:
         with scalars, scale_up(cfg, run.plan, run_bundles(run.plan), local_mode=run.local) as window, \
                 log.live(folder.where, cfg.tracking.live_every_s):
