@@ -252,6 +252,28 @@ def _build(tmp_path: Path, data: Path, where: str, name: str, *extra: str):
     return build_shards(cfg, tmp_path / name).manifest
 
 
+def test_a_folders_groups_are_even_and_fill_the_last_round_of_tasks():
+    """Files grouped by size: groups of about ``group_bytes`` at most, evened out, consecutive and whole; where
+    they take more than one round on the CPUs, a multiple of the CPUs (5 groups' worth on 2 CPUs: 6)."""
+    from alchemetric_ray.data.staging import _file_groups
+
+    files = [(f"T{k:03d}", Path(f"T{k:03d}.parquet"), 100 + (k % 7)) for k in range(300)]  # 31,800 bytes
+    total = sum(size for _, _, size in files)
+
+    def sizes(groups, of=files):
+        assert [t for group in groups for t, _ in group] == [t for t, _, _ in of]  # all, once, in order
+        by_name = {t: size for t, _, size in of}
+        return [sum(by_name[t] for t, _ in group) for group in groups]
+
+    two = sizes(_file_groups(files, total / 4.5, cpus=2))  # 5 groups' worth on 2 CPUs: 3 full rounds
+    assert len(two) == 6 and max(two) - min(two) <= 2 * 106 and max(two) <= total / 4.5
+    assert len(sizes(_file_groups(files, total / 4.5, cpus=8))) == 5  # one round: as many as the size asks
+    assert len(sizes(_file_groups(files, total / 4.5, cpus=1))) == 5
+    assert len(sizes(_file_groups(files, total / 9, cpus=4))) == 12
+    assert sizes(_file_groups(files[:3], 50.0, cpus=2), files[:3]) == [100, 101, 102]  # never more groups than files
+    assert len(_file_groups([], 1000.0, cpus=2)) == 0
+
+
 def test_a_folder_ingested_in_ray_tasks_builds_what_the_driver_builds(ray_session, tmp_path):
     """The files read and validated inside the tasks: the same shards, bars, ingest record (messy file,
     skipped ticker, dropped rows) and manifest as a build that reads them in the driver."""
@@ -260,8 +282,14 @@ def test_a_folder_ingested_in_ray_tasks_builds_what_the_driver_builds(ray_sessio
     tasks, driver = built["true"], built["false"]
     assert tasks.build["ingest"] == "tasks" and tasks.build["mode"] == "ray" and tasks.build["groups"] >= 2
     assert driver.build["ingest"] == "driver" and driver.build["mode"] == "driver"
-    same = {"created": None, "build": None, "built_with": None}
+    # the files' layout follows the groups (the tasks' by size, evened out over the CPUs; the driver's by rows):
+    # the rows in them are compared below, row for row
+    same = {"created": None, "build": None, "built_with": None, "files": None}
     assert {**tasks.__dict__, **same} == {**driver.__dict__, **same}
+    for where, manifest in built.items():  # each lists the files it wrote, and only those
+        for part, names in manifest.files.items():
+            folder = f"split={part}" if part in ("train", "val", "test") else part
+            assert names == sorted(f"{folder}/{p.name}" for p in (tmp_path / where / folder).glob("*.parquet"))
     ingest = tasks.ingest
     assert ingest["files"] == 12 and ingest["tickers"] == 11 and list(ingest["skipped_tickers"]) == ["T11"]
     assert ingest["dropped"]["duplicate_row"] == 1 and ingest["dropped"]["duplicate_date"] == 1

@@ -154,8 +154,10 @@ class FeaturesConfig:
                 "size: below that, on a 2-core machine, a local Ray's start cost more than its cores saved); "
                 "else in this process. The shards are the same either way.")
     group_rows: int = setting(
-        200_000, "The bars in one group of tickers, the unit of work of the feature build (a group ends at the "
-                 "ticker that reaches this many rows): smaller groups spread more tasks over a cluster, larger "
+        200_000, "The bars in one group of tickers, the unit of work of the feature build (bars read in this "
+                 "process: a group ends at the ticker that reaches this many rows; a folder of per-ticker files "
+                 "read by Ray tasks: even groups of about this many at most, a multiple of the CPUs in number "
+                 "where they take more than one round): smaller groups spread more tasks over a cluster, larger "
                  "ones cost less per row.", check=at_least(1))
 
 

@@ -528,20 +528,21 @@ def _files_readable_by_tasks() -> bool:
     return len(alive) == 1 and alive[0].get("NodeID") == here and alive[0].get("Resources", {}).get("CPU", 0) > 0
 
 
-def _file_groups(files: list[tuple[str, Path, int]], group_bytes: float) -> list[list[tuple[str, Path]]]:
-    """Consecutive files in groups of at least ``group_bytes`` (the last one may be smaller)."""
-    groups: list[list[tuple[str, Path]]] = []
-    group: list[tuple[str, Path]] = []
-    size = 0
-    for ticker, path, nbytes in files:
-        group.append((ticker, path))
-        size += nbytes
-        if size >= group_bytes:
-            groups.append(group)
-            group, size = [], 0
-    if group:
-        groups.append(group)
-    return groups
+def _file_groups(files: list[tuple[str, Path, int]], group_bytes: float, cpus: int) -> list[list[tuple[str, Path]]]:
+    """Consecutive files in groups of about ``group_bytes`` at most, evened out by size; where they take more
+    than one round of tasks on ``cpus`` CPUs, as many groups as a multiple of ``cpus`` (5 groups on 2 CPUs
+    leave one idle in the third round; 6 smaller ones keep both busy: bench/features.py, docs/performance.md)."""
+    total = sum(nbytes for _, _, nbytes in files)
+    count = max(1, math.ceil(total / group_bytes))
+    if count > cpus > 1:
+        count = math.ceil(count / cpus) * cpus
+    count = min(count, len(files))
+    groups: list[list[tuple[str, Path]]] = [[] for _ in range(count)]
+    before = 0
+    for ticker, path, nbytes in files:  # a file goes to the group whose share of the total holds its middle
+        groups[min(count - 1, int(count * (before + nbytes / 2) / max(total, 1)))].append((ticker, path))
+        before += nbytes
+    return [group for group in groups if group]
 
 
 @dataclass(frozen=True)
@@ -596,7 +597,7 @@ def _computed_files(files: list[tuple[str, Path, int]], runner: _Runner, keep_ba
     from alchemetric_ray.bars.ingest import no_ticker_error
 
     cfg = runner.cfg
-    groups = _file_groups(files, runner.group_rows * BYTES_PER_ROW)  # ~ features.group_rows bars a group
+    groups = _file_groups(files, runner.group_rows * BYTES_PER_ROW, runner.cpus())  # ~ group_rows bars at most
     if keep_bars is not None:  # the tasks write into folders that exist: none makes one (under a removed one)
         (keep_bars / BARS_DIR).mkdir(exist_ok=True)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)  # the files' node
