@@ -113,7 +113,7 @@ def test_shards_read_in_this_process_with_pyarrow_equal_ray_datas_ordered_read(r
         reader = ShardReader(shards, m, mode, WINDOW)
         for split in ("train", "val"):
             ours, ray_data = reader.rows(split), read_all(datasets[split], 256, collate_for(mode, m.features))
-            assert len(ours[1]) > 0 and len(ours) == len(ray_data) == 4
+            assert len(ours[1]) > 0 and len(ours) == len(ray_data) == 4 and ours[0].is_contiguous()
             for a, b in zip(ours, ray_data):
                 assert a.dtype == b.dtype and torch.equal(a, b)
             if mode == "tabular":

@@ -380,6 +380,26 @@ def concat_batches(parts: list[Batch]) -> Batch:
     return cast(Batch, tuple(torch.cat([t.contiguous() for t in column]) for column in zip(*parts)))  # 4 columns
 
 
+def tabular_whole(tables: list[pa.Table], features: list[str], label: str = "label") -> Batch:
+    """Tables as one (x, y, date, fwd) set of tensors: what :class:`TabularCollate` gives each table, then
+    :func:`concat_batches`, but with ``x`` filled in place, one column of one table at a time, into the one
+    contiguous (rows, features) array (no per-table matrix, no second copy to join them)."""
+    if not tables:
+        return concat_batches([])
+    x = np.empty((sum(t.num_rows for t in tables), len(features)), dtype=np.float32)
+    rest: list[tuple[torch.Tensor, ...]] = []
+    lo = 0
+    for table in tables:
+        hi = lo + table.num_rows
+        for j, name in enumerate(features):
+            x[lo:hi, j] = _column(table, name)
+        rest.append((label_tensor(table.column(label).to_numpy()),
+                     *keys_tensors(_column(table, "date"), _column(table, "fwd_ret"))))
+        lo = hi
+    y, date, fwd = (torch.cat(column) for column in zip(*rest))
+    return torch.from_numpy(x), y, date, fwd
+
+
 class ShardReader:
     """A split of the shards read whole in this process with pyarrow, for a one-worker run that caches
     its shard (``train.cache_data``) and so needs no Ray Data: the same columns, windows and tensors
@@ -393,10 +413,10 @@ class ShardReader:
         import pyarrow.parquet as pq
 
         files, cols = _listed_files(self.shards, split, self.manifest), shard_columns(self.manifest)
-        collate = collate_for(self.mode, self.manifest.features)
         if self.mode != "sequence":
-            return concat_batches([collate(pq.read_table(f.path, filesystem=f.filesystem, columns=cols))
-                                   for f in files])
+            return tabular_whole([pq.read_table(f.path, filesystem=f.filesystem, columns=cols) for f in files],
+                                 self.manifest.features)
+        collate = collate_for(self.mode, self.manifest.features)
         check_whole_tickers(self.shards, split, self.manifest)
         return concat_batches([collate(chunk) for chain in file_chains(files)
                                for chunk in _file_windows({"path": [_joined(chain)]}, chain[0].filesystem,
