@@ -11,7 +11,8 @@ as one Parquet file per ticker (the `--data DIR` a user gives):
    held, sampled every 0.1 s);
 2. the packaged stocknet prices and a 500-ticker table: this tree's build against ``--baseline``'s
    (a git commit, checked out in a temporary worktree), each the same in-process call;
-3. a 1M-row universe: our build on one core and on two, against ``reference_script`` (a plain
+3. a 1M-row universe: our build on one core and on two (each process builds once, then ``REPEATS`` times
+   more: their median), against ``reference_script`` (``REPEATS`` runs: the median; a plain
    single-process numpy script that reads the same Parquet files, computes the same 16 features and
    the label and writes one Parquet file) on one core;
 4. peak RSS per task from 1M to the universe's rows;
