@@ -271,6 +271,7 @@ def cores_item(small: Path, rows_small: int, scratch: Path, cores: int) -> dict:
     Ray tasks on a one-CPU Ray) and as Ray tasks on every core, against the plain script on one core.
     Builds of ~2 s move by 10-20 % from one to the next on a shared 2-core machine: each process builds
     once, then ``REPEATS`` times more (the median of those), and the plain script runs ``REPEATS`` times."""
+    os.sync()  # what earlier items wrote (GBs after the universe's builds) is flushed now, not beside these builds
     one = child(REPO, [f"data.path={small}", "features.distributed=false"], scratch / "one", cpus=None,
                 one_core=True, again=REPEATS)
     one_ray = child(REPO, [f"data.path={small}"], scratch / "one-ray", cpus=1, one_core=True, again=REPEATS)
