@@ -6,8 +6,9 @@
 Contenders, in one process, same batch size, after a warm-up pass, median of repeats:
   pyarrow      pq.read_table -> one (rows, features) float32 tensor -> slices (the floor)
   ours_pyarrow our loader for one worker that caches its shard (a laptop's run, a one-worker job or trial):
-               loaders.ShardReader (each file read whole with pyarrow, through the same collate as Ray
-               Data's batches, into one (x, y, date, fwd) set of tensors) -> slices
+               loaders.ShardReader (each file read whole with pyarrow, its columns copied into one
+               contiguous (x, y, date, fwd) set of tensors: what Ray Data's batches give through the same
+               collate, joined) -> slices
   ray_ours     our loader for several workers or a streamed shard: loaders.read_split (V1 reader, a block
                per file) -> batches.stream (iter_torch_batches(collate_fn=TabularCollate), windows sliced)
   ray_default  ray.data.read_parquet with Ray's defaults -> iter_torch_batches() -> torch.stack of the columns
