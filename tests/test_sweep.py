@@ -228,6 +228,25 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
     assert "\n" not in str(refused.value)
 
 
+def test_trials_one_after_another_share_one_process_and_one_leaves_nothing_to_the_next(ray_session, shards, tmp_path):
+    """Tune reuses a one-worker trial's process for the next trial (``reuse_actors``: no fresh Python, Ray, torch
+    and package per trial), and a trial trains there exactly as it would first: two trials of the same config,
+    the second after the first in the same process, report the same numbers at every epoch (the seed, the
+    model, the optimizer, the cached shard and the threads are the trial's own, not the previous one's)."""
+    from alchemetric_ray.sweeps.sweep import run_sweep
+
+    cfg = load_config(None, _sweep_args(shards, tmp_path, "tune.space={train.lr: [0.003, 0.003]}", "train.epochs=2",
+                                        "tune.scheduler=none"))
+    out = run_sweep(cfg)
+    assert out.summary.num_trials == 2
+    results = [[json.loads(line) for line in (Path(out.path) / trial / "result.json").read_text().splitlines()]
+               for trial in sorted(p.name for p in Path(out.path).glob("_trial_*"))]
+    assert len({r["pid"] for rows in results for r in rows}) == 1, results  # one process ran both trials
+    assert [len(rows) for rows in results] == [2, 2]
+    keys = ("val_log_loss", "val_rank_ic", "train_loss")
+    assert [[r[k] for k in keys] for r in results[0]] == [[r[k] for k in keys] for r in results[1]]
+
+
 @pytest.mark.slow
 def test_trial_loop_trainer_gives_each_trial_a_torch_trainer_run(ray_session, shards, tmp_path):
     """tune.trial_loop=trainer (and any trial of several workers): each trial builds a TorchTrainer
@@ -315,7 +334,8 @@ def _finished_trials(sweep_dir: Path) -> dict[str, list[str]]:
 def _recorded_finished(sweep_dir: Path) -> set[str]:
     """The trial folders that Tune's newest saved experiment state records as finished (what a resume after a
     SIGKILL keeps); empty while no state is saved or while its file is being rewritten."""
-    states = sorted(sweep_dir.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
+    # newest by the start time in its name: Tune rewrites the older files too as it saves (their mtimes tie)
+    states = sorted(sweep_dir.glob("experiment_state-*.json"))
     try:
         trials = [json.loads(t) for t, _ in json.loads(states[-1].read_text())["trial_data"]] if states else []
     except (OSError, ValueError, KeyError):
@@ -341,14 +361,15 @@ def test_one_sweep_over_label_kinds_stopped_three_ways_keeps_its_state_and_each_
     which every target reports (train.metric=auto)."""
     from alchemetric_ray.data.manifest import Manifest
 
-    # an LSTM on small batches: trials of a few seconds, long enough for a signal to land in the next
-    argv = ["tune", "--device", "cpu", "data.source=synthetic", "data.synthetic_tickers=12", "data.synthetic_days=260",
+    # an LSTM on small batches: trials of about two seconds (Tune reuses the trial's process, so a trial is its
+    # training), long enough for a signal to land in the next
+    argv = ["tune", "--device", "cpu", "data.source=synthetic", "data.synthetic_tickers=24", "data.synthetic_days=520",
             f"storage.path={tmp_path / 'results'}", f"storage.models_dir={tmp_path / 'models'}", "storage.name=kinds",
             "model.name=lstm", "model.hidden=16", "features.window=8", "train.batch_size=16", "train.epochs=2",
             "tune.search=grid", "tune.scheduler=none", "tune.max_concurrent_trials=1",
             "tune.space={features.label: [three_class, cs_rank], train.lr: [0.01, 0.003, 0.001]}"]
-    # six trials: the first two stops end after at most four, so the third (one more finished, then a
-    # 4 s wait for Tune to record it) always kills a sweep that has trials left
+    # six trials: the first two stops end after at most four, so the third (once Tune's saved state records one
+    # more finished) always kills a sweep that has trials left
     total, kept = 6, {}  # kept: each finished trial's checkpoints, as they were when it had finished
 
     def stopped(code: int, sig: int, out: str, err: str, during: int, left: list[int]) -> None:
@@ -388,16 +409,17 @@ def test_one_sweep_over_label_kinds_stopped_three_ways_keeps_its_state_and_each_
     assert all(_finished_trials(sweep_dir)[trial] == ckpts for trial, ckpts in kept.items())
     kept = _finished_trials(sweep_dir)
 
-    # 3. that resume's driver killed, with its Ray, once one more trial's last checkpoint is on disk
+    # 3. that resume's driver killed, with its Ray, once Tune's saved state records one more finished trial
     # (Tune saves its state every second here; SIGKILL leaves it no chance to save at the stop, so a trial
     # that finished after its last save is run again by the next resume, in a folder of its own: Tune's promise)
+    recorded_before = len(_recorded_finished(sweep_dir))
     driver = _start(tmp_path, _resume_argv(err), quiet=True, TUNE_GLOBAL_CHECKPOINT_S="1")
     deadline = time.monotonic() + 600
     try:
-        while time.monotonic() < deadline and len(_finished_trials(sweep_dir)) <= len(kept):
-            time.sleep(1)
-        assert len(_finished_trials(sweep_dir)) > len(kept), "no trial finished within 10 minutes"
-        time.sleep(4)  # let Tune record the finished trial in its experiment state
+        while (time.monotonic() < deadline and driver.poll() is None
+               and len(_recorded_finished(sweep_dir)) <= recorded_before):
+            time.sleep(0.2)
+        assert len(_recorded_finished(sweep_dir)) > recorded_before, "no trial recorded finished within 10 minutes"
         assert driver.poll() is None, driver.returncode  # killed before the sweep's end
     finally:
         os.killpg(driver.pid, signal.SIGKILL)

@@ -57,6 +57,10 @@ def fit_sweep(job: SweepJob, space: dict, limit: int, start_timeout_s: float):
                 num_samples=1 if cfg.tune.search == "grid" else cfg.tune.num_samples,
                 max_concurrent_trials=limit,
                 time_budget_s=cfg.tune.time_budget_s or None,
+                # the next trial runs in the finished trial's process (every trial asks for the same resources):
+                # no fresh Python, Ray, torch and package import per trial; each trial builds its own model,
+                # optimizer, seed and shard reader (tests/test_sweep.py: a trial trains there as it would first)
+                reuse_actors=True,
             ),
             run_config=tune.RunConfig(name=name, **storage,
                                       verbose=0 if not console.verbose() else 1, **_reporter(),
