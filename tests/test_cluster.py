@@ -1,5 +1,5 @@
-"""Multi-node on one machine: a real second Ray node (``ray.cluster_utils.Cluster``) and a 2-worker
-run whose workers land on different nodes; the refusal of node-local storage there; and jobs
+"""Multi-node on one machine: real Ray nodes (``ray.cluster_utils.Cluster``), a 2-worker run whose
+workers land on different nodes, the refusal of node-local storage there and a node lost mid-training; and jobs
 submitted to a cold autoscaling head (tests/fake_cluster.py) that must add nodes for them."""
 
 import io
@@ -17,10 +17,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
-    # its own cluster in its own process: the test session's Ray stays untouched
+def test_two_workers_on_two_nodes_and_a_node_lost_mid_training(stocknet_dir, tmp_path):
+    """One real 3-node cluster in its own process (a head with no CPUs, two 2-CPU nodes; the test
+    session's Ray stays untouched), and four things against it, in order:
+
+    1. the features as Ray tasks over small groups land on both nodes and equal a build in one process;
+    2. node-local storage is refused on a multi-node cluster;
+    3. a 2-worker run with shared storage puts its workers on different nodes;
+    4. the node running a 1-worker run is removed after the first checkpoint: the run restarts on the
+       other node and finishes from that checkpoint, within a bounded time (this was
+       tests/test_faults.py's own cluster)."""
     script = textwrap.dedent(f"""
-        import json, os
+        import json, os, threading, time
         os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.1"
         import ray
         from ray.cluster_utils import Cluster
@@ -28,13 +36,18 @@ def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
         from alchemetric_ray.errors import UserError
         from alchemetric_ray.training.trainer import run_training
 
-        cluster = Cluster(initialize_head=True, head_node_args={{"num_cpus": 2}})
-        cluster.add_node(num_cpus=2)
+        # A node that stops answering is declared dead after 3 missed health checks 0.5 s apart (Ray's
+        # default: 5 x 3 s), so that the test does not wait 15 s for Ray to notice the loss.
+        cluster = Cluster(initialize_head=True, head_node_args={{
+            "num_cpus": 0, "include_dashboard": False,
+            "_system_config": {{"health_check_period_ms": 500, "health_check_timeout_ms": 1000,
+                               "health_check_failure_threshold": 3}}}})
+        nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
         out = {{}}
         try:
-            # the features as Ray tasks over small groups (several per node), and in this process
+            # 1. the features as Ray tasks over small groups (several per node), and in this process
             from alchemetric_ray.data.shards import build_shards
             feats = ["data.path={stocknet_dir}", "data.source=files", "features.group_rows=5000",
                      "features.label=cs_rank", "features.names=[ret_1, ret_5_rel, vol_20]",
@@ -42,6 +55,7 @@ def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
             out["features"] = build_shards(load_config(None, feats + ["features.distributed=true"]),
                                            "{tmp_path / 'features-ray'}").manifest.build
             build_shards(load_config(None, feats + ["features.distributed=false"]), "{tmp_path / 'features-here'}")
+            # 2. and 3. two workers, one per node: local storage refused, then shared storage
             base = ["data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT",
                     "storage.path={tmp_path / 'nfs'}", "storage.models_dir={tmp_path / 'models'}",
                     "storage.name=multi", "train.epochs=2", "model.hidden=16", "scaling.workers=2",
@@ -52,31 +66,80 @@ def test_two_workers_on_two_nodes_with_shared_storage(stocknet_dir, tmp_path):
                 out["refused"] = str(exc)
             res = run_training(load_config(None, base + ["storage.shared=true"]), progress=False)
             out["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
+            out["cpu_nodes"] = len([n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")])
             out["node_ids"] = res.summary.node_ids
             out["run_path"] = str(res.run_path)
             out["model_dir"] = str(res.model_dir)
+
+            # 4. a node lost mid-training
+            cfg = load_config(None, ["data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT",
+                                     "storage.path={tmp_path / 'nfs'}", "storage.shared=true",
+                                     "storage.models_dir={tmp_path / 'models'}", "storage.name=lost",
+                                     "storage.run=lost", "train.epochs=6", "train.patience=0", "model.name=lstm",
+                                     "model.hidden=32", "train.batch_size=32", "scaling.workers=1",
+                                     "scaling.cpus_per_worker=1", "scaling.max_failures=2",
+                                     # a cluster joined by ray.init(address=...) is planned as a cluster, whose
+                                     # node types are unknown here: the device is named, as on such a cluster
+                                     "device.name=cpu"])
+            result, error = [], []
+            def go():
+                try:
+                    result.append(run_training(cfg, progress=False))
+                except BaseException as exc:
+                    error.append(f"{{type(exc).__name__}}: {{exc}}")
+            runner = threading.Thread(target=go, daemon=True)
+            runner.start()
+            first = "{tmp_path / 'nfs' / 'lost' / 'epoch-0000' / 'meta.json'}"
+            deadline = time.monotonic() + 600
+            while not os.path.exists(first) and time.monotonic() < deadline and runner.is_alive():
+                time.sleep(0.05)
+            # the worker group's placement group says where the worker runs (this cluster has no dashboard)
+            placed = [pg["bundles_to_node_id"][0] for pg in ray.util.placement_group_table().values()
+                      if pg["state"] == "CREATED" and pg["bundles"][0].get("CPU", 0) >= 1]
+            if not placed:
+                raise RuntimeError(f"no worker group's placement group; the run: {{error or 'still running'}}")
+            lost = [n for n in nodes if n.node_id == placed[-1]][0]
+            out["lost_node"] = lost.node_id
+            cluster.remove_node(lost, allow_graceful=False)
+            removed_at = time.monotonic()
+            runner.join(600)
+            out["seconds_after_loss"] = time.monotonic() - removed_at
+            out["finished"] = not runner.is_alive()
+            out["error"] = error[0] if error else None
+            if result:
+                out["epochs_run"] = result[0].summary.epochs_run
+                out["lost_run_node_ids"] = result[0].summary.node_ids
+                out["lost_model_dir"] = str(result[0].model_dir)
         finally:
             ray.shutdown()
             cluster.shutdown()
         print("RESULT:" + json.dumps(out))
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, cwd=REPO,
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1500, cwd=REPO,
                           env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     out = json.loads(lines[-1][len("RESULT:"):])
-    assert out["nodes"] == 2
-    # the features: tasks on both nodes, the same shards as a build in one process
+    assert out["nodes"] == 3 and out["cpu_nodes"] == 2, out
+    # 1. the features: tasks on both nodes, the same shards as a build in one process
     assert out["features"]["mode"] == "ray" and out["features"]["nodes"] == 2, out["features"]
     assert out["features"]["groups"] > 4
     for split in ("train", "val", "test"):
         here, there = (pd.read_parquet(tmp_path / f"features-{where}" / f"split={split}") for where in ("here", "ray"))
         pd.testing.assert_frame_equal(there, here, check_exact=True)
-    assert "is a local folder but the Ray cluster has 2 nodes" in out["refused"]
+    # 2. and 3.
+    assert "is a local folder but the Ray cluster has 3 nodes" in out["refused"]
     assert len(out["node_ids"]) == 2 and out["node_ids"][0] != out["node_ids"][1]
     checkpoints = sorted(Path(out["run_path"]).glob("epoch-*/state.pt"))
     assert checkpoints and str(tmp_path / "nfs") in out["run_path"]
     assert (Path(out["model_dir"]) / "weights.pt").is_file()
+    # 4. the node lost
+    assert out["finished"], "the run neither recovered nor failed within 10 minutes of losing a node"
+    assert out["error"] is None, out["error"]
+    assert out["epochs_run"] == 6
+    assert out["lost_node"] not in out["lost_run_node_ids"]  # the resumed session ran on the remaining node
+    print(f"recovered and finished {out['seconds_after_loss']:.1f} s after the node was lost")
+    assert (Path(out["lost_model_dir"]) / "weights.pt").is_file()
 
 
 # ---- ray job submit against a cold autoscaling head (tests/fake_cluster.py) ------------------

@@ -1,9 +1,8 @@
-"""Faults on a real local Ray: a worker killed mid-epoch, a writer killed between write and rename,
-a node lost during training."""
+"""Faults on a real local Ray: a worker killed mid-epoch, a writer killed between write and rename (a node
+lost during training: tests/test_cluster.py, on its multi-node cluster)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -265,87 +264,3 @@ def test_replace_dir_swaps_in_the_new_folder(tmp_path):
     replace_dir(tmp, target)
     assert (target / "a.txt").read_text() == "new"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # neither the staging nor the old folder left
-
-
-# ---- a node lost during training ----------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_node_lost_mid_training_recovers_on_the_remaining_node(stocknet_dir, tmp_path):
-    """A 3-node test cluster (a head with no CPUs, two 2-CPU nodes): the node running the training
-    worker is removed after the first checkpoint; the run restarts on the other node and finishes
-    from that checkpoint, within a bounded time."""
-    script = textwrap.dedent(f"""
-        import json, os, threading, time
-        os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.1"
-        import ray
-        from ray.cluster_utils import Cluster
-        from alchemetric_ray.config import load_config
-        from alchemetric_ray.training.trainer import run_training
-
-        # A node that stops answering is declared dead after 3 missed health checks 0.5 s apart (Ray's
-        # default: 5 x 3 s), so that the test does not wait 15 s for Ray to notice the loss.
-        cluster = Cluster(initialize_head=True, head_node_args={{
-            "num_cpus": 0, "include_dashboard": False,
-            "_system_config": {{"health_check_period_ms": 500, "health_check_timeout_ms": 1000,
-                               "health_check_failure_threshold": 3}}}})
-        nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
-        out = {{}}
-        try:
-            cfg = load_config(None, ["data.path={stocknet_dir}", "data.source=files", "data.tickers=AAPL,MSFT",
-                                     "storage.path={tmp_path / 'nfs'}", "storage.shared=true",
-                                     "storage.models_dir={tmp_path / 'models'}", "storage.name=lost",
-                                     "storage.run=lost", "train.epochs=6", "train.patience=0", "model.name=lstm",
-                                     "model.hidden=32", "train.batch_size=32", "scaling.workers=1",
-                                     "scaling.cpus_per_worker=1", "scaling.max_failures=2",
-                                     # a cluster joined by ray.init(address=...) is planned as a cluster, whose
-                                     # node types are unknown here: the device is named, as on such a cluster
-                                     "device.name=cpu"])
-            result, error = [], []
-            def go():
-                try:
-                    result.append(run_training(cfg, progress=False))
-                except BaseException as exc:
-                    error.append(f"{{type(exc).__name__}}: {{exc}}")
-            runner = threading.Thread(target=go, daemon=True)
-            runner.start()
-            first = "{tmp_path / 'nfs' / 'lost' / 'epoch-0000' / 'meta.json'}"
-            deadline = time.monotonic() + 600
-            while not os.path.exists(first) and time.monotonic() < deadline and runner.is_alive():
-                time.sleep(0.05)
-            # the worker group's placement group says where the worker runs (the session Ray's
-            # dashboard holds the default port, so this cluster runs without one)
-            placed = [pg["bundles_to_node_id"][0] for pg in ray.util.placement_group_table().values()
-                      if pg["state"] == "CREATED" and pg["bundles"][0].get("CPU", 0) >= 1]
-            if not placed:
-                raise RuntimeError(f"no worker group's placement group; the run: {{error or 'still running'}}")
-            lost = [n for n in nodes if n.node_id == placed[-1]][0]
-            out["lost_node"] = lost.node_id
-            cluster.remove_node(lost, allow_graceful=False)
-            removed_at = time.monotonic()
-            runner.join(600)
-            out["seconds_after_loss"] = time.monotonic() - removed_at
-            out["finished"] = not runner.is_alive()
-            out["error"] = error[0] if error else None
-            if result:
-                out["epochs_run"] = result[0].summary.epochs_run
-                out["node_ids"] = result[0].summary.node_ids
-                out["model_dir"] = str(result[0].model_dir)
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
-        print("RESULT:" + json.dumps(out))
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1200, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT:"):])
-    assert out["finished"], "the run neither recovered nor failed within 10 minutes of losing a node"
-    assert out["error"] is None, out["error"]
-    assert out["epochs_run"] == 6
-    assert out["lost_node"] not in out["node_ids"]  # the resumed session ran on the remaining node
-    print(f"recovered and finished {out['seconds_after_loss']:.1f} s after the node was lost")
-    assert (Path(out["model_dir"]) / "weights.pt").is_file()
