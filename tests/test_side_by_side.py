@@ -12,6 +12,7 @@ lines plain (test_console.py, issue 40: one pair of real runs carries both tests
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -116,17 +117,25 @@ def _check(results: list[Done]) -> None:
 
 @pytest.mark.slow
 def test_a_two_worker_train_and_a_sweep_at_once_each_on_its_own_ray_print_our_lines_plain_into_a_pipe(
-        ray_session, tmp_path):
+        ray_session, stocknet_shards, tmp_path):
     """Both through a Train worker group, whose controller starts the PlacementGroupCleaner: a
     worker-mode train (a group of two, DDP over gloo), and a 2-trial sweep whose trials each build
     a TorchTrainer.  ray_session: a third Ray on the machine whatever else runs, so that a lookup by
     scanning fails.  Their lines reach each driver from Ray workers and trial processes: still no
-    ESC byte and no Ray prefix on our lines."""
+    ESC byte and no Ray prefix on our lines.
+
+    The sweep is also the test of ``tune.trial_loop=trainer`` (it was test_sweep.py's own sweep): each
+    trial's TorchTrainer run, named after the trial, keeps the checkpoints beside the sweep, and the export
+    takes the best epoch's checkpoint from there."""
     start = time.monotonic()
+    # six stocks' shards, as test_sweep.py's sweeps read (a validation long-short book of 5 or more a date)
+    shards = stocknet_shards("AAPL,MSFT,XOM,JPM,GE,WMT")
     two, sweep = _run_together([
         ("train", [*WORKER_MODE_ARGS, "scaling.workers=2", "train.epochs=2", "train.patience=0"]),
-        ("tune", [*TUNE_WORKER_MODE_ARGS, "train.epochs=1", "tune.search=grid", "tune.scheduler=none",
-                  "tune.max_concurrent_trials=1", "tune.space={train.lr: [0.01, 0.001]}"]),
+        ("tune", [*TUNE_WORKER_MODE_ARGS, f"data.path={shards}", "model.hidden=16", "train.batch_size=512",
+                  "train.epochs=2", "train.patience=0", "train.metric=val_log_loss", "train.mode=min",
+                  "tune.search=grid", "tune.scheduler=none", "tune.max_concurrent_trials=1",
+                  "tune.space={train.lr: [0.01, 1.0e-9]}"]),
     ], tmp_path)
     print(f"a train and a tune command at once: {time.monotonic() - start:.0f} s")
     _check([two, sweep])
@@ -135,6 +144,31 @@ def test_a_two_worker_train_and_a_sweep_at_once_each_on_its_own_ray_print_our_li
     _only_our_lines(sweep.stdout + sweep.stderr, epochs=False)  # a sweep prints a line per trial, not per epoch
     assert_no_ray_tune_lines(sweep.stdout + sweep.stderr)  # Tune's own lines, in a pipe (issue 48 item 5)
     assert re.search(r"^trial \w+ finished: ", sweep.stdout, re.M), sweep.stdout[-3000:]
+    _each_trial_had_its_torch_trainer_run(sweep)
+
+
+def _each_trial_had_its_torch_trainer_run(sweep: Done) -> None:
+    """tune.trial_loop=trainer: a Train run per trial beside the sweep, named after the trial, and the
+    export from the best trial's best epoch there; the test segment left sealed (no --evaluate)."""
+    from alchemetric_ray.artifacts import ledger
+    from alchemetric_ray.sweeps.summary import SweepSummary
+
+    results = sweep.model_dir.parents[1] / "results"
+    where = next(results.rglob("sweep_summary.json")).parent
+    s = SweepSummary.from_dict(json.loads((where / "sweep_summary.json").read_text()))
+    assert s.num_trials == 2 and all(t.epochs_run == 2 for t in s.trials), s
+    runs = sorted(p.name for p in results.glob(f"{s.name}-*"))
+    assert runs == sorted(f"{s.name}-{t.trial_id}" for t in s.trials)
+    best = min(s.trials, key=lambda t: t.best_value)
+    assert best.config["train.lr"] == 0.01 and s.best_trial_id == best.trial_id
+    assert Path(s.best_checkpoint).parent.name == f"{s.name}-{best.trial_id}"
+    meta = json.loads((Path(s.best_checkpoint) / "meta.json").read_text())
+    assert meta["metrics"]["val_log_loss"] == pytest.approx(s.best_value)
+    metrics = json.loads((sweep.model_dir / "metrics.json").read_text())
+    assert metrics["val"]["log_loss"] == pytest.approx(s.best_value)
+    # not asked: the test segment stays sealed, nothing scored it and no look is recorded
+    assert "test" not in metrics and s.test_metrics is None and ledger.looks(sweep.model_dir) == []
+    assert all("test" not in b for b in metrics["baselines"].values())
 
 
 # What Train's controller logged on this machine when two train commands ran at once beside the

@@ -247,30 +247,8 @@ def test_trials_one_after_another_share_one_process_and_one_leaves_nothing_to_th
     assert [[r[k] for k in keys] for r in results[0]] == [[r[k] for k in keys] for r in results[1]]
 
 
-@pytest.mark.slow
-def test_trial_loop_trainer_gives_each_trial_a_torch_trainer_run(ray_session, shards, tmp_path):
-    """tune.trial_loop=trainer (and any trial of several workers): each trial builds a TorchTrainer
-    whose Train run, named after the trial, keeps the checkpoints beside the sweep; the export takes
-    the best epoch's checkpoint from there."""
-    from alchemetric_ray.sweeps.sweep import run_sweep
-
-    cfg = load_config(None, _sweep_args(shards, tmp_path, "tune.space={train.lr: [0.01, 1.0e-9]}", "train.epochs=2",
-                                        "tune.scheduler=none", "tune.trial_loop=trainer"))
-    out = run_sweep(cfg)
-    s = out.summary
-    assert s.num_trials == 2 and all(t.epochs_run == 2 for t in s.trials)
-    runs = sorted(p.name for p in (tmp_path / "results").glob(f"{out.name}-*"))
-    assert runs == sorted(f"{out.name}-{t.trial_id}" for t in s.trials)
-    best = min(s.trials, key=lambda t: t.best_value)
-    assert best.config["train.lr"] == 0.01 and s.best_trial_id == best.trial_id
-    assert Path(s.best_checkpoint).parent.name == f"{out.name}-{best.trial_id}"
-    meta = json.loads((Path(s.best_checkpoint) / "meta.json").read_text())
-    assert meta["metrics"]["val_log_loss"] == pytest.approx(s.best_value)
-    metrics = json.loads((out.model_dir / "metrics.json").read_text())
-    assert metrics["val"]["log_loss"] == pytest.approx(s.best_value)
-    # not asked: the test segment stays sealed, nothing scored it and no look is recorded
-    assert "test" not in metrics and s.test_metrics is None and ledger.looks(out.model_dir) == []
-    assert all("test" not in b for b in metrics["baselines"].values())
+# tune.trial_loop=trainer (a TorchTrainer run per trial): the sweep of
+# tests/test_side_by_side.py, which runs beside a two-worker train and checks what this test checked.
 
 
 # ---- one sweep stopped three ways, resumed after each ------------------------------------------------
