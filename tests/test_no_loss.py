@@ -1,9 +1,11 @@
 """Nothing lost: a command replaces only what it made itself; SIGTERM and SIGHUP end a run as Ctrl-C
 does; a saved model's config says what it was trained on; a hostile environment ends in one line.
 
-Every case runs the real command line in its own process, as a user or a scheduler meets it: real
-files, real signals sent to a real run on a real local Ray, and that run's Ray processes counted
-afterwards (a run started in a session of its own: every process it starts stays in that session).
+Every case runs the real command line, as a user or a scheduler meets it, in its own process where
+the process matters: real files, real signals sent to a real run on a real local Ray, and that run's
+Ray processes counted afterwards (a run started in a session of its own: every process it starts stays
+in that session); refusals that come before any work run the command line's ``main()`` in the test's
+process, one of them in a process of its own.
 A worker-mode `train` is stopped by SIGHUP, Ctrl-C and SIGTERM in one run of test_local_mode.py.
 """
 
@@ -17,7 +19,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -40,6 +41,19 @@ def _env(**extra: str) -> dict[str, str]:
 def _cli(cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600):
     return subprocess.run([*CLI, *args], cwd=cwd, env=env or _env(), capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def _in_process(cwd: Path, monkeypatch, capsys, *args: str) -> subprocess.CompletedProcess:
+    """The command line's ``main()`` in this process, from ``cwd``: its exit code and what it printed, as
+    ``_cli`` returns them (for a command that refuses before any work: no process of its own needed)."""
+    from alchemetric_ray.cli import main
+
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        m.chdir(cwd)
+        code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
 
 
 def _one_error(proc, command: str) -> str:
@@ -69,7 +83,7 @@ def _user_folder(where: Path) -> Path:
 
 @pytest.mark.slow
 def test_every_command_refuses_a_folder_or_file_it_did_not_make_before_any_work(stock_model, stocknet_shards,
-                                                                               tmp_path):
+                                                                               tmp_path, monkeypatch, capsys):
     shards = stocknet_shards("AAPL,MSFT,XOM")
     user = _user_folder(tmp_path / "mine")
     model = tmp_path / "models" / "x"
@@ -93,10 +107,10 @@ def test_every_command_refuses_a_folder_or_file_it_did_not_make_before_any_work(
         cases.append((command, ["--data", str(shards), f"storage.models_dir={tmp_path}", "storage.name=mine",
                                 f"storage.path={tmp_path / 'results'}", "tune.space={train.lr: [0.01]}"],
                       f"model folder (storage.models_dir/storage.name) {user} exists and it was not made"))
-    # the refusals side by side (each a process of its own that refuses before any work: none touches the others'
-    # paths), then each one's line checked in turn
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        done = list(pool.map(lambda case: _cli(tmp_path, case[0], *case[1]), cases))
+    # the last case (tune's) as a user meets it, a process of its own; the others refuse before any work, so
+    # they run in this process (the command line's own main(), its exit code and what it printed)
+    done = [_in_process(tmp_path, monkeypatch, capsys, command, *args) for command, args, _ in cases[:-1]]
+    done.append(_cli(tmp_path, cases[-1][0], *cases[-1][1]))
     for (command, _, expected), proc in zip(cases, done):
         line = _one_error(proc, command)
         assert expected in line and ("choose a new" in line or "e.g." in line), line
