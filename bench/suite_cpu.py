@@ -14,13 +14,16 @@ busy time counts it all.
 
 Prints the wall time, the cores' busy time and the bound it sets: a suite whose processes need C
 core-seconds cannot finish in under C / cores seconds on this machine, however its tests are
-ordered or spread over pytest workers.  Linux only (it reads ``/proc``).  Writes
-bench/results/suite-cpu.json.
+ordered or spread over pytest workers.  And, test by test (a plugin, ``bench/_per_test_cpu.py``),
+the machine's busy time over each test's setup, call and teardown and the pytest process's own share
+of it: the tests that cost the most CPU, whichever processes spent it.  Linux only (it reads
+``/proc``).  Writes bench/results/suite-cpu.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -100,6 +103,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("pytest_args", nargs="*", default=["tests"], help="arguments for pytest (default: tests)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
+    parser.add_argument("--top", type=int, default=30, help="the tests of most CPU to print and keep (default 30)")
     args = parser.parse_args()
     if not Path("/proc/stat").is_file():
         print("bench/suite_cpu.py: error: it reads /proc (Linux only)", file=sys.stderr)
@@ -108,9 +112,14 @@ def main() -> int:
     sample(seen, -1)
     existing = {key: entry[1] for key, entry in seen.items()}  # CPU the processes alive before had used already
     seen.clear()
+    per_test = Path(args.out) / "suite-cpu-per-test.jsonl"
+    per_test.parent.mkdir(parents=True, exist_ok=True)
+    per_test.unlink(missing_ok=True)
+    env = {**os.environ, "SUITE_CPU_PER_TEST": str(per_test),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "bench"), os.environ.get("PYTHONPATH")]))}
     start_busy, started = busy_ticks(), time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.pytest_args],
-                            cwd=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "_per_test_cpu",
+                             *args.pytest_args], cwd=REPO, env=env)
     try:
         while proc.poll() is None:
             sample(seen, proc.pid)
@@ -134,12 +143,29 @@ def main() -> int:
     for kind, used in sorted(by_kind.items(), key=lambda item: -item[1]):
         if used >= 0.5:
             print(f"{used:8.0f} {used / busy:6.1%} {counts[kind]:9d}  {kind}")
+    tests = _per_test(per_test, args.top)
     write_result(args.out, "suite-cpu", {
         "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "pytest_args": args.pytest_args,
         "exit_code": proc.returncode, "wall_s": round(wall, 1), "busy_core_s": round(busy, 1),
         "bound_s": round(busy / cores, 1),
-        "by_kind": {k: {"core_s": round(v, 1), "processes": counts[k]} for k, v in sorted(by_kind.items())}})
+        "by_kind": {k: {"core_s": round(v, 1), "processes": counts[k]} for k, v in sorted(by_kind.items())},
+        "tests": tests})
     return proc.returncode
+
+
+def _per_test(path: Path, top: int) -> dict:
+    """Prints the ``top`` tests of most busy time (and how much of the total they hold); returns them."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    path.unlink(missing_ok=True)
+    total = sum(r["busy_core_s"] for r in rows) or 1.0
+    rows.sort(key=lambda r: -r["busy_core_s"])
+    held = sum(r["busy_core_s"] for r in rows[:top])
+    print(f"\nthe {min(top, len(rows))} tests of most CPU (of {len(rows)}) hold {held:.0f} of the {total:.0f} core-s "
+          f"busy over the tests ({held / total:.0%}); pytest's own share of each in the second column")
+    print(f"{'core-s':>8} {'pytest':>7} {'wall s':>7}  test")
+    for r in rows[:top]:
+        print(f"{r['busy_core_s']:8.1f} {r['pytest_core_s']:7.1f} {r['wall_s']:7.1f}  {r['test']}")
+    return {"count": len(rows), "busy_core_s": round(total, 1), "top": rows[:top]}
 
 
 if __name__ == "__main__":

@@ -40,3 +40,11 @@ def test_the_cpu_of_a_tests_child_process_is_counted_and_bounds_the_wall_time(tm
     lines = done.stdout.splitlines()
     assert any(line.startswith("the cores' busy time: ") and "this much CPU needs at least" in line for line in lines)
     assert any(line.endswith("  other Python processes") for line in lines), done.stdout[-2000:]
+    # test by test: the busy time over test_burn holds its child's 2 s, which are not pytest's own
+    tests = {row["test"].rsplit("::", 1)[-1]: row for row in result["tests"]["top"]}
+    assert result["tests"]["count"] == 2 and set(tests) == {"test_burn", "test_fails"}, result["tests"]
+    burn = tests["test_burn"]
+    assert burn["busy_core_s"] >= 1.5 and burn["pytest_core_s"] < 1.0 and burn["wall_s"] >= 1.5, burn
+    assert [row["test"] for row in result["tests"]["top"]][0].endswith("::test_burn")  # the most CPU first
+    assert any(line.startswith("the 2 tests of most CPU (of 2) hold ") for line in lines), done.stdout[-2000:]
+    assert any(line.endswith("test_burn") and line.split()[0] == f"{burn['busy_core_s']:.1f}" for line in lines)
