@@ -3,8 +3,8 @@
 For each test (its setup, call and teardown together) it records the wall time, the machine's busy
 time over it (``/proc/stat``: every process, the test's children and servers and Ray's daemons
 included, and anything else the machine ran meanwhile) and the pytest process's own CPU time, and
-rewrites the file named by ``SUITE_CPU_PER_TEST`` (JSON lines, one per test) after each test, so that
-an interrupted run keeps what it measured.
+appends it to the file named by ``SUITE_CPU_PER_TEST`` (JSON lines, one per test) as each test ends,
+so that an interrupted run keeps what it measured.
 """
 
 from __future__ import annotations
@@ -13,18 +13,14 @@ import json
 import os
 import resource
 import time
-from pathlib import Path
 
 import pytest
-
-TICK = os.sysconf("SC_CLK_TCK")
+from suite_cpu import TICK, busy_ticks  # bench/ is on the path suite_cpu.py gives pytest
 
 
 def busy_s() -> float:
-    """Every core's busy time since boot, in seconds (as bench/suite_cpu.py's busy_ticks reads it)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
-    return (user + nice + system + irq + softirq) / TICK
+    """Every core's busy time since boot, in seconds."""
+    return busy_ticks() / TICK
 
 
 def own_s() -> float:
