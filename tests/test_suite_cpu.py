@@ -32,7 +32,9 @@ def test_the_cpu_of_a_tests_child_process_is_counted_and_bounds_the_wall_time(tm
     result = json.loads((tmp_path / "results" / "suite-cpu.json").read_text())
     assert result["exit_code"] == 1 and result["pytest_args"] == [str(suite), "--maxfail=5"]
     burned = result["by_kind"]["other Python processes"]
-    assert burned["processes"] >= 1 and 1.5 <= burned["core_s"] <= 3.0, result["by_kind"]
+    # at least the child's 2 s; more where other Python processes ran on the machine meanwhile (the benchmark
+    # reads the whole machine), never more than the machine's busy time
+    assert burned["processes"] >= 1 and 1.5 <= burned["core_s"] <= result["busy_core_s"], result["by_kind"]
     # the machine's busy time holds the child's and pytest's own; the bound is that time over the cores
     assert result["busy_core_s"] >= burned["core_s"] + result["by_kind"]["pytest (in-process tests)"]["core_s"] - 0.5
     assert result["bound_s"] == pytest.approx(result["busy_core_s"] / result["machine"]["cores"], abs=0.1)
