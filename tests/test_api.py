@@ -98,6 +98,7 @@ def trained(ray_session, stocknet_dir, tmp_path_factory):
         signal.signal(signal.SIGUSR1, previous)
 
 
+@pytest.mark.slow
 def test_a_train_call_returns_a_result_a_notebook_reads(trained):
     result, changed, backend, cfg, root = trained
     assert list(result.history["epoch"]) == [1, 2]
@@ -112,12 +113,14 @@ def test_a_train_call_returns_a_result_a_notebook_reads(trained):
     assert result.model.name == "api" and result.model.features == list(result.model.loaded.manifest.features)
 
 
+@pytest.mark.slow
 def test_nothing_process_wide_outlives_a_call(trained):
     result, changed, backend, cfg, root = trained
     assert changed == []
     assert backend == "svg"
 
 
+@pytest.mark.slow
 def test_a_result_comes_back_from_its_folder_and_runs_lists_it(trained):
     result, changed, backend, cfg, root = trained
     again = ar.load_result(result.run_dir)
@@ -135,6 +138,7 @@ def test_a_result_comes_back_from_its_folder_and_runs_lists_it(trained):
         ar.load_result(root)
 
 
+@pytest.mark.slow
 def test_the_trained_model_predicts_and_evaluates_without_a_second_load(trained, tmp_path, loads):
     result, changed, backend, cfg, root = trained
     model = result.model  # loaded once by the evaluation of train(evaluate=True)
@@ -168,6 +172,7 @@ def test_a_script_and_the_command_line_leave_the_same_shards(stocknet_dir, tmp_p
                                                                          shards.rows, shards.splits)
 
 
+@pytest.mark.slow
 def test_a_script_and_the_command_line_leave_the_same_run_and_model_files(trained, stocknet_dir):
     """``alchemetric-ray train --evaluate`` with the config of the script's ``ar.train(cfg, evaluate=True)``:
     the same files in the run folder and in the model folder (its evaluation report included)."""

@@ -380,6 +380,7 @@ def test_the_command_line_appends_and_says_so_in_one_line(market, tmp_path):
     [],
     ["features.label=cs_rank", "features.names=[ret_1,ret_5_rel,vol_20]"],
 ], ids=["three_class", "cs_rank-relative"])
+@pytest.mark.slow
 def test_the_packaged_data_s_last_month_appended_equals_a_fresh_build(stocknet_dir, tmp_path, settings):
     """The stocknet CSVs as their source wrote them (adjusted closes, empty cells, zero-volume days):
     cut by date into all but the last 21 dates and the last 21 (with 5 before them), read by ingest."""
@@ -466,6 +467,7 @@ def test_what_an_interrupted_append_left_unlisted_is_neither_read_nor_overwritte
     assert "\n" not in str(err.value) and digest(out) == unchanged
 
 
+@pytest.mark.slow
 def test_a_sequence_model_s_windows_reach_back_across_an_append(ray_session, market, tmp_path):
     """A sequence model's windows are built a chain of files at a time: a ticker's first new windows
     reach back into its rows before the append.  The appended folder's test windows are a fresh build's,

@@ -187,6 +187,7 @@ def test_gpu_preflight_problem_names_what_torch_sees():
     assert gpu_worker_problem(replace(report, torch_cuda="12.8", available=True, devices=1), "n") is None
 
 
+@pytest.mark.slow
 def test_a_request_that_never_comes_times_out_in_one_line_and_is_cleared(ray_session, monkeypatch, capsys):
     """On the session's (non-autoscaling) Ray: an autoscaling plan whose bundles can never fit waits
     with progress lines, fails with StartTimeout naming what never came, and clears the request."""

@@ -249,6 +249,7 @@ def test_object_storage_without_credentials(capsys, tmp_path, stocknet_dir, monk
           under=tmp_path)
 
 
+@pytest.mark.slow
 def test_object_storage_endpoint_that_does_not_answer(capsys, tmp_path, stocknet_dir, monkeypatch):
     import socket
     import time

@@ -138,6 +138,7 @@ def test_the_features_progress_line_is_for_a_terminal_only(tmp_path, capsys):
     assert captured.out.startswith(f"wrote {tmp_path / 'shards'}: 2 tickers")
 
 
+@pytest.mark.slow
 def test_a_sigterm_inside_a_finalizer_of_a_ray_worker_prints_no_traceback_and_other_errors_still_print(ray_session):
     """Ray's SIGTERM handler raises SystemExit; landing in a weakref callback, Python prints it as an
     unraisable exception with a traceback (seen from a sweep's trial process at shutdown).  A real
@@ -188,6 +189,7 @@ def test_a_sigterm_inside_a_finalizer_of_a_ray_worker_prints_no_traceback_and_ot
         ray.kill(actor)
 
 
+@pytest.mark.slow
 def test_every_process_of_a_job_started_by_ensure_ray_has_the_quiet_stop_hook(ray_session, tmp_path):
     """Ray's worker_process_setup_hook (the job's runtime_env) installs it in processes that run none
     of our code (Train's controller): a driver joins the session's Ray as `ray job submit` would."""

@@ -194,6 +194,7 @@ def test_the_per_date_pass_looks_at_no_later_date(tmp_path):
 # ---- a regression target through the service ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_cs_rank_model_trains_with_mse_reports_ic_and_predicts_scores(ray_session, tmp_path):
     """features.label=cs_rank end to end on a real local Ray: a one-output model trained on the MSE,
     picked by val_rank_ic (train.metric auto), IC / rank IC / their IRs every epoch, the export's test

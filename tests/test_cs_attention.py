@@ -188,6 +188,7 @@ def test_cs_attention_under_ddp_splits_dates_across_two_workers_and_predicts_who
     assert len(written) == len(signals) and written.groupby("date")["ticker"].nunique().max() == 40
 
 
+@pytest.mark.slow
 def test_cs_attention_takes_the_precision_rules_of_the_others_and_learns_under_cpu_bf16_autocast(monkeypatch):
     """Plan and precision as for every model: auto on a CUDA GPU (probes patched) is bf16 on Ampere and
     fp16 with a GradScaler on Volta, float32 off CUDA; and a real bf16-autocast step on the CPU (the IC

@@ -209,6 +209,7 @@ def _checkpoint(folder: Path, cfg, manifest: Manifest) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_an_export_bigger_than_the_disk_and_the_same_export_elsewhere(tiny_disk, tmp_path, syn_shards):
     manifest = Manifest.read(syn_shards)
     overrides = [*SYN, "model.hidden=512", "storage.name=big"]

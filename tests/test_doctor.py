@@ -25,6 +25,7 @@ def _target(report, device_type, mode):
     return next(t for t in report.targets if t.device_type == device_type and t.mode == mode)
 
 
+@pytest.mark.slow
 def test_every_check_runs_for_cpu_fp32_and_bf16(mlp_report):
     for mode in ("fp32", "bf16"):
         t = _target(mlp_report, "cpu", mode)
@@ -58,6 +59,7 @@ def test_every_check_runs_for_cpu_fp32_and_bf16(mlp_report):
     json.dumps(mlp_report.as_dict())  # one JSON object
 
 
+@pytest.mark.slow
 def test_lstm_under_cpu_autocast_is_a_blocker_and_fp32_is_recommended():
     report = run_doctor(load_config(None, ["model.name=lstm", "model.hidden=16"]), device="cpu", quick=True)
     bf16 = _target(report, "cpu", "bf16")
@@ -77,6 +79,7 @@ def _found(mlp_report):
     return cpu, gpu
 
 
+@pytest.mark.slow
 def test_decision_fastest_passing_target_wins(mlp_report):
     cpu, gpu = _found(mlp_report)
     verdict = decide([cpu, gpu])
@@ -84,6 +87,7 @@ def test_decision_fastest_passing_target_wins(mlp_report):
     assert any("3.00x CPU float32" in r for r in verdict.reasons)
 
 
+@pytest.mark.slow
 def test_decision_unsupported_operator_blocks(mlp_report):
     cpu, gpu = _found(mlp_report)
     gpu.checks.op_coverage["unsupported"] = {"aten::_linalg_eigh": "not implemented for 'MPS'"}
@@ -92,6 +96,7 @@ def test_decision_unsupported_operator_blocks(mlp_report):
     assert decide([cpu, gpu]).recommended.as_dict() == {"device": "cpu", "precision": "fp32"}
 
 
+@pytest.mark.slow
 def test_decision_parity_failure_blocks(mlp_report):
     cpu, gpu = _found(mlp_report)
     gpu.checks.parity.update(passed=False, logits_max_rel=0.3)
@@ -99,6 +104,7 @@ def test_decision_parity_failure_blocks(mlp_report):
     assert gpu.blockers[0].startswith("numerical parity with CPU float32 failed (logits rel 3.00e-01")
 
 
+@pytest.mark.slow
 def test_decision_slower_device_blocks(mlp_report):
     cpu, gpu = _found(mlp_report)
     gpu.checks.speed["best_samples_per_s"] = cpu.checks.speed["best_samples_per_s"] / 2
@@ -107,6 +113,7 @@ def test_decision_slower_device_blocks(mlp_report):
     assert verdict.recommended.device == "cpu"
 
 
+@pytest.mark.slow
 def test_decision_flipped_positions_block_and_nothing_passing_exits_nonzero(mlp_report):
     cpu, gpu = _found(mlp_report)
     from alchemetric_ray.checks.certificate import backend_verdict
@@ -369,6 +376,7 @@ def test_known_bug_probes_run_at_the_shapes_the_trace_recorded():
     assert any(p["op"] == "bmm" for p in found["probes"])  # the batched entry, at the trace's largest K
 
 
+@pytest.mark.slow
 def test_decision_failed_probe_and_unworkable_bug_block(mlp_report):
     from alchemetric_ray.checks.report import format_report
 
@@ -407,6 +415,7 @@ def eigh_model():
                               "device.name=cpu"])
 
 
+@pytest.mark.slow
 def test_an_operator_without_a_kernel_is_listed_finished_in_float32_and_blocks(eigh_model):
     """torch 2.13 has no bfloat16 eigh on the CPU.  In float32 the model's own bf16 tensor reaches the
     kernel: the probe lists ``_linalg_eigh`` with its first error line, finishes the call in float32 and
@@ -471,6 +480,7 @@ def test_backend_verdict_flip_share_and_rank_ic_change():
         "the rank IC cannot be computed from this backend's scores (the reference's is +0.0400)"]
 
 
+@pytest.mark.slow
 def test_certificate_fails_a_backend_on_its_rank_ic_alone(monkeypatch, mlp_report):
     """Every score stays long (no position flips) but the perturbed backend reverses the order within
     each date: the rank IC goes from +1 to -1, and only that criterion fails it."""

@@ -263,6 +263,7 @@ def test_predict_cli_refuse_is_one_line(capsys, stock_model, table, tmp_path):
     assert not (tmp_path / "signals.parquet").exists()
 
 
+@pytest.mark.slow
 def test_evaluate_new_data_reports_the_counts_in_evaluation_json_and_the_report(stock_model, stocknet_dir, tmp_path):
     """The whole history of the model's tickers as one long table, with an exact copy of an AAPL row and a
     revised bar for MSFT's last date appended: scored on the test segment under the default (last)."""

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from device_probes import cpu_only_machine
 
 from alchemetric_ray.cli import main
@@ -16,6 +17,7 @@ def _run(*args, env=None):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.slow
 def test_env_json_reports_versions_device_and_precision(monkeypatch, capsys):
     # a real process, so that the MPS fallback variable is set before torch loads; the CPU asked for
     env = {**os.environ, "PYTORCH_ENABLE_MPS_FALLBACK": "0"}

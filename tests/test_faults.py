@@ -187,6 +187,7 @@ def _run_killed(body: str, kill_at: int, target: Path, mode: str = "exchange") -
     return proc
 
 
+@pytest.mark.slow
 def test_checkpoint_state_killed_before_rename_keeps_the_previous_one(tmp_path, capsys):
     from alchemetric_ray.artifacts.checkpoint import (
         checkpoint_problem,
@@ -239,6 +240,7 @@ _REEXPORT = """
 
 
 @pytest.mark.parametrize("mode, kill_at", [("exchange", 1), ("no-exchange", 1), ("no-exchange", 2)])
+@pytest.mark.slow
 def test_exported_model_killed_mid_replace_is_the_old_model_whole(stock_model, tmp_path, mode, kill_at):
     import shutil
 

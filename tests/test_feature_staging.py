@@ -30,6 +30,7 @@ def _frames(folder: Path) -> dict[str, pd.DataFrame]:
     return {split: pd.read_parquet(split_dir(folder, split)) for split in ("train", "val", "test")}
 
 
+@pytest.mark.slow
 def test_ray_tasks_build_the_shards_a_one_process_build_does(ray_session, tmp_path):
     """The packaged data, as Ray tasks over groups of tickers and buckets of dates, and in this process:
     the same rows, bit for bit, the same manifest but for how it was built; the bars kept by group."""
@@ -63,6 +64,7 @@ def test_ray_tasks_build_the_shards_a_one_process_build_does(ray_session, tmp_pa
         [pd.read_parquet(p) for p in sorted((tmp_path / "false" / BARS_DIR).glob("*.parquet"))]))
 
 
+@pytest.mark.slow
 def test_the_robust_normalization_is_fitted_the_same_by_ray_tasks_and_in_this_process(ray_session, tmp_path):
     """``robust`` (a reservoir of train rows in row order, in the driver) beside zscore's per-ticker moments
     (tasks): a build as Ray tasks and one in this process give the same statistics and rows."""
@@ -373,6 +375,7 @@ def _auto_build(tmp_path: Path, data: Path, group_rows: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_auto_starts_a_local_ray_for_a_folder_large_enough_and_not_for_a_small_one(tmp_path):
     """auto, no Ray up: a folder of LOCAL_RAY_GROUPS groups or more (by its files' size) starts a local Ray whose
     tasks read the files; a smaller one is built in the process, Ray never imported."""

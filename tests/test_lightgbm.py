@@ -67,6 +67,7 @@ def _nonlinear_market(seed: int, names: int = 40, days: int = 600, k: int = 12, 
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.slow
 def test_lightgbm_is_the_best_baseline_where_the_effect_needs_more_boosting(seed):
     """On a market whose effect needs many boosting rounds, LightGBM's early stopping runs past
     HistGradientBoosting's 100 iterations and ranks the test segment better than it (and far better
@@ -99,6 +100,7 @@ def _market_cfg(tmp_path, *overrides: str):
                               "model.hidden=16", "device.name=cpu", *overrides])
 
 
+@pytest.mark.slow
 def test_on_the_null_market_lightgbm_stops_early_on_validation_and_the_test_segment_has_one_look(tmp_path):
     """No effect planted (the null market of test_cross_section.py's cs_rank test): the LightGBM
     regressor's validation loss stops improving within its first rounds, so it stops long before its
@@ -134,6 +136,7 @@ def test_on_the_null_market_lightgbm_stops_early_on_validation_and_the_test_segm
             and f"best round {fit['best_iteration']} of at most {LIGHTGBM_MAX_ROUNDS}" in report)
 
 
+@pytest.mark.slow
 def test_on_a_planted_effect_the_lightgbm_classifier_finds_it(tmp_path):
     """The synthetic market's planted momentum effect (``data.synthetic_effect=1``, the last 10 days'
     return, 40 names x 900 days, seed 3) with a binary class target: the LightGBM classifier ranks
@@ -151,6 +154,7 @@ def test_on_a_planted_effect_the_lightgbm_classifier_finds_it(tmp_path):
     assert fit["best_iteration"] >= 1 and fit["val_end"] < result.segment.start
 
 
+@pytest.mark.slow
 def test_new_data_without_the_models_training_rows_holds_out_its_own_last_dates_to_stop_on():
     """New data that begins after the model's training end: the baselines are fitted on its own rows
     before the scored window, and LightGBM holds out the last 15 % of those rows' dates to stop on,

@@ -27,6 +27,7 @@ def _written(folder: Path) -> dict:
     return json.loads(files[0].read_text())
 
 
+@pytest.mark.slow
 def test_every_step_runs_and_passes_on_the_cpu_and_the_file_to_send_back_holds_them(
         ray_session, mac_check, tmp_path, capsys, monkeypatch):
     cpu_only_machine(monkeypatch)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from alchemetric_ray.artifacts.export import load_model
 from alchemetric_ray.cli import main
@@ -66,6 +67,7 @@ def test_new_data_beyond_the_models_test_end_is_scored_to_its_own_end(ray_sessio
     assert f"scored window {window['start']}..{window['end']}: {window['days']} days, 3 names" in printed
 
 
+@pytest.mark.slow
 def test_new_data_after_the_training_end_fits_the_baselines_on_its_own_early_rows(ray_session, stock_model,
                                                                                   stocknet_dir, tmp_path, capsys):
     splits = load_model(stock_model).manifest.splits

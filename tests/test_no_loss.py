@@ -302,6 +302,7 @@ def test_a_killed_writer_s_stage_is_removed_by_the_next_run_and_a_live_one_s_is_
 # ---- 3. a model's saved config says what it was trained on ---------------------------------------
 
 
+@pytest.mark.slow
 def test_features_overrides_that_disagree_with_the_shards_are_refused_naming_keys_values_and_remedy(stocknet_shards,
                                                                                                  stock_model,
                                                                                                  tmp_path):
@@ -364,6 +365,7 @@ def read_only_folder(tmp_path):
     yield blocker
 
 
+@pytest.mark.slow
 def test_unwritable_storage_and_an_unreachable_or_wrong_ray_address_end_in_one_line(read_only_folder, stocknet_shards,
                                                                                   stock_model, tmp_path):
     shards = stocknet_shards("AAPL,MSFT,XOM")

@@ -82,6 +82,7 @@ def stocknet(stocknet_dir) -> list[tuple[str, pd.DataFrame]]:
     return list(open_source(DataConfig(path=str(stocknet_dir), source="files")).bars)
 
 
+@pytest.mark.slow
 def test_every_feature_equals_the_reference_on_the_packaged_data(stocknet):
     assert len(stocknet) == 88
     spec = SPECS["three_class_vol"]

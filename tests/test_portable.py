@@ -32,6 +32,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from source_scan import dotted as _dotted
 
 TESTS = Path(__file__).resolve().parent
@@ -202,6 +203,7 @@ def check_source(source: str, path: str = "<source>", folder: Path = TESTS) -> l
 # ---- the suite -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_no_test_expects_a_device_it_did_not_ask_for():
     files = sorted(TESTS.glob("test_*.py"))
     assert len(files) > 10

@@ -84,6 +84,7 @@ def _evaluate(model, out, capsys) -> tuple[dict, str]:
     return json.loads((out / "evaluation.json").read_text()), (out / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_train_leaves_the_test_segment_sealed_and_evaluate_counts_its_looks(ray_session, stock_model, tmp_path,
                                                                           capsys):
     model = tmp_path / "stock"

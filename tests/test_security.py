@@ -394,6 +394,7 @@ def test_dashboard_scan_finds_what_it_looks_for():
     assert AUTH_OFF.search("RAY_AUTH_" + "MODE=disabled") and AUTH_OFF.search('{"RAY_AUTH_' + 'MODE": "DISABLED"}')
 
 
+@pytest.mark.slow
 def test_every_example_and_test_binds_the_dashboard_to_loopback_with_token_auth():
     files = _scanned_files()
     assert {"tests/conftest.py", "alchemetric_ray/placement/session.py", "cluster.yaml", "README.md"} <= set(files)

@@ -74,6 +74,7 @@ def test_a_planted_fault_is_caught_at_the_first_check_after_it_in_one_line(ray_s
     assert folders and folders[0].endswith("epoch-0000")  # epoch 1's checkpoint stays
 
 
+@pytest.mark.slow
 def test_bf16_on_the_cpu_never_trips_its_float32_shadow_and_float32_shows_zero(ray_session, shards, tmp_path):
     bf16 = run_training(_cfg(shards, tmp_path, "precision.mode=bf16", "train.epochs=10", "train.shadow_every=2",
                              "storage.name=bf16"), progress=False)

@@ -217,6 +217,7 @@ def test_stocknet_folder_to_shards(stocknet_dir, tmp_path):
     assert all(m.rows[k] > 1000 for k in ("train", "val", "test"))
 
 
+@pytest.mark.slow
 def test_features_cli_on_stocknet_and_bad_input(stocknet_dir, tmp_path):
     cli = [sys.executable, "-m", "alchemetric_ray.cli", "features"]
     ok = subprocess.run([*cli, "--data", str(stocknet_dir), "--out", str(tmp_path / "s"),

@@ -625,6 +625,7 @@ def test_the_chosen_trials_validation_sharpe_is_deflated_by_the_trials_variance(
     assert deflated_validation_sharpe(None) is None and deflated_validation_sharpe({"num_trials": 1}) is None
 
 
+@pytest.mark.slow
 def test_a_workers_validation_metrics_do_not_import_scikit_learn():
     """Every Train worker validates every epoch: importing scikit-learn there cost 0.8 s of every run
     (and trial).  The loop's metrics, classification and regression targets both, need numpy only."""

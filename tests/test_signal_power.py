@@ -187,6 +187,7 @@ def test_calibration_matches_real_data(planted, null):
     assert spread < 1.3 / math.sqrt(2 * (SHORT_DAYS - 1)), spread
 
 
+@pytest.mark.slow
 def test_pooled_interval_detects_the_planted_ic(planted):
     """Over 1000 days a 0.017 rank IC is found: the interval lies above 0 in >= 90 % of the seeds
     (a correct interval: 96 %)."""
@@ -194,6 +195,7 @@ def test_pooled_interval_detects_the_planted_ic(planted):
     assert above.mean() >= 0.90, above.mean()
 
 
+@pytest.mark.slow
 def test_180_day_interval_cannot_resolve_the_planted_ic(planted):
     """On a 180-day segment the interval's half-width is at least the planted IC in every seed: the
     segment is too short to tell 0.017 from 0, whatever the seed."""

@@ -43,6 +43,7 @@ def test_inputs_staged_once_and_normalized_later_are_the_inputs_staged_normalize
     assert not pd.read_parquet(raw).equals(pd.read_parquet(direct))  # raw: not yet normalized
 
 
+@pytest.mark.slow
 def test_predict_on_a_stocknet_slice(ray_session, stock_model, stocknet_dir, tmp_path):
     data = _slice(stocknet_dir, tmp_path)
     out = tmp_path / "signals.parquet"
@@ -209,6 +210,7 @@ def test_evaluate_cli_with_walk_forward_folds(ray_session, stock_model, tmp_path
 
 
 @pytest.mark.parametrize("train_window, window", [(0, "expanding"), (400, "rolling 400-day")])
+@pytest.mark.slow
 def test_evaluate_walk_forward_pools_every_out_of_sample_block_and_scores_it_once(ray_session, stock_model,
                                                                                    tmp_path, capsys, train_window,
                                                                                    window):

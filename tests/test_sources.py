@@ -201,6 +201,7 @@ def test_volatility_clusters_tails_are_fat_and_volume_follows_moves():
     assert np.mean(vol_corr) > 0.2
 
 
+@pytest.mark.slow
 def test_generation_memory_is_bounded_by_a_block():
     market = SyntheticMarket(n_tickers=400, n_days=2500, effect=1.0, seed=5)  # 1M rows
     rows = 0

@@ -228,6 +228,7 @@ def test_grid_sweep_asha_stops_the_bad_lr_and_exports_the_best(ray_session, shar
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.slow
 def test_trials_one_after_another_share_one_process_and_one_leaves_nothing_to_the_next(ray_session, shards, tmp_path):
     """Tune reuses a one-worker trial's process for the next trial (``reuse_actors``: no fresh Python, Ray, torch
     and package per trial), and a trial trains there exactly as it would first: two trials of the same config,

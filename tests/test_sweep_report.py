@@ -209,6 +209,7 @@ def test_chromium_found_by_each_name_and_macos_path(monkeypatch):
         assert _find_chromium() == path
 
 
+@pytest.mark.slow
 def test_chromium_dom_has_one_row_per_trial_and_one_best(rendered):
     rendered = _need(rendered)
     summary, dom = rendered["summary"], _parse(rendered["dom"])
@@ -222,6 +223,7 @@ def test_chromium_dom_has_one_row_per_trial_and_one_best(rendered):
     assert dom.scripts == 0
 
 
+@pytest.mark.slow
 def test_chromium_dom_images_exist_and_have_alt(rendered):
     rendered = _need(rendered)
     dom = _parse(rendered["dom"])
@@ -237,6 +239,7 @@ def test_chromium_dom_images_exist_and_have_alt(rendered):
         assert (img.get("alt") or "").strip(), f"{img['data-file']} has no alt text"
 
 
+@pytest.mark.slow
 def test_chromium_screenshot_not_blank(rendered):
     rendered = _need(rendered)
     shot = rendered["screenshot"]
@@ -295,6 +298,7 @@ def test_escapes_nasty_strings(tmp_path):
         _assert_not_blank(png)
 
 
+@pytest.mark.slow
 def test_atomic_write_replaces_old_report_and_leaves_no_temp(tmp_path, monkeypatch):
     out = tmp_path / "report"
     write_sweep_report(out, make_summary())

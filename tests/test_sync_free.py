@@ -366,6 +366,7 @@ def _ddp_rank(rank: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_under_ddp_a_nan_on_one_rank_stops_every_rank_at_the_same_check():
     from conftest import free_port
 

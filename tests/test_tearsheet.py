@@ -124,6 +124,7 @@ def test_bad_input_is_one_line(bad, line):
         tear_sheet(signals, opens, horizon=0)
 
 
+@pytest.mark.slow
 def test_the_mean_rank_ic_and_quantile_returns_equal_alphalens():
     """A random market (25 names, some missing on some dates, scores rounded so that ties occur):
     alphalens-reloaded, given prices whose value on date t is the open of t+1 (so that its
@@ -161,6 +162,7 @@ def test_the_mean_rank_ic_and_quantile_returns_equal_alphalens():
 TICKERS = ("AAPL", "AMZN", "BA", "CVX", "GE", "JPM", "KO", "MSFT", "PFE", "XOM")
 
 
+@pytest.mark.slow
 def test_evaluate_writes_the_tear_sheet_section_pngs_record_and_mlflow_artifacts(ray_session, stock_model,
                                                                                    stocknet_dir, tmp_path):
     """The session's model scored on ten packaged tickers (new data, from its test-segment start, as

@@ -36,6 +36,7 @@ def test_an_unreachable_server_is_refused_in_one_line_before_training(tmp_path, 
     assert not (tmp_path / "results").exists()  # no run was started
 
 
+@pytest.mark.slow
 def test_a_server_that_never_answers_is_refused_within_the_preflight_timeout(tmp_path, capsys, stocknet_shards):
     import socket
 
@@ -58,6 +59,7 @@ def test_a_malformed_uri_is_refused_in_one_line(tmp_path, capsys):
     assert rc == 2 and err.count("\n") == 1 and "tracking.mlflow_uri" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_without_mlflow_installed_tracking_is_refused_naming_the_extra(tmp_path):
     code = ("import sys; sys.modules['mlflow'] = None\n"
             "from alchemetric_ray import cli\n"

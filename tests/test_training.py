@@ -44,7 +44,7 @@ def _final_state(outcome):
 
 
 # a cross-sectional model learns a date's ranking, not classes: tests/test_cs_attention.py trains it
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "transformer" else n
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n != "mlp" else n
                                   for n in sorted(MODELS) if not is_cross_sectional(MODELS[n])])
 def test_each_model_overfits_256_rows(ray_session, shards, tmp_path, name):
     cfg = _cfg(shards, tmp_path, f"model.name={name}", "model.hidden=128", "model.dropout=0.0", "train.epochs=80",
